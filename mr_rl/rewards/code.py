@@ -1,0 +1,514 @@
+"""Code rewards: untrusted programs run in a sandbox (METHODS.md section 7, TAG code task).
+
+The TAG paper's code channels: correctness ``RP = 1`` iff every test passes in an
+isolated sandbox (per-test timeouts: small 10 s, medium 30 s); the auxiliary
+channels are *fast* (runtime < 60 ms) and *no-op* (runtime < 3 ms).
+
+API:
+  * ``CodeTests.humaneval(test_src, entry_point, prompt=None)``,
+    ``CodeTests.stdio(pairs)``, ``CodeTests.call(fn_name, inputs, outputs)``.
+  * ``run(program, tests, *, timeout_s) -> CodeResult(passed, runtime_s, error, ...)``
+    and ``run_many`` (a bounded thread pool; each run is its own process tree).
+  * ``fast(result)``, ``noop(result)``: the TAG auxiliary channels.
+  * ``sandbox_capabilities()``: what isolation this machine provides.
+
+Isolation (each run; see ``_sandbox_harness.py`` for the process layout):
+  * a fresh process tree ``python -I -S -c <harness>`` in its own session,
+    killed as a process group on the wall-clock deadline; the harness source is
+    passed on the command line, so no file can be swapped under a run;
+  * as root: new network, pid and mount namespaces (``unshare``); the network
+    namespace has no interface up (no loopback either), so every connect fails;
+    the zygote is pid 1, so when it dies every process of the run dies, even one
+    that left the process group; ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are one
+    private tmpfs of ``tmpfs_bytes`` that is the working directory and vanishes
+    with the run; ``/proc`` shows only the run's processes; the interpreter
+    prefix is re-exposed read-only when the sandbox uid cannot traverse to it
+    (e.g. pyenv under ``/root``), hiding the rest of that directory;
+  * as root: everything the candidate runs does so as ``uid/gid`` (65534,
+    ``nobody``) with no supplementary groups, so it cannot write the checkout or
+    ``$HOME``; supervisor and zygote are non-dumpable (no ptrace, no
+    ``/proc/<pid>/mem``);
+  * rlimits on the worker: address space, CPU seconds, processes (per uid),
+    file size (which also caps captured output), open files, no core files;
+  * a scrubbed environment (PATH, LANG, HOME=TMPDIR=working directory).
+  Not root: no uid change is possible, so programs run as the calling user.
+  The harness then tries an unprivileged user namespace (same network / pid /
+  mount isolation); where the kernel refuses it too there is no network, pid or
+  /tmp isolation and the candidate could write anything the caller can. Both
+  cases show in ``sandbox_capabilities()``, and ``run`` raises ``SandboxError``
+  unless the config relaxes ``require_privilege_drop`` /
+  ``require_network_isolation``. Not handled in any mode: the candidate can READ
+  world-readable files (including installed data sets).
+
+Evidence of success: the verdict is computed by the supervisor, which never runs
+candidate code and reads the tests only after the candidate's process was
+forked. The candidate only ever returns *values* (plain JSON data: an object
+with a rigged ``__eq__`` arrives as an opaque token) or prints to a file; the
+supervisor compares them with expected outputs the candidate never had in its
+memory. For HumanEval the data set's ``check`` runs in the supervisor with
+``candidate`` bound to a remote stub. The verdict travels on the supervisor's
+stdout, a pipe no sandboxed process holds, carrying a per-run nonce that was
+also sent only to the supervisor; ``run`` accepts only a verdict with the right
+nonce, ``passed`` and ``n_passed == n_tests``. So ``sys.exit(0)``,
+``os._exit(0)``, killing the parent, monkeypatching, or printing a success line
+all give ``passed=False``.
+
+What ``runtime_s`` measures (interpreter start-up and sandbox set-up excluded):
+  * HumanEval / call tests: the supervisor's wall-clock round trip of loading
+    the program (compiling and running its top level) plus every call of the
+    candidate (arguments and results travel as JSON; about 0.05 ms per call);
+  * stdio tests: per test, the zygote's time from ``fork`` of the worker to its
+    exit (compiling and running the program, flushing output), summed.
+  For a failed run it is the time until the failure; on a timeout it is at
+  least the timeout. ``fast``/``noop`` read only ``runtime_s``: like the
+  paper's auxiliary channels they do not look at correctness (the TAG gate in
+  the aggregator does).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import functools
+import json
+import marshal
+import math
+import os
+import secrets
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+SMALL_TEST_TIMEOUT_S = 10.0  # TAG: per-test timeout of small tests
+MEDIUM_TEST_TIMEOUT_S = 30.0  # TAG: per-test timeout of medium tests
+FAST_THRESHOLD_MS = 60.0  # TAG "Correct & fast": T < 60 ms
+NOOP_THRESHOLD_MS = 3.0  # TAG "Correct & no-op": T < 3 ms
+
+_HARNESS_PATH = Path(__file__).with_name("_sandbox_harness.py")
+# Compiled once here; the sandbox gets the marshalled code object on its command
+# line (no file to swap, no 50 ms compile per run).
+_HARNESS_CODE = marshal.dumps(compile(_HARNESS_PATH.read_text(), str(_HARNESS_PATH), "exec")).hex()
+_BOOT = "import marshal,sys;exec(marshal.loads(bytes.fromhex(sys.argv.pop(1))))"
+
+
+class SandboxError(RuntimeError):
+  """The sandbox could not be set up as required (not a verdict on a program)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeTests:
+  """Tests for one problem; build with ``humaneval``, ``stdio`` or ``call``."""
+  kind: str
+  test_src: str | None = None
+  entry_point: str | None = None
+  prompt: str | None = None
+  pairs: tuple[tuple[str, str], ...] = ()
+  fn_name: str | None = None
+  inputs: tuple[Any, ...] = ()
+  outputs: tuple[Any, ...] = ()
+
+  @classmethod
+  def humaneval(cls, test_src: str, entry_point: str, prompt: str | None = None) -> "CodeTests":
+    """HumanEval-style tests: ``test_src`` defines ``check(candidate)``.
+
+    ``check`` runs in the supervisor with ``candidate`` calling
+    ``entry_point`` of the program remotely. Names ``check`` uses but does not
+    define come from ``prompt`` when given (trusted helpers such as
+    ``encode_cyclic``), else from the program's top-level functions (as in the
+    original human-eval harness).
+    """
+    _require_str("test_src", test_src)
+    _require_identifier("entry_point", entry_point)
+    if prompt is not None:
+      _require_str("prompt", prompt)
+    if "def check" not in test_src:
+      raise ValueError("test_src must define check(candidate)")
+    return cls("humaneval", test_src=test_src, entry_point=entry_point, prompt=prompt)
+
+  @classmethod
+  def stdio(cls, pairs: Sequence[tuple[str, str]]) -> "CodeTests":
+    """Standard-input tests: ``pairs`` of ``(stdin, expected_stdout)``.
+
+    The program runs once per pair as ``__main__``. Output matches when, after
+    stripping the whole text, every line equals the expected line with runs of
+    whitespace collapsed to one space (``" ".join(line.split())``); the exit
+    status must be 0.
+    """
+    pairs = tuple(pairs)
+    if not pairs:
+      raise ValueError("pairs must hold at least one (stdin, expected_stdout) pair")
+    for i, pair in enumerate(pairs):
+      if not (isinstance(pair, (tuple, list)) and len(pair) == 2
+              and all(isinstance(x, str) for x in pair)):
+        raise TypeError(f"pairs[{i}] must be a (stdin: str, expected_stdout: str) pair, got {pair!r:.100}")
+    return cls("stdio", pairs=tuple((a, b) for a, b in pairs))
+
+  @classmethod
+  def call(cls, fn_name: str, inputs: Sequence[Sequence[Any]], outputs: Sequence[Any]) -> "CodeTests":
+    """Call-based tests (DeepCoder / LeetCode style): ``fn(*inputs[i]) == outputs[i]``.
+
+    ``fn_name`` is a top-level function of the program, or else a method of a
+    class ``Solution`` (a fresh instance per call). Values must be JSON data;
+    tuples in results compare equal to lists.
+    """
+    _require_identifier("fn_name", fn_name)
+    inputs, outputs = tuple(inputs), tuple(outputs)
+    if not inputs or len(inputs) != len(outputs):
+      raise ValueError(f"inputs and outputs must be non-empty and equally long, got {len(inputs)} and {len(outputs)}")
+    for i, args in enumerate(inputs):
+      if not isinstance(args, (list, tuple)):
+        raise TypeError(f"inputs[{i}] must be a list of arguments, got {type(args).__name__}")
+    for name, value in (("inputs", inputs), ("outputs", outputs)):
+      try:
+        json.dumps(value, allow_nan=False)
+      except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must be JSON data: {e}") from None
+    return cls("call", fn_name=fn_name, inputs=tuple(list(a) for a in inputs), outputs=outputs)
+
+  @property
+  def num_tests(self) -> int:
+    return {"humaneval": 1, "stdio": len(self.pairs), "call": len(self.inputs)}[self.kind]
+
+  def payload(self) -> dict[str, Any]:
+    if self.kind == "humaneval":
+      return {"kind": "humaneval", "test_src": self.test_src, "entry_point": self.entry_point,
+              "prompt": self.prompt}
+    if self.kind == "stdio":
+      return {"kind": "stdio", "pairs": [list(p) for p in self.pairs]}
+    return {"kind": "call", "fn_name": self.fn_name, "inputs": list(self.inputs),
+            "outputs": list(self.outputs)}
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeResult:
+  """Verdict of one run.
+
+  Attributes:
+    passed: every test ran and passed (positive evidence from the supervisor).
+    runtime_s: the program's own execution time (see the module docstring).
+    error: why it failed (None when passed).
+    n_passed: tests passed before the first failure.
+    n_tests: number of tests.
+    timed_out: a test (or the whole run) hit its time limit.
+  """
+  passed: bool
+  runtime_s: float
+  error: str | None
+  n_passed: int = 0
+  n_tests: int = 0
+  timed_out: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxConfig:
+  """Limits and policy of the sandbox (the defaults suit HumanEval / DeepCoder)."""
+  memory_bytes: int = 1 << 30  # RLIMIT_AS of the worker and of the supervisor
+  max_processes: int = 64  # RLIMIT_NPROC (counts all processes of the sandbox uid)
+  max_file_bytes: int = 32 << 20  # RLIMIT_FSIZE: largest file / captured stdout
+  max_open_files: int = 256  # RLIMIT_NOFILE
+  tmpfs_bytes: int = 64 << 20  # size of the private /tmp (namespace mode)
+  uid: int = 65534  # sandbox user when running as root (nobody)
+  gid: int = 65534  # sandbox group when running as root (nogroup)
+  startup_grace_s: float = 10.0  # wall-clock slack for process start-up, on top of the tests
+  require_network_isolation: bool = True  # raise SandboxError where no network namespace is possible
+  require_privilege_drop: bool = True  # raise SandboxError where the uid cannot be changed (not root)
+  python: str = sys.executable  # interpreter for the sandbox (stdlib only is needed)
+
+  def __post_init__(self):
+    for name in ("memory_bytes", "max_processes", "max_file_bytes", "max_open_files", "tmpfs_bytes"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    for name in ("uid", "gid"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int (not root), got {value!r}")
+    _require_timeout("startup_grace_s", self.startup_grace_s)
+    if not os.access(self.python, os.X_OK):
+      raise ValueError(f"python must be an executable interpreter, got {self.python!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxCapabilities:
+  """What isolation ``run`` gets on this machine (from a live probe).
+
+  Attributes:
+    is_root: the caller is root.
+    namespaces: "root" (unshare as root), "user" (unprivileged user
+      namespace) or None (no namespaces: no network / pid / /tmp isolation).
+    network_isolated: a connect to a listener on the host's 127.0.0.1 failed.
+    pid_namespace: the run's processes die with its zygote (pid 1).
+    private_tmp: /tmp, /var/tmp, /dev/shm are private to the run.
+    private_proc: /proc inside shows only the run's processes.
+    privilege_drop: the candidate runs as ``SandboxConfig.uid`` (root only).
+    stdlib_readable: the sandboxed interpreter could import a stdlib module.
+    notes: consequences of what is missing, in words.
+  """
+  is_root: bool
+  namespaces: str | None
+  network_isolated: bool
+  pid_namespace: bool
+  private_tmp: bool
+  private_proc: bool
+  privilege_drop: bool
+  stdlib_readable: bool
+  notes: tuple[str, ...]
+
+
+# ----------------------------------------------------------------------------- helpers
+def _require_str(name, value):
+  if not isinstance(value, str):
+    raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+
+
+def _require_identifier(name, value):
+  _require_str(name, value)
+  if not value.isidentifier():
+    raise ValueError(f"{name} must be a Python identifier, got {value!r}")
+
+
+def _require_timeout(name, value):
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
+
+
+def _rmtree(path):
+  def retry(func, p, _):
+    os.chmod(os.path.dirname(p), stat.S_IRWXU)
+    if os.path.isdir(p) and not os.path.islink(p):
+      os.chmod(p, stat.S_IRWXU)
+    func(p)
+  shutil.rmtree(path, onerror=retry)
+
+
+def _launch(config, cfg, stdin_bytes, wall_s, workdir, home, wait=True):
+  """Starts the harness; returns (stdout, stderr, timed_out, wall seconds).
+
+  With ``wait=False`` the killed process group is reaped on a daemon thread (its
+  namespace teardown takes tens of ms and does not touch ``workdir``).
+  """
+  env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+         "HOME": home, "TMPDIR": home}
+  t0 = time.perf_counter()
+  if os.path.realpath(config.python) == os.path.realpath(sys.executable):
+    boot = [_BOOT, _HARNESS_CODE]
+  else:  # another interpreter cannot load this one's marshalled code
+    boot = [_HARNESS_PATH.read_text()]
+  proc = subprocess.Popen([config.python, "-I", "-S", "-c", *boot, json.dumps(cfg)],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          cwd=workdir, env=env, start_new_session=True, close_fds=True)
+  timed_out = False
+  try:
+    out, err = proc.communicate(stdin_bytes, timeout=wall_s)
+  except subprocess.TimeoutExpired:
+    timed_out = True
+  finally:
+    try:
+      os.killpg(proc.pid, signal.SIGKILL)  # the whole run: supervisor, zygote, workers
+    except (ProcessLookupError, PermissionError):
+      pass
+  if timed_out:
+    out, err = proc.communicate()
+  if wait:
+    proc.wait()
+  else:
+    threading.Thread(target=proc.wait, daemon=True).start()
+  return out, err, timed_out, time.perf_counter() - t0
+
+
+def _harness_cfg(config, role, namespaces, drop, workdir, limits=None):
+  prefixes = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix,
+                                                   os.path.dirname(os.path.realpath(config.python)))})
+  return {"role": role, "namespaces": namespaces, "drop": drop, "uid": config.uid, "gid": config.gid,
+          "workdir": workdir, "expose": prefixes, "tmpfs_bytes": config.tmpfs_bytes, "limits": limits}
+
+
+def _make_workdir(config, drop):
+  workdir = tempfile.mkdtemp(prefix="mr_rl_sandbox_")
+  os.chmod(workdir, 0o700)
+  if drop:
+    os.chown(workdir, config.uid, config.gid)
+  return workdir
+
+
+# ----------------------------------------------------------------------------- capabilities
+def _probe(config, namespaces, drop):
+  with socket.socket() as listener:
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.setblocking(False)
+    workdir = _make_workdir(config, drop)
+    try:
+      cfg = _harness_cfg(config, "probe", namespaces, drop, workdir)
+      cfg["probe_port"] = listener.getsockname()[1]
+      out, err, timed_out, _ = _launch(config, cfg, b"", 30.0, workdir, "/tmp" if namespaces else workdir)
+    finally:
+      _rmtree(workdir)
+    try:
+      listener.accept()[0].close()
+      reached_host = True
+    except BlockingIOError:
+      reached_host = False
+  if timed_out or not out:
+    raise SandboxError(f"sandbox probe produced no report (stderr: {err.decode(errors='replace')[-500:]})")
+  report = json.loads(out)
+  report["network_blocked"] = report.get("network_blocked", False) and not reached_host
+  return report
+
+
+@functools.lru_cache(maxsize=8)
+def sandbox_capabilities(config: SandboxConfig | None = None) -> SandboxCapabilities:
+  """Probes (once per config) which isolation ``run`` can use here.
+
+  Tries, in order: as root, new network + pid + mount namespaces and a uid
+  drop; as a normal user, an unprivileged user namespace with the same
+  namespaces; finally no namespaces. Each attempt runs the real harness.
+  """
+  config = config or SandboxConfig()
+  is_root = os.geteuid() == 0
+  attempts = [("root", True), (None, True)] if is_root else [("user", False), (None, False)]
+  report = None
+  for namespaces, drop in attempts:
+    report = _probe(config, namespaces, drop)
+    if report.get("namespaces") == namespaces and not report.get("error"):
+      break
+  ns = report.get("namespaces") if not report.get("error") else None
+  caps = dict(is_root=is_root, namespaces=ns, network_isolated=bool(report.get("network_blocked")),
+              pid_namespace=ns is not None, private_tmp=ns is not None,
+              private_proc=bool(report.get("private_proc")),
+              privilege_drop=is_root and report.get("uid") == config.uid,
+              stdlib_readable=bool(report.get("stdlib_readable")))
+  notes = []
+  if not is_root:
+    notes.append("not root: programs run as the calling user and can write wherever it can")
+  if ns is None:
+    notes.append("no namespaces: network reachable, /tmp shared with the host, and processes "
+                 "that leave the process group (setsid) survive the run")
+  if not caps["stdlib_readable"]:
+    notes.append(f"the sandbox cannot import the standard library ({report.get('child_error')})")
+  return SandboxCapabilities(notes=tuple(notes), **caps)
+
+
+def _plan(config):
+  caps = sandbox_capabilities(config)
+  if not caps.stdlib_readable:
+    raise SandboxError(f"sandboxed interpreter unusable: {caps.notes}")
+  if config.require_network_isolation and not caps.network_isolated:
+    raise SandboxError(f"no network isolation on this machine ({caps.notes}); "
+                       "set SandboxConfig(require_network_isolation=False) to run without it")
+  if config.require_privilege_drop and not caps.privilege_drop:
+    raise SandboxError(f"cannot run programs as an unprivileged uid ({caps.notes}); "
+                       "set SandboxConfig(require_privilege_drop=False) to run as the caller")
+  return caps
+
+
+# ----------------------------------------------------------------------------- runs
+def run(program: str, tests: CodeTests, *, timeout_s: float = SMALL_TEST_TIMEOUT_S,
+        config: SandboxConfig | None = None) -> CodeResult:
+  """Runs ``program`` against ``tests`` in a fresh sandbox.
+
+  Args:
+    program: Python source (for HumanEval: prompt + completion).
+    tests: the problem's tests.
+    timeout_s: per-test wall-clock limit (TAG: 10 s small, 30 s medium tests);
+      loading the program has its own ``timeout_s``, HumanEval's ``check`` is
+      one test.
+    config: sandbox limits and policy.
+
+  Returns:
+    The verdict; failures of the program are verdicts, never exceptions.
+
+  Raises:
+    SandboxError: the sandbox cannot provide the isolation ``config`` requires.
+  """
+  _require_str("program", program)
+  if not isinstance(tests, CodeTests):
+    raise TypeError(f"tests must be a CodeTests, got {type(tests).__name__}")
+  _require_timeout("timeout_s", timeout_s)
+  config = config or SandboxConfig()
+  caps = _plan(config)
+  n_tests = tests.num_tests
+  budget = timeout_s * (n_tests + 1)
+  limits = {"memory_bytes": config.memory_bytes, "max_processes": config.max_processes,
+            "max_file_bytes": config.max_file_bytes, "max_open_files": config.max_open_files,
+            "cpu_s": int(math.ceil(budget)) + 1}
+  workdir = _make_workdir(config, caps.privilege_drop)
+  try:
+    cfg = _harness_cfg(config, "run", caps.namespaces, caps.privilege_drop, workdir, limits)
+    nonce = secrets.token_hex(16)
+    job = json.dumps({"nonce": nonce, "program": program, "tests": tests.payload(),
+                      "n_tests": n_tests, "timeout_s": float(timeout_s)}).encode()
+    wall_s = config.startup_grace_s + budget + 5.0 * n_tests
+    out, err, timed_out, wall = _launch(config, cfg, job, wall_s, workdir,
+                                        "/tmp" if caps.namespaces else workdir,
+                                        wait=caps.namespaces is None)
+  finally:
+    _rmtree(workdir)
+  if timed_out:
+    return CodeResult(False, wall, f"wall-clock limit of {wall_s:.1f} s exceeded", 0, n_tests, True)
+  try:
+    verdict = json.loads(out)
+  except ValueError:
+    verdict = None
+  if not isinstance(verdict, dict):
+    return CodeResult(False, wall, "supervisor exited without a verdict; stderr: "
+                      + err.decode(errors="replace")[-500:], 0, n_tests)
+  if "setup_error" in verdict:
+    raise SandboxError(f"sandbox set-up failed: {verdict['setup_error']}")
+  if verdict.get("nonce") != nonce:
+    return CodeResult(False, wall, "verdict without the run's nonce", 0, n_tests)
+  n_passed = int(verdict.get("n_passed", 0))
+  passed = verdict.get("passed") is True and n_passed == n_tests == verdict.get("n_tests")
+  error = verdict.get("error") if not passed else None
+  if not passed and error is None:
+    error = "not every test passed"
+  return CodeResult(passed, float(verdict["runtime_s"]), error, n_passed, n_tests,
+                    bool(verdict.get("timed_out")))
+
+
+def run_many(programs: Sequence[str], tests: Sequence[CodeTests] | CodeTests, *,
+             timeout_s: float = SMALL_TEST_TIMEOUT_S, config: SandboxConfig | None = None,
+             max_workers: int | None = None) -> list[CodeResult]:
+  """``run`` over many programs on a pool of ``max_workers`` threads (default: CPU count).
+
+  ``tests`` is one ``CodeTests`` per program, or one shared by all. Each run is
+  its own sandbox, so at most ``max_workers`` sandboxes exist at a time.
+  """
+  programs = list(programs)
+  tests_list = [tests] * len(programs) if isinstance(tests, CodeTests) else list(tests)
+  if len(tests_list) != len(programs):
+    raise ValueError(f"tests must match programs in length, got {len(tests_list)} and {len(programs)}")
+  max_workers = max_workers or os.cpu_count() or 1
+  if not isinstance(max_workers, int) or max_workers <= 0:
+    raise ValueError(f"max_workers must be a positive int, got {max_workers!r}")
+  config = config or SandboxConfig()
+  _plan(config)  # fail once, up front
+  with cf.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sandbox") as pool:
+    return list(pool.map(lambda pt: run(pt[0], pt[1], timeout_s=timeout_s, config=config),
+                         zip(programs, tests_list)))
+
+
+# ----------------------------------------------------------------------------- rewards
+def correct(result: CodeResult) -> float:
+  """TAG primary channel RP: 1.0 iff every test passed."""
+  return 1.0 if result.passed else 0.0
+
+
+def fast(result: CodeResult, threshold_ms: float = FAST_THRESHOLD_MS) -> float:
+  """TAG "fast" auxiliary channel: 1.0 iff ``runtime_s`` < ``threshold_ms`` (60 ms)."""
+  _require_timeout("threshold_ms", threshold_ms)
+  return 1.0 if result.runtime_s * 1e3 < threshold_ms else 0.0
+
+
+def noop(result: CodeResult, threshold_ms: float = NOOP_THRESHOLD_MS) -> float:
+  """TAG "no-op" auxiliary channel: 1.0 iff ``runtime_s`` < ``threshold_ms`` (3 ms)."""
+  _require_timeout("threshold_ms", threshold_ms)
+  return 1.0 if result.runtime_s * 1e3 < threshold_ms else 0.0

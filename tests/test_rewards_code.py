@@ -444,3 +444,17 @@ def test_network_is_unreachable():
     assert not r.passed and ("unreachable" in r.error or "OSError" in r.error), r
     with pytest.raises(socket.timeout):
       listener.accept()
+
+
+def test_fork_server_is_replaced_when_it_dies():
+  assert code.run("def f(a, b): return a + b", _adder_call()).passed
+  server = code._ForkServer.get(code.SandboxConfig().python)
+  server.proc.kill()
+  server.proc.wait()
+  # The run that finds it dead either raises SandboxError or succeeds on a new one.
+  try:
+    code.run("def f(a, b): return a + b", _adder_call())
+  except code.SandboxError:
+    pass
+  assert code.run("def f(a, b): return a + b", _adder_call()).passed
+  assert code._ForkServer.get(code.SandboxConfig().python) is not server

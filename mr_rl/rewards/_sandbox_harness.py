@@ -1,7 +1,9 @@
 """Sandbox harness for ``mr_rl.rewards.code`` (runs inside the sandbox, stdlib only).
 
-``code.py`` launches this source with ``python -I -S -c <source> <config-json>``
-(so no file on disk can be swapped under a run). Three processes take part:
+``code.py`` starts this code with ``python -I -S -c`` (as a marshalled code
+object, so no file on disk can be swapped under a run), once as a FORK SERVER
+that forks one supervisor per run (``fork_server``) and once per machine as a
+capability probe (``probe``). Three processes take part in a run:
 
 * the SUPERVISOR (S, this process): sets up namespaces and mounts as root, forks
   the zygote, drops privileges, THEN reads the job (program, tests, expected
@@ -638,10 +640,54 @@ def probe(cfg):
   os.write(1, json.dumps(report).encode())
 
 
+def fork_server(sock_fd):
+  """Forks one supervisor per request (saves interpreter start-up and imports per run).
+
+  A request is one SOCK_SEQPACKET message: JSON {"cfg", "env", "cwd"} plus the
+  supervisor's stdin, stdout and stderr fds. The reply is the supervisor's pid
+  (its own session, so the caller can kill the process group). The server never
+  sees a job: jobs go from the caller straight to the supervisor's stdin. It
+  exits when the caller's end of the socket closes.
+  """
+  import socket
+  sock = socket.socket(fileno=sock_fd)
+  while True:
+    try:
+      while os.waitpid(-1, os.WNOHANG)[0]:
+        pass
+    except ChildProcessError:
+      pass
+    try:
+      msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+    except OSError:
+      os._exit(0)
+    if not msg:
+      os._exit(0)
+    req = json.loads(msg)
+    pid = os.fork()
+    if pid == 0:
+      try:
+        os.setsid()
+        for i, fd in enumerate(fds):
+          os.dup2(fd, i)
+        close_fds_except([])
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        supervisor(req["cfg"])
+      finally:
+        os._exit(0)
+    for fd in fds:
+      os.close(fd)
+    sock.send(str(pid).encode())
+
+
 if __name__ == "__main__":
   sys.set_int_max_str_digits(0) if hasattr(sys, "set_int_max_str_digits") else None
   _cfg = json.loads(sys.argv[1])
   if _cfg["role"] == "probe":
     probe(_cfg)
+  elif _cfg["role"] == "server":
+    fork_server(_cfg["fd"])
   else:
     supervisor(_cfg)

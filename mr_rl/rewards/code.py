@@ -13,9 +13,12 @@ API:
   * ``sandbox_capabilities()``: what isolation this machine provides.
 
 Isolation (each run; see ``_sandbox_harness.py`` for the process layout):
-  * a fresh process tree ``python -I -S -c <harness>`` in its own session,
-    killed as a process group on the wall-clock deadline; the harness source is
-    passed on the command line, so no file can be swapped under a run;
+  * a fresh process tree in its own session, killed as a process group after
+    the verdict or at the wall-clock deadline. Its supervisor is forked by a
+    per-trainer fork server (``python -I -S -c <harness>``, the harness passed
+    as a marshalled code object on the command line, so no file can be swapped
+    under a run); the server never sees a job, so every run starts from the
+    same clean state without paying interpreter start-up;
   * as root: new network, pid and mount namespaces (``unshare``); the network
     namespace has no interface up (no loopback either), so every connect fails;
     the zygote is pid 1, so when it dies every process of the run dies, even one
@@ -71,36 +74,22 @@ import concurrent.futures as cf
 import dataclasses
 import functools
 import json
-import marshal
 import math
 import os
 import secrets
-import shutil
-import signal
 import socket
-import stat
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from pathlib import Path
 from typing import Any, Sequence
+
+from mr_rl.rewards._sandbox_process import SandboxError, _ForkServer, _env, _exchange, _launch, _rmtree
 
 SMALL_TEST_TIMEOUT_S = 10.0  # TAG: per-test timeout of small tests
 MEDIUM_TEST_TIMEOUT_S = 30.0  # TAG: per-test timeout of medium tests
 FAST_THRESHOLD_MS = 60.0  # TAG "Correct & fast": T < 60 ms
 NOOP_THRESHOLD_MS = 3.0  # TAG "Correct & no-op": T < 3 ms
 
-_HARNESS_PATH = Path(__file__).with_name("_sandbox_harness.py")
-# Compiled once here; the sandbox gets the marshalled code object on its command
-# line (no file to swap, no 50 ms compile per run).
-_HARNESS_CODE = marshal.dumps(compile(_HARNESS_PATH.read_text(), str(_HARNESS_PATH), "exec")).hex()
-_BOOT = "import marshal,sys;exec(marshal.loads(bytes.fromhex(sys.argv.pop(1))))"
-
-
-class SandboxError(RuntimeError):
-  """The sandbox could not be set up as required (not a verdict on a program)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,50 +269,6 @@ def _require_timeout(name, value):
     raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
 
 
-def _rmtree(path):
-  def retry(func, p, _):
-    os.chmod(os.path.dirname(p), stat.S_IRWXU)
-    if os.path.isdir(p) and not os.path.islink(p):
-      os.chmod(p, stat.S_IRWXU)
-    func(p)
-  shutil.rmtree(path, onerror=retry)
-
-
-def _launch(config, cfg, stdin_bytes, wall_s, workdir, home, wait=True):
-  """Starts the harness; returns (stdout, stderr, timed_out, wall seconds).
-
-  With ``wait=False`` the killed process group is reaped on a daemon thread (its
-  namespace teardown takes tens of ms and does not touch ``workdir``).
-  """
-  env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-         "HOME": home, "TMPDIR": home}
-  t0 = time.perf_counter()
-  if os.path.realpath(config.python) == os.path.realpath(sys.executable):
-    boot = [_BOOT, _HARNESS_CODE]
-  else:  # another interpreter cannot load this one's marshalled code
-    boot = [_HARNESS_PATH.read_text()]
-  proc = subprocess.Popen([config.python, "-I", "-S", "-c", *boot, json.dumps(cfg)],
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          cwd=workdir, env=env, start_new_session=True, close_fds=True)
-  timed_out = False
-  try:
-    out, err = proc.communicate(stdin_bytes, timeout=wall_s)
-  except subprocess.TimeoutExpired:
-    timed_out = True
-  finally:
-    try:
-      os.killpg(proc.pid, signal.SIGKILL)  # the whole run: supervisor, zygote, workers
-    except (ProcessLookupError, PermissionError):
-      pass
-  if timed_out:
-    out, err = proc.communicate()
-  if wait:
-    proc.wait()
-  else:
-    threading.Thread(target=proc.wait, daemon=True).start()
-  return out, err, timed_out, time.perf_counter() - t0
-
-
 def _harness_cfg(config, role, namespaces, drop, workdir, limits=None):
   prefixes = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix,
                                                    os.path.dirname(os.path.realpath(config.python)))})
@@ -447,9 +392,11 @@ def run(program: str, tests: CodeTests, *, timeout_s: float = SMALL_TEST_TIMEOUT
     job = json.dumps({"nonce": nonce, "program": program, "tests": tests.payload(),
                       "n_tests": n_tests, "timeout_s": float(timeout_s)}).encode()
     wall_s = config.startup_grace_s + budget + 5.0 * n_tests
-    out, err, timed_out, wall = _launch(config, cfg, job, wall_s, workdir,
-                                        "/tmp" if caps.namespaces else workdir,
-                                        wait=caps.namespaces is None)
+    home = "/tmp" if caps.namespaces else workdir
+    spawned = _ForkServer.get(config.python).spawn(cfg, _env(home), workdir)
+    out, err, timed_out, wall = _exchange(*spawned, job, wall_s)
+    if caps.namespaces is None:  # no pid namespace: let stragglers die before removing workdir
+      time.sleep(0.01)
   finally:
     _rmtree(workdir)
   if timed_out:

@@ -1,0 +1,27 @@
+"""Reward aggregation rules (METHODS.md sections 1-2): pure jnp, jittable, vmappable.
+
+Stateless rules map `r[..., K] -> R[...]`: `additive`, `weighted_sum`, `min_and`,
+`rp_only`, `lsc_soft_and`, `tag`, `rubric_dropout`, `pg_ot`.
+Stateful rules are namespaces with `init(num_channels, **hp) -> state` and
+`update(state, r_BGK) -> (R_BG, new_state, metrics)`: `amrp`, `drbo_inverse`,
+`drbo_delta`, `lagrangian`.
+`get(name, **hp)` returns a uniform `Aggregator` for any of them (see `registry`).
+"""
+
+from mr_rl.aggregators import amrp
+from mr_rl.aggregators import lagrangian
+from mr_rl.aggregators.amrp import AMRPState
+from mr_rl.aggregators.drbo import DRBOState, drbo_delta, drbo_inverse
+from mr_rl.aggregators.lagrangian import LagrangianState
+from mr_rl.aggregators.pareto_ot import pareto_front, pg_ot, pg_ot_group, sinkhorn_plan
+from mr_rl.aggregators.registry import (HYPERPARAMETERS, NAMES, Aggregator, StatelessState,
+                                        get)
+from mr_rl.aggregators.static import (additive, lsc_soft_and, min_and, rp_only, rubric_dropout,
+                                      rubric_dropout_mask, tag, weighted_sum)
+
+__all__ = [
+    "AMRPState", "Aggregator", "DRBOState", "HYPERPARAMETERS", "LagrangianState", "NAMES",
+    "StatelessState", "additive", "amrp", "drbo_delta", "drbo_inverse", "get", "lagrangian",
+    "lsc_soft_and", "min_and", "pareto_front", "pg_ot", "pg_ot_group", "rp_only",
+    "rubric_dropout", "rubric_dropout_mask", "sinkhorn_plan", "tag", "weighted_sum",
+]

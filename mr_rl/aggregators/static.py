@@ -1,0 +1,239 @@
+"""Static (stateless) aggregators `r[..., K] -> R[...]` (METHODS.md section 1).
+
+All functions are pure jnp, jittable and vmappable (each validates its concrete
+arguments, then calls a jitted core, so eager calls compile once per shape); hyperparameters may be traced
+(so `jax.vmap` sweeps them and `jax.grad` reaches `lam` and `tau`). Checks on
+hyperparameters (`w` length, `anchor` range, `lam >= 0`, `0 <= p < 1`, ...) run on
+concrete values and raise ValueError naming the argument.
+
+NaN handling (METHODS.md notation: NaN = channel not applicable): every rule skips
+NaN channels as described in its docstring, and a row whose channels are all NaN
+yields a NaN scalar, which the advantage code turns into advantage 0.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from mr_rl.aggregators import _common as C
+
+Array = jax.Array
+
+
+def additive(r: Any) -> Array:
+  """Additive aggregation `mean_k r_k` (METHODS.md section 1; the papers' (RP+RA)/2).
+
+  NaN: the mean is over the applicable channels only (NaN channels are skipped, the
+  remaining ones keep equal weight); an all-NaN row gives NaN.
+
+  Args:
+    r: rewards `[..., K]`.
+
+  Returns:
+    `R[...]`.
+  """
+  return _additive(C.check_rewards(r))
+
+
+@jax.jit
+def _additive(r: Array) -> Array:
+  valid = C.valid_mask(r)
+  n = jnp.sum(valid, axis=-1)
+  out = jnp.sum(C.nan_to_zero(r), axis=-1) / jnp.maximum(n, 1)
+  return jnp.where(n == 0, jnp.nan, out)
+
+
+def weighted_sum(r: Any, w: Any) -> Array:
+  """Weighted sum `sum_k w_k r_k` (METHODS.md section 1, e.g. `0.9 RP + 0.1 RA`).
+
+  NaN: a NaN channel contributes nothing (its term is dropped; the other weights are
+  NOT renormalised); an all-NaN row gives NaN.
+
+  Args:
+    r: rewards `[..., K]`.
+    w: weights `[K]` (a scalar is broadcast to every channel).
+
+  Returns:
+    `R[...]`.
+
+  Raises:
+    ValueError: `w` is neither a scalar nor of shape `[K]`.
+  """
+  r = C.check_rewards(r)
+  w = C.check_vector(w, r.shape[-1], "w")
+  return _weighted(r, w)
+
+
+_weighted = jax.jit(C.weighted_nansum)
+
+
+def min_and(r: Any) -> Array:
+  """AND rule `min_k r_k` (METHODS.md section 1).
+
+  NaN: the minimum over the applicable channels; an all-NaN row gives NaN.
+  """
+  r = C.check_rewards(r)
+  return _min_and(r)
+
+
+@jax.jit
+def _min_and(r: Array) -> Array:
+  return jnp.nanmin(r, axis=-1)  # nanmin of an all-NaN row is NaN.
+
+
+def rp_only(r: Any, primary: Any = 0) -> Array:
+  """The primary channel alone (METHODS.md section 1, "RP-only").
+
+  NaN: the result is NaN exactly where the primary channel is NaN (other channels
+  are ignored), so a sample without a primary reward gets advantage 0.
+
+  Args:
+    r: rewards `[..., K]`.
+    primary: index of the primary channel in `[0, K)`.
+
+  Raises:
+    ValueError: `primary` is not an integer in `[0, K)`.
+  """
+  r = C.check_rewards(r)
+  primary = C.check_index(primary, r.shape[-1], "primary")
+  return _take(r, primary)
+
+
+@jax.jit
+def _take(r: Array, index: Array) -> Array:
+  return jnp.take(r, index, axis=-1)
+
+
+def lsc_soft_and(r: Any, tau: Any = 0.1) -> Array:
+  """LSC soft-AND **(project definition, METHODS.md section 1)**.
+
+  `R = -tau * log(mean_k exp(-r_k / tau))`; `tau -> 0` gives `min_k r_k`, `tau -> inf`
+  gives `mean_k r_k`. Evaluated in the shifted form
+  `m - tau * log1p(mean_k expm1(-(r_k - m) / tau))` with `m = min_k r_k`, which is exact
+  algebraically and keeps full precision at both limits (no overflow as tau -> 0, no
+  cancellation as tau -> inf).
+
+  NaN: the mean runs over the applicable channels; an all-NaN row gives NaN.
+
+  Args:
+    r: rewards `[..., K]`.
+    tau: temperature, > 0 (scalar; may be traced, differentiable).
+
+  Raises:
+    ValueError: `tau <= 0`.
+  """
+  r = C.check_rewards(r)
+  C.check_range(tau, "tau", lo=0.0, lo_open=True)
+  return _lsc(r, C.as_float(tau))
+
+
+@jax.jit
+def _lsc(r: Array, tau: Array) -> Array:
+  valid = C.valid_mask(r)
+  n = jnp.sum(valid, axis=-1)
+  m = jnp.min(jnp.where(valid, r, jnp.inf), axis=-1, keepdims=True)
+  m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+  z = jnp.where(valid, -(r - m_safe) / tau, 0.0)  # <= 0 on valid entries.
+  mean_em1 = jnp.sum(jnp.where(valid, jnp.expm1(z), 0.0), axis=-1) / jnp.maximum(n, 1)
+  out = m_safe[..., 0] - tau * jnp.log1p(mean_em1)
+  return jnp.where(n == 0, jnp.nan, out)
+
+
+def _tag_gates(lam: Any, anchor: Array, num_channels: int) -> Array:
+  """`[K]` gates with the anchor's entry set to 0."""
+  C.check_range(lam, "lam", lo=0.0)
+  lam = C.check_vector(lam, num_channels, "lam")
+  return jnp.where(jnp.arange(num_channels) == anchor, 0.0, lam)
+
+
+def tag(r: Any, anchor: Any, lam: Any) -> Array:
+  """Trust-Anchored Gating (TAG paper; METHODS.md section 1).
+
+  `f = r_a * (1 + sum_{k != a} lam_k r_k) / (1 + sum_{k != a} lam_k)`.
+  For binary rewards: auxiliary-only success and total failure score 0, joint success
+  scores 1, primary-only success scores `1 / (1 + sum_{k != a} lam_k)`.
+
+  NaN: a NaN anchor gives NaN (no trusted signal, so advantage 0); a NaN auxiliary
+  channel is dropped from both sums (numerator and normaliser), so the gate is
+  renormalised over the applicable auxiliaries.
+
+  Args:
+    r: rewards `[..., K]`.
+    anchor: index `a` of the anchor channel in `[0, K)`.
+    lam: gate strengths `lam_k >= 0`, a scalar (same for every auxiliary) or `[K]`
+      (the anchor's entry is ignored). May be traced; differentiable.
+
+  Raises:
+    ValueError: `anchor` out of range, `lam` negative or of the wrong length.
+  """
+  r = C.check_rewards(r)
+  k = r.shape[-1]
+  anchor = C.check_index(anchor, k, "anchor")
+  return _tag(r, anchor, _tag_gates(lam, anchor, k))
+
+
+@jax.jit
+def _tag(r: Array, anchor: Array, gates: Array) -> Array:
+  valid = C.valid_mask(r)
+  g = jnp.where(valid, gates, 0.0)  # [..., K]
+  num = 1.0 + jnp.sum(g * C.nan_to_zero(r), axis=-1)
+  den = 1.0 + jnp.sum(g, axis=-1)
+  return jnp.take(r, anchor, axis=-1) * num / den
+
+
+def rubric_dropout_mask(key: Array, num_channels: int, p: Any) -> Array:
+  """Keep-mask for Rubric Dropout **(project definition, METHODS.md section 1)**.
+
+  Each channel is dropped independently with probability `p`; if every channel was
+  dropped, one channel drawn uniformly is kept. Hence
+  `P(keep k) = (1 - p) + p**K / K`.
+
+  Args:
+    key: PRNG key.
+    num_channels: K.
+    p: drop probability in `[0, 1)` (may be traced).
+
+  Returns:
+    Boolean mask `[K]`, at least one True.
+
+  Raises:
+    ValueError: `p` outside `[0, 1)`, or `key` is None.
+  """
+  if key is None:
+    raise ValueError("`key` is required for rubric dropout (a PRNG key, e.g. jax.random.key(0)).")
+  C.check_range(p, "p", lo=0.0, hi=1.0, hi_open=True)
+  return _dropout_mask(key, num_channels, C.as_float(p))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _dropout_mask(key: Array, num_channels: int, p: Array) -> Array:
+  k_drop, k_pick = jax.random.split(key)
+  keep = jax.random.uniform(k_drop, (num_channels,)) >= p
+  fallback = jax.nn.one_hot(jax.random.randint(k_pick, (), 0, num_channels), num_channels) > 0
+  return jnp.where(jnp.any(keep), keep, fallback)
+
+
+def rubric_dropout(r: Any, key: Array, p: Any) -> Array:
+  """Rubric Dropout **(project definition, METHODS.md section 1)**.
+
+  Draws one keep-mask over channels for the whole call (one step), see
+  `rubric_dropout_mask`, and returns the mean over the kept channels.
+
+  NaN: the mean runs over the kept channels that apply; a row whose kept channels
+  are all NaN gives NaN.
+
+  Args:
+    r: rewards `[..., K]`.
+    key: PRNG key (fold in the step number outside).
+    p: drop probability in `[0, 1)`.
+
+  Raises:
+    ValueError: `p` outside `[0, 1)`, or `key` is None.
+  """
+  r = C.check_rewards(r)
+  mask = rubric_dropout_mask(key, r.shape[-1], p)
+  return _additive(jnp.where(mask, r, jnp.nan))

@@ -1,0 +1,411 @@
+"""Hugging Face checkpoint IO: config.json <-> ModelConfig, safetensors <-> params, tokenizer.
+
+Loading reads one tensor at a time (safetensors memory-maps each file) and puts it straight
+into its target sharding (`jax.make_array_from_callback` with the NamedSharding derived from
+the parameter's logical axes when a mesh is given), so the model is never materialised whole
+on a host. Saving writes transformers' layout (per-expert MoE tensors, [out, in] Linear
+weights, `model.safetensors` or shards + index) and a config.json transformers/vLLM read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy for safetensors)
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from mr_rl.models.config import ModelConfig, get_preset
+from mr_rl.models.transformer import Transformer, abstract_params
+
+_FAMILY_OF_MODEL_TYPE = {"qwen3": "qwen3", "llama": "llama", "qwen3_moe": "qwen3_moe"}
+_ARCH = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM",
+         "qwen3_moe": "Qwen3MoeForCausalLM"}
+_DTYPE_NAMES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# Architecture fields a preset fixes (dtype / impl fields may differ).
+_ARCH_FIELDS = ("family", "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
+                "head_dim", "d_ff", "rope_theta", "rope_scaling", "norm_eps", "qk_norm",
+                "tie_embeddings", "num_experts", "num_experts_per_tok", "moe_d_ff",
+                "norm_topk_prob")
+_IGNORABLE_SUFFIXES = ("rotary_emb.inv_freq",)  # non-persistent buffers some old exports carry
+
+
+# ----------------------------------------------------------------------------- config mapping
+def config_from_hf(hf: dict, **overrides) -> ModelConfig:
+  """Maps a transformers config.json dict to ModelConfig.
+
+  Reads RoPE settings in both forms: transformers-5 `rope_parameters` and hub-style top-level
+  `rope_theta` / `rope_scaling`.
+
+  Raises:
+    ValueError: unsupported model_type or features (biases, sliding window, non-SiLU MLP,
+      dense layers inside a MoE model).
+  """
+  mt = hf.get("model_type")
+  if mt not in _FAMILY_OF_MODEL_TYPE:
+    raise ValueError(f"config.json model_type {mt!r} is not supported; expected one of "
+                     f"{sorted(_FAMILY_OF_MODEL_TYPE)}")
+  family = _FAMILY_OF_MODEL_TYPE[mt]
+  if hf.get("hidden_act", "silu") != "silu":
+    raise ValueError(f"config.json hidden_act {hf['hidden_act']!r} unsupported (only 'silu')")
+  for flag in ("attention_bias", "mlp_bias"):
+    if hf.get(flag, False):
+      raise ValueError(f"config.json {flag}=true is not supported")
+  if hf.get("use_sliding_window", False):
+    raise ValueError("config.json use_sliding_window=true is not supported")
+  if family == "qwen3_moe":
+    if hf.get("mlp_only_layers") or hf.get("decoder_sparse_step", 1) != 1:
+      raise ValueError("qwen3_moe with dense layers (mlp_only_layers / decoder_sparse_step != 1)"
+                       " is not supported")
+  rp = hf.get("rope_parameters") or {}
+  if isinstance(rp, dict) and "rope_theta" in rp:
+    theta, scaling = rp["rope_theta"], rp
+  else:
+    theta, scaling = hf.get("rope_theta", 10000.0), hf.get("rope_scaling")
+  heads = hf["num_attention_heads"]
+  kw: dict[str, Any] = dict(
+      family=family, vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
+      n_layers=hf["num_hidden_layers"], n_heads=heads,
+      n_kv_heads=hf.get("num_key_value_heads") or heads,
+      head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+      d_ff=hf.get("intermediate_size", 0), rope_theta=float(theta), rope_scaling=scaling,
+      norm_eps=float(hf.get("rms_norm_eps", 1e-6)), qk_norm=family != "llama",
+      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      max_seq_len=int(hf.get("max_position_embeddings", 4096)))
+  if family == "qwen3_moe":
+    kw.update(num_experts=hf.get("num_experts", hf.get("num_local_experts")),
+              num_experts_per_tok=hf["num_experts_per_tok"],
+              moe_d_ff=hf["moe_intermediate_size"],
+              norm_topk_prob=bool(hf.get("norm_topk_prob", False)))
+  kw.update(overrides)
+  return ModelConfig(**kw)
+
+
+def hf_config_from(config: ModelConfig, extra: dict | None = None) -> dict:
+  """The transformers config.json dict for a ModelConfig (hub-style rope_theta/rope_scaling)."""
+  dtype_name = jnp.dtype(config.param_dtype).name
+  hf: dict[str, Any] = {
+      "architectures": [_ARCH[config.family]], "model_type": config.family,
+      "vocab_size": config.vocab_size, "hidden_size": config.d_model,
+      "intermediate_size": config.d_ff, "num_hidden_layers": config.n_layers,
+      "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads,
+      "head_dim": config.head_dim, "hidden_act": "silu",
+      "max_position_embeddings": config.max_seq_len, "rms_norm_eps": config.norm_eps,
+      "rope_theta": config.rope_theta,
+      "rope_scaling": None if config.rope_scaling is None else dict(config.rope_scaling),
+      "tie_word_embeddings": config.tie_embeddings, "attention_bias": False,
+      "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
+      "dtype": dtype_name, "torch_dtype": dtype_name,
+  }
+  if config.family == "llama":
+    hf.update(mlp_bias=False, pretraining_tp=1)
+  else:
+    hf.update(use_sliding_window=False, sliding_window=None, max_window_layers=config.n_layers)
+  if config.family == "qwen3_moe":
+    hf.update(num_experts=config.num_experts, num_experts_per_tok=config.num_experts_per_tok,
+              moe_intermediate_size=config.moe_d_ff, norm_topk_prob=config.norm_topk_prob,
+              decoder_sparse_step=1, mlp_only_layers=[], output_router_logits=False,
+              router_aux_loss_coef=0.001)
+  for k, v in (extra or {}).items():
+    hf.setdefault(k, v)
+  return hf
+
+
+def check_against_preset(config: ModelConfig, preset: str) -> None:
+  """Raises ValueError naming every architecture field where config differs from the preset."""
+  ref = get_preset(preset)
+  diff = {f: (getattr(config, f), getattr(ref, f)) for f in _ARCH_FIELDS
+          if getattr(config, f) != getattr(ref, f)}
+  if diff:
+    lines = ", ".join(f"{f}: checkpoint {a!r} vs preset {b!r}" for f, (a, b) in diff.items())
+    raise ValueError(f"checkpoint config does not match preset {preset!r}: {lines}")
+
+
+# ----------------------------------------------------------------------------- name mapping
+# Each entry: (param path in our tree, HF tensor names, to_ours(list[np]) -> np,
+#              to_hf(np) -> list[np]).
+def _lin(shape_out: tuple) -> tuple[Callable, Callable]:
+  """HF Linear [out, in] <-> ours [in, *shape_out]."""
+  def to_ours(ts):
+    t = ts[0].T
+    return t.reshape(t.shape[0], *shape_out) if shape_out else t
+  return to_ours, lambda a: [np.ascontiguousarray(a.reshape(a.shape[0], -1).T)]
+
+
+def _lin_in(shape_in: tuple) -> tuple[Callable, Callable]:
+  """HF Linear [out, in] <-> ours [*shape_in, out] (o_proj)."""
+  return (lambda ts: ts[0].T.reshape(*shape_in, -1),
+          lambda a: [np.ascontiguousarray(a.reshape(-1, a.shape[-1]).T)])
+
+
+_SAME = (lambda ts: ts[0], lambda a: [a])
+_STACK_T = (lambda ts: np.stack([t.T for t in ts]),
+            lambda a: [np.ascontiguousarray(x.T) for x in a])
+
+
+def param_mapping(config: ModelConfig) -> list[tuple[tuple[str, ...], list[str], Callable, Callable]]:
+  """The full list of (our path, HF names, to_ours, to_hf) for a config."""
+  c = config
+  out = [(("embedding",), ["model.embed_tokens.weight"], *_SAME),
+         (("final_norm", "scale"), ["model.norm.weight"], *_SAME)]
+  if not c.tie_embeddings:
+    out.append((("lm_head",), ["lm_head.weight"], lambda ts: ts[0].T,
+                lambda a: [np.ascontiguousarray(a.T)]))
+  for i in range(c.n_layers):
+    p, h = f"layers_{i}", f"model.layers.{i}"
+    out += [
+        ((p, "attn_norm", "scale"), [f"{h}.input_layernorm.weight"], *_SAME),
+        ((p, "mlp_norm", "scale"), [f"{h}.post_attention_layernorm.weight"], *_SAME),
+        ((p, "attn", "q_proj"), [f"{h}.self_attn.q_proj.weight"], *_lin((c.n_heads, c.head_dim))),
+        ((p, "attn", "k_proj"), [f"{h}.self_attn.k_proj.weight"],
+         *_lin((c.n_kv_heads, c.head_dim))),
+        ((p, "attn", "v_proj"), [f"{h}.self_attn.v_proj.weight"],
+         *_lin((c.n_kv_heads, c.head_dim))),
+        ((p, "attn", "o_proj"), [f"{h}.self_attn.o_proj.weight"],
+         *_lin_in((c.n_heads, c.head_dim))),
+    ]
+    if c.qk_norm:
+      out += [((p, "attn", "q_norm", "scale"), [f"{h}.self_attn.q_norm.weight"], *_SAME),
+              ((p, "attn", "k_norm", "scale"), [f"{h}.self_attn.k_norm.weight"], *_SAME)]
+    if c.is_moe:
+      ex = range(c.num_experts)
+      out += [((p, "mlp", "router"), [f"{h}.mlp.gate.weight"], *_lin(())),
+              ((p, "mlp", "gate_proj"), [f"{h}.mlp.experts.{e}.gate_proj.weight" for e in ex],
+               *_STACK_T),
+              ((p, "mlp", "up_proj"), [f"{h}.mlp.experts.{e}.up_proj.weight" for e in ex],
+               *_STACK_T),
+              ((p, "mlp", "down_proj"), [f"{h}.mlp.experts.{e}.down_proj.weight" for e in ex],
+               *_STACK_T)]
+    else:
+      out += [((p, "mlp", n), [f"{h}.mlp.{n}.weight"], *_lin(()))
+              for n in ("gate_proj", "up_proj", "down_proj")]
+  return out
+
+
+# ----------------------------------------------------------------------------- path resolution
+def resolve_path(path_or_hub_id: str, allow_patterns: list[str] | None = None) -> str:
+  """A local directory for a path or a hub id (snapshot_download; fails clearly offline)."""
+  if not isinstance(path_or_hub_id, (str, os.PathLike)):
+    raise TypeError(f"path_or_hub_id must be a str path or hub id, got {type(path_or_hub_id)}")
+  p = os.fspath(path_or_hub_id)
+  if os.path.isdir(p):
+    return p
+  if os.path.exists(p) or p.startswith((".", "/", "~")) or p.count("/") != 1:
+    raise FileNotFoundError(f"{p!r} is not a checkpoint directory (and not a hub id 'org/name')")
+  try:
+    from huggingface_hub import snapshot_download
+    return snapshot_download(repo_id=p, allow_patterns=allow_patterns)
+  except Exception as e:  # network / auth / offline errors all end here
+    raise OSError(
+        f"could not fetch {p!r} from the Hugging Face hub ({type(e).__name__}: {e}). If this "
+        f"machine is offline, download it elsewhere (`huggingface-cli download {p} --local-dir "
+        f"DIR`), copy DIR here and pass the local directory instead of the hub id.") from e
+
+
+def _tensor_index(path: str) -> dict[str, str]:
+  """Tensor name -> safetensors file (validates that every referenced shard exists)."""
+  index = os.path.join(path, "model.safetensors.index.json")
+  single = os.path.join(path, "model.safetensors")
+  if os.path.exists(index):
+    with open(index) as f:
+      weight_map = json.load(f)["weight_map"]
+    files = sorted(set(weight_map.values()))
+    missing = [fn for fn in files if not os.path.exists(os.path.join(path, fn))]
+    if missing:
+      raise FileNotFoundError(f"{index} names shard file(s) {missing} that are not in {path}")
+    return {k: os.path.join(path, v) for k, v in weight_map.items()}
+  if os.path.exists(single):
+    with safe_open(single, framework="np") as f:
+      return {k: single for k in f.keys()}
+  others = [fn for fn in os.listdir(path) if fn.endswith((".bin", ".pt", ".pth"))]
+  raise FileNotFoundError(
+      f"no model.safetensors or model.safetensors.index.json in {path}" +
+      (f" (found PyTorch pickles {others[:3]}; convert them to safetensors first)" if others
+       else ""))
+
+
+# ----------------------------------------------------------------------------- load / save
+def _read_config(path: str) -> dict:
+  cfg_path = os.path.join(path, "config.json")
+  if not os.path.exists(cfg_path):
+    raise FileNotFoundError(f"no config.json in {path}")
+  with open(cfg_path) as f:
+    return json.load(f)
+
+
+def load_pretrained(path_or_hub_id: str, *, dtype=jnp.float32, mesh=None, rules=None,
+                    preset: str | None = None, **config_overrides):
+  """Loads a transformers checkpoint into (Transformer, params).
+
+  Args:
+    path_or_hub_id: local directory with config.json + safetensors, or a hub id.
+    dtype: parameter and activation dtype (a float dtype); logits stay float32.
+    mesh: optional jax Mesh; every param is created directly in its NamedSharding.
+    rules: logical axis rules (default `sharding.DEFAULT_RULES`).
+    preset: if given, the checkpoint's architecture must equal this preset's.
+    **config_overrides: other ModelConfig fields (moe_impl, remat, max_seq_len, ...).
+
+  Raises:
+    ValueError / FileNotFoundError / TypeError naming the problem (config/preset mismatch,
+    missing shard files, missing / unexpected tensors, wrong shapes or dtypes).
+  """
+  try:
+    dt = jnp.dtype(dtype)
+  except TypeError as e:
+    raise TypeError(f"load_pretrained: dtype {dtype!r} is not a dtype") from e
+  if not jnp.issubdtype(dt, jnp.floating):
+    raise TypeError(f"load_pretrained: dtype must be floating, got {dt}")
+  path = resolve_path(path_or_hub_id, ["*.json", "*.safetensors", "tokenizer*", "*.txt",
+                                       "*.model", "*.tiktoken"])
+  config = config_from_hf(_read_config(path), param_dtype=dt, dtype=dt, **config_overrides)
+  if preset is not None:
+    check_against_preset(config, preset)
+  model = Transformer(config)
+  index = _tensor_index(path)
+  mapping = param_mapping(config)
+  expected = {n for _, names, _, _ in mapping for n in names}
+  optional = {"lm_head.weight"} if config.tie_embeddings else set()
+  missing = sorted(expected - set(index))
+  unexpected = sorted(n for n in set(index) - expected - optional
+                      if not n.endswith(_IGNORABLE_SUFFIXES))
+  if missing:
+    raise ValueError(f"checkpoint {path} is missing {len(missing)} tensor(s): {missing[:8]}")
+  if unexpected:
+    raise ValueError(f"checkpoint {path} has {len(unexpected)} unexpected tensor(s) for a "
+                     f"{config.family} model: {unexpected[:8]}")
+
+  shapes = abstract_params(model)
+  shardings = None
+  if mesh is not None:
+    from mr_rl.models import sharding as shd
+    shardings = shd.param_shardings(model, mesh, rules)
+  handles: dict[str, Any] = {}
+
+  def read(name: str) -> np.ndarray:
+    fn = index[name]
+    if fn not in handles:
+      handles[fn] = safe_open(fn, framework="np")
+    t = handles[fn].get_tensor(name)
+    if not np.issubdtype(t.dtype, np.floating) and t.dtype != ml_dtypes.bfloat16:
+      raise TypeError(f"tensor {name} in {fn} has dtype {t.dtype}; expected a float dtype")
+    return t
+
+  params: dict = {}
+  for ours, names, to_ours, _ in mapping:
+    target = _get(shapes, ours)
+    tensors = [read(n) for n in names]
+    try:
+      arr = to_ours(tensors)
+    except ValueError as e:  # a reshape that cannot work: wrong source shape
+      raise ValueError(f"tensor {names[0]} has shape {tensors[0].shape}, which cannot map to "
+                       f"{'/'.join(ours)} of shape {target.shape}: {e}") from e
+    del tensors
+    if arr.shape != target.shape:
+      raise ValueError(f"tensor(s) {names[0]}{'...' if len(names) > 1 else ''} have shape "
+                       f"{arr.shape} after conversion; {'/'.join(ours)} expects {target.shape}")
+    arr = arr.astype(dt)
+    if shardings is None:
+      value = jnp.asarray(arr)
+    else:
+      value = jax.make_array_from_callback(arr.shape, _get(shardings, ours),
+                                           lambda idx, a=arr: a[idx])
+    _set(params, ours, value)
+    del arr
+  return model, params
+
+
+def _get(tree, path):
+  for k in path:
+    tree = tree[k]
+  return tree
+
+
+def _set(tree, path, value):
+  for k in path[:-1]:
+    tree = tree.setdefault(k, {})
+  tree[path[-1]] = value
+
+
+def _to_host(x) -> np.ndarray:
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    x = multihost_utils.process_allgather(x, tiled=True)
+  return np.asarray(jax.device_get(x))
+
+
+def save_pretrained(model: Transformer, params, path: str, *, source: str | None = None,
+                    max_shard_bytes: int = 5 * 2**30) -> None:
+  """Writes a transformers-loadable checkpoint (safetensors + config.json) to `path`.
+
+  Tensors are converted one at a time; files hold at most max_shard_bytes (then an index json
+  is written, as transformers does). Params keep their dtype. `source` (a local checkpoint
+  directory) copies its tokenizer / generation_config files and token ids into the output.
+  In a multi-process run only process 0 writes.
+  """
+  config = model.config
+  os.makedirs(path, exist_ok=True)
+  extra = {}
+  if source is not None:
+    src = _read_config(source)
+    extra = {k: src[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in src}
+  is_writer = jax.process_index() == 0
+  shard: dict[str, np.ndarray] = {}
+  shard_bytes, files, weight_map, total = 0, [], {}, 0
+
+  def flush():
+    nonlocal shard, shard_bytes
+    if shard:
+      fn = f"model-{len(files) + 1:05d}.safetensors"
+      if is_writer:
+        save_file(shard, os.path.join(path, fn), metadata={"format": "pt"})
+      files.append(fn)
+      weight_map.update({k: fn for k in shard})
+      shard, shard_bytes = {}, 0
+
+  for ours, names, _, to_hf in param_mapping(config):
+    try:
+      value = _get(params, ours)
+    except (KeyError, TypeError) as e:
+      raise ValueError(f"params has no entry {'/'.join(ours)} for this {config.family} "
+                       "model") from e
+    tensors = to_hf(_to_host(value))
+    for n, t in zip(names, tensors):
+      if shard_bytes and shard_bytes + t.nbytes > max_shard_bytes:
+        flush()
+      shard[n] = t
+      shard_bytes += t.nbytes
+      total += t.nbytes
+  flush()
+  if not is_writer:
+    return
+  if len(files) == 1:
+    os.replace(os.path.join(path, files[0]), os.path.join(path, "model.safetensors"))
+  else:
+    n = len(files)
+    for i, fn in enumerate(files):
+      new = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+      os.replace(os.path.join(path, fn), os.path.join(path, new))
+      weight_map = {k: (new if v == fn else v) for k, v in weight_map.items()}
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+      json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(hf_config_from(config, extra), f, indent=2)
+  if source is not None:
+    for fn in os.listdir(source):
+      if fn.startswith(("tokenizer", "special_tokens", "vocab", "merges", "generation_config",
+                        "chat_template")):
+        shutil.copy(os.path.join(source, fn), os.path.join(path, fn))
+
+
+def load_tokenizer(path_or_hub_id: str):
+  """transformers.AutoTokenizer for a local directory or hub id."""
+  from transformers import AutoTokenizer
+  path = resolve_path(path_or_hub_id, ["*.json", "tokenizer*", "*.txt", "*.model", "*.tiktoken",
+                                       "*.jinja"])
+  return AutoTokenizer.from_pretrained(path)

@@ -172,6 +172,7 @@ LCB_FUNC = [{"input": "[1, 2, 3]\n2", "output": "5", "testtype": "functional"}]
 def test_parse_tests_all_shapes():
   t = data.parse_tests(json.dumps(PI_STDIO))
   assert (t.kind, t.inputs, t.outputs) == ("stdio", ("1 2\n", "5 5\n"), ("3\n", "10\n"))
+  assert t.pairs == (("1 2\n", "3\n"), ("5 5\n", "10\n"))
   t = data.parse_tests(json.dumps(PI_CALL))
   assert (t.kind, t.fn_name, t.inputs, t.outputs, t.list_wrapped) == (
       "call", "add", ((1, 2),), ([3],), True)
@@ -206,7 +207,7 @@ def test_deepcoder_loader(tmp_path):
   path = _write_jsonl(tmp_path / "dc.jsonl", rows)
   stdio = data.load_dataset("deepcoder", path=path, cache_dir=str(tmp_path))
   assert [e.prompt for e in stdio] == ["Add two numbers.", "Square."]
-  assert isinstance(stdio[0].metadata["tests"], data.CodeTests)
+  assert isinstance(stdio[0].metadata["tests"], data.CodeTestSpec)
   both = data.load_dataset("deepcoder", path=path, kinds=("stdio", "call"),
                            cache_dir=str(tmp_path))
   assert len(both) == 4 and both[3].metadata["tests"].fn_name == "maxSum"

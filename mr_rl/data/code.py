@@ -9,7 +9,7 @@ and `tests`, a JSON string whose shape depends on the source:
   * lcbv5: list of `{"testtype": "stdin" | "functional", "input", "output"}`, the
     function name in the row's `metadata["func_name"]`; functional inputs hold one JSON
     value per line (one per argument) and the output one JSON value.
-`parse_tests` turns all of them into one `CodeTests` record for the sandbox.
+`parse_tests` turns all of them into one `CodeTestSpec` record for the sandbox.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ DEEPCODER_SPLITS = {"primeintellect": ("train",), "taco": ("train",),
 
 
 @dataclasses.dataclass(frozen=True)
-class CodeTests:
+class CodeTestSpec:
   """Tests of one problem, normalised.
 
   Attributes:
@@ -37,7 +37,12 @@ class CodeTests:
     outputs: expected stdout strings, or JSON-decoded expected return values.
     fn_name: function (or `Solution` method) name for call tests, else None.
     list_wrapped: call tests in the APPS convention (taco, primeintellect), where the
-      expected value may be wrapped in a one-element list.
+      expected value may be wrapped in a one-element list: a checker should accept a
+      return value `v` when `v == outputs[i]` or `outputs[i] == [v]` (as APPS does).
+
+  For `mr_rl.rewards.code.CodeTests` use `CodeTests.stdio(spec.pairs)` or
+  `CodeTests.call(spec.fn_name, spec.inputs, spec.outputs)` (the latter compares
+  exactly, so list-wrapped outputs need the APPS rule above).
   """
 
   kind: str
@@ -56,6 +61,13 @@ class CodeTests:
     if self.kind == "stdio" and not all(
         isinstance(x, str) for x in self.inputs + self.outputs):
       raise ValueError("stdio test inputs and outputs must be strings")
+
+  @property
+  def pairs(self) -> tuple[tuple[str, str], ...]:
+    """`(stdin, expected_stdout)` pairs of stdio tests."""
+    if self.kind != "stdio":
+      raise ValueError("pairs exist only for stdio tests")
+    return tuple(zip(self.inputs, self.outputs))
 
   def __len__(self) -> int:
     return len(self.inputs)
@@ -79,8 +91,8 @@ def _json_lines(text: str) -> tuple[Any, ...]:
   return tuple(json.loads(line) for line in text.split("\n") if line.strip())
 
 
-def parse_tests(tests: str | list | dict, metadata: Any = None) -> CodeTests:
-  """Parses a DeepCoder `tests` field (JSON string or decoded) into `CodeTests`.
+def parse_tests(tests: str | list | dict, metadata: Any = None) -> CodeTestSpec:
+  """Parses a DeepCoder `tests` field (JSON string or decoded) into `CodeTestSpec`.
 
   Args:
     tests: the row's `tests` value.
@@ -102,10 +114,10 @@ def parse_tests(tests: str | list | dict, metadata: Any = None) -> CodeTests:
       raise ValueError(f"dict tests need inputs and outputs, got keys {sorted(tests)}")
     fn = tests.get("fn_name")
     if fn:
-      return CodeTests("call", tuple(tuple(a) if isinstance(a, list) else (a,)
+      return CodeTestSpec("call", tuple(tuple(a) if isinstance(a, list) else (a,)
                                      for a in tests["inputs"]),
                        tuple(tests["outputs"]), fn_name=fn, list_wrapped=True)
-    return CodeTests("stdio", tuple(_as_text(x) for x in tests["inputs"]),
+    return CodeTestSpec("stdio", tuple(_as_text(x) for x in tests["inputs"]),
                      tuple(_as_text(x) for x in tests["outputs"]))
   if not isinstance(tests, list) or not tests:
     raise ValueError(f"tests must be a non-empty list or a dict, got {type(tests).__name__}")
@@ -140,16 +152,16 @@ def parse_tests(tests: str | list | dict, metadata: Any = None) -> CodeTests:
     fns.discard(None)
     if len(fns) != 1:
       raise ValueError(f"call tests need exactly one function name, got {sorted(fns)}")
-    return CodeTests("call", tuple(inputs), tuple(outputs), fn_name=fns.pop(),
+    return CodeTestSpec("call", tuple(inputs), tuple(outputs), fn_name=fns.pop(),
                      list_wrapped=wrapped)
-  return CodeTests("stdio", tuple(inputs), tuple(outputs))
+  return CodeTestSpec("stdio", tuple(inputs), tuple(outputs))
 
 
 def load_deepcoder(*, split: str = "train", path: str | None = None,
                    cache_dir: str | None = None, subsets: tuple[str, ...] | None = None,
                    kinds: tuple[str, ...] = ("stdio",), max_tests: int | None = None,
                    max_examples: int | None = None, seed: int = 0) -> list[Example]:
-  """DeepCoder problems with parsed tests (`metadata["tests"]`, a `CodeTests`).
+  """DeepCoder problems with parsed tests (`metadata["tests"]`, a `CodeTestSpec`).
 
   **(project definition)** TAG's "DeepCoder-RT" has 3,741 train / 185 test problems
   but the summary does not give its filter. Here: the configurations in `subsets`

@@ -1,0 +1,269 @@
+"""ALCE rewards: rule parts on hand-made cases, batching, runner channels, NLI plumbing."""
+
+import random
+
+import numpy as np
+import pytest
+
+from mr_rl.rewards import alce
+
+DOCS = [
+    {"title": "Eiffel Tower", "text": "The Eiffel Tower is in Paris and was completed in 1889."},
+    {"title": "Paris", "text": "Paris is the capital of France."},
+    {"title": "Cheese", "text": "Brie is a soft cheese."},
+]
+LEX = alce.LexicalOverlapVerifier()
+
+
+class CountingVerifier(alce.LexicalOverlapVerifier):
+  """The lexical verifier, recording how often and on what it is called."""
+
+  def __init__(self):
+    super().__init__()
+    self.calls = []
+
+  def entails(self, premises, hypotheses):
+    self.calls.append(list(zip(premises, hypotheses)))
+    return super().entails(premises, hypotheses)
+
+
+# ------------------------------------------------------------------------------ text
+
+def test_normalisation_and_citation_helpers():
+  assert alce.normalize_answer("  The U.S.A.,   an Apple!") == "usa apple"
+  assert alce.remove_citations("Paris is big [1][2]. Rome [3] too.") == "Paris is big. Rome too."
+  assert alce.parse_citations("a [1][2] b [3, 4] c [0]") == [0, 1, 2, -1]
+  assert alce.prepare_response("  first line [1].\nsecond line") == "first line [1]."
+  assert alce.prepare_response("a\nb", first_line_only=False) == "a\nb"
+  assert alce.split_sentences(
+      "Dr. Smith met J. K. Rowling in the U.S. in 1999 [1]. She said hi! Then? Done.") == [
+          "Dr. Smith met J. K. Rowling in the U.S. in 1999 [1].", "She said hi!", "Then?",
+          "Done."]
+  assert alce.split_sentences("Pi is 3.14 [2]. Next") == ["Pi is 3.14 [2].", "Next"]
+
+
+def test_str_em():
+  qa = [{"short_answers": ["The Beatles", "Beatles"]}, {"short_answers": ["1964"]},
+        {"short_answers": ["an apple", "U.S.A."]}]
+  assert alce.str_em("They were the Beatles [1].", qa) == pytest.approx(1 / 3)
+  assert alce.str_em("Beatles, in 1964, from the USA!", qa) == pytest.approx(1.0)
+  assert alce.str_em("It was a pear [2].", qa) == 0.0
+  # Citation digits are not answers; only the first line counts.
+  assert alce.str_em("Nothing here [1964].", qa) == 0.0
+  assert alce.str_em("No.\nThe Beatles in 1964.", qa) == 0.0
+  with pytest.raises(ValueError, match="qa_pairs"):
+    alce.str_em("x", [])
+
+
+def test_claims_nli():
+  claims = ["Brie is soft.", "Paris is the capital of France.", "Rome is in Italy."]
+  resp = "Brie is a soft cheese [3]. Paris is the capital of France [2]."
+  assert alce.claims_nli(resp, claims, LEX) == pytest.approx(2 / 3)
+  assert alce.claims_nli("", claims, LEX) == 0.0
+
+
+# ------------------------------------------------------------------------ citations
+
+@pytest.mark.parametrize("response,recall,precision,n_sent,n_cite", [
+    # S1 entailed by [1]; S2 entailed by [1][2] where [1] is irrelevant (only [2] is
+    # credited); S3 entailed by [3]; S4 has no citation.
+    ("The Eiffel Tower was completed in 1889 [1]. Paris is the capital of France [1][2]. "
+     "Brie is soft [3]. It rains a lot.", 3 / 4, 3 / 4, 4, 4),
+    # Neither passage alone entails, both together do: both citations are credited.
+    ("The Eiffel Tower is in the capital of France [1][2].", 1.0, 1.0, 1, 2),
+    # Not entailed: two citations, no credit. Out-of-range [5] / [0]: no recall, not counted.
+    ("Brie was invented in 1066 [2][3]. Brie is soft [5]. Brie is soft [0].", 0.0, 0.0, 3, 2),
+    # At most 3 citations are kept; the duplicated [1] is irrelevant twice over.
+    ("Paris is the capital of France [2][1][1][3].", 1.0, 1 / 3, 1, 3),
+    ("", 0.0, 0.0, 0, 0),
+])
+def test_citation_scores_hand_made(response, recall, precision, n_sent, n_cite):
+  s = alce.citation_scores(response, DOCS, LEX)
+  assert (s.num_sentences, s.num_citations) == (n_sent, n_cite)
+  assert s.recall == pytest.approx(recall) and s.precision == pytest.approx(precision)
+  f1 = 0.0 if recall + precision == 0 else 2 * recall * precision / (recall + precision)
+  assert s.f1 == pytest.approx(f1)
+
+
+def _reference_citation_scores(response, docs, verifier, max_citations=3):
+  """ALCE's AutoAIS loop, one verifier call per question (no batching)."""
+  one = lambda p, h: bool(verifier.entails([p], [h])[0])
+  fmt = lambda ids: "\n".join(alce.format_passage(docs[k]) for k in ids)
+  sents = alce.split_sentences(alce.prepare_response(response))
+  entail = entail_prec = total = 0
+  for sent in sents:
+    target = alce.remove_citations(sent).strip()
+    ref = alce.parse_citations(sent)
+    if not ref or any(k < 0 or k >= len(docs) for k in ref):
+      joint = False
+    else:
+      ref = ref[:max_citations]
+      total += len(ref)
+      joint = one(fmt(ref), target)
+    entail += joint
+    if joint and len(ref) > 1:
+      for k in ref:
+        if one(fmt([k]), target):
+          entail_prec += 1
+        else:
+          rest = list(ref)
+          rest.remove(k)
+          entail_prec += not one(fmt(rest), target)
+    else:
+      entail_prec += joint
+  rec = entail / len(sents) if sents else 0.0
+  return rec, (entail_prec / total if total else 0.0)
+
+
+def test_batched_scores_equal_sequential_reference_and_use_three_rounds():
+  rng = random.Random(0)
+  parts = ["The Eiffel Tower was completed in 1889", "Paris is the capital of France",
+           "Brie is soft", "The Eiffel Tower is in the capital of France", "Cheese is nice"]
+  responses = []
+  for _ in range(40):
+    sents = []
+    for _ in range(rng.randint(1, 4)):
+      cites = "".join(f"[{rng.randint(0, 4)}]" for _ in range(rng.randint(0, 3)))
+      sents.append(f"{rng.choice(parts)} {cites}.")
+    responses.append(" ".join(sents))
+  verifier = CountingVerifier()
+  exs = [{"task": "eli5", "docs": DOCS, "claims": ["Brie is soft.", "Rome is old."]}] * 40
+  corr, scores = alce.score_batch(responses, exs, verifier)
+  assert len(verifier.calls) <= 3
+  for resp, s, c in zip(responses, scores, corr):
+    rec, prec = _reference_citation_scores(resp, DOCS, LEX)
+    assert (s.recall, s.precision) == pytest.approx((rec, prec))
+    assert c == pytest.approx(alce.claims_nli(resp, exs[0]["claims"], LEX))
+
+
+def test_score_batch_errors():
+  with pytest.raises(ValueError, match="task"):
+    alce.score_batch(["x"], [{"task": "qampari", "docs": DOCS}], LEX)
+  with pytest.raises(ValueError, match="examples"):
+    alce.score_batch(["x", "y"], [{"task": "asqa", "docs": DOCS}], LEX)
+  with pytest.raises(ValueError, match="premises"):
+    LEX.entails(["a"], [])
+
+
+def test_runner_channels():
+  from mr_rl.rewards import runner  # pylint: disable=g-import-not-at-top
+  chans = [runner.get_reward("alce_correctness", verifier="lexical"),
+           runner.get_reward("alce_citation", verifier="lexical")]
+  rr = runner.RewardRunner(chans, num_threads=2)
+  asqa = {"task": "asqa", "docs": DOCS, "qa_pairs": [{"short_answers": ["1889"]},
+                                                     {"short_answers": ["Lyon"]}]}
+  eli5 = {"task": "eli5", "docs": DOCS, "claims": ["Brie is soft.", "Brie is hard."]}
+  resp = [["The Eiffel Tower was completed in 1889 [1].", "Lyon [2]."],
+          ["Brie is a soft cheese [3].", "Brie is soft [1][3]."]]
+  r, _ = rr(resp, [asqa, eli5], np.ones((2, 2), np.int64))
+  np.testing.assert_allclose(r[..., 0], [[0.5, 0.5], [0.5, 0.5]])
+  np.testing.assert_allclose(r[..., 1], [[1.0, 0.0], [1.0, 2 / 3]])  # P=1/2, R=1 -> F1=2/3
+
+
+# ------------------------------------------------------------- transformers plumbing
+
+def _make_tokenizer():
+  from tokenizers import Tokenizer, models, pre_tokenizers, processors  # pylint: disable=g-import-not-at-top
+  from transformers import PreTrainedTokenizerFast  # pylint: disable=g-import-not-at-top
+  words = ("<pad> </s> <unk> [CLS] [SEP] 1 0 : premise hypothesis title the eiffel tower is in"
+           " paris and was completed 1889 capital of france brie a soft cheese").split()
+  vocab = {w: i for i, w in enumerate(words)}
+  tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  tok.post_processor = processors.TemplateProcessing(
+      single="$A </s>", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+      special_tokens=[("</s>", 1), ("[CLS]", 3), ("[SEP]", 4)])
+  return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
+                                 unk_token="<unk>", cls_token="[CLS]", sep_token="[SEP]",
+                                 model_max_length=64)
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer():
+  return _make_tokenizer()
+
+
+PREMISES = ["the eiffel tower is in paris", "brie is a soft cheese", "paris",
+            "the capital of france is paris and brie is a cheese", "1889", "tower"]
+HYPOTHESES = ["paris", "brie is soft", "the eiffel tower was completed in 1889", "cheese",
+              "france", "the tower"]
+
+
+def test_t5_seq2seq_verifier(tmp_path, tiny_tokenizer):
+  import torch  # pylint: disable=g-import-not-at-top
+  from transformers import T5Config, T5ForConditionalGeneration  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(0)
+  v = len(tiny_tokenizer)
+  start = tiny_tokenizer.convert_tokens_to_ids("[CLS]")
+  cfg = T5Config(vocab_size=v, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+                 pad_token_id=0, eos_token_id=1, decoder_start_token_id=start)
+  model = T5ForConditionalGeneration(cfg).eval()
+  one, zero = tiny_tokenizer.convert_tokens_to_ids(["1", "0"])
+  texts = [f"premise: {p} hypothesis: {h}" for p, h in zip(PREMISES, HYPOTHESES)]
+  with torch.no_grad():
+    # Make the first generated token "1" for some inputs and "0" for the others: point
+    # the output rows of "1" / "0" (tokens absent from the inputs) along +/- the spread
+    # of the decoder states over these inputs, scaled to dominate every other logit.
+    enc = tiny_tokenizer(texts, return_tensors="pt", padding=True)
+    h = model(**enc, decoder_input_ids=torch.full((len(texts), 1), start),
+              output_hidden_states=True).decoder_hidden_states[-1][:, 0]
+    d = h[0] - h.mean(0)
+    w = model.get_output_embeddings().weight
+    w[one] = 200.0 * d / d.norm()
+    w[zero] = -w[one]
+  model.save_pretrained(tmp_path)
+  tiny_tokenizer.save_pretrained(tmp_path)
+
+  ver = alce.TransformersNLIVerifier(str(tmp_path), batch_size=4, max_new_tokens=1)
+  assert ver.seq2seq
+  p = ver.entailment_probs(PREMISES, HYPOTHESES)
+  assert p.shape == (6,) and p.dtype == np.float32 and np.all((p >= 0) & (p <= 1))
+  np.testing.assert_array_equal(p, ver.entailment_probs(PREMISES, HYPOTHESES))
+  p1 = alce.TransformersNLIVerifier(str(tmp_path), batch_size=1).entailment_probs(
+      PREMISES, HYPOTHESES)
+  np.testing.assert_allclose(p, p1, atol=1e-5)  # padding / length-sorting are invisible
+  e = ver.entails(PREMISES, HYPOTHESES)
+  assert e.dtype == bool and e.shape == (6,) and 0 < e.sum() < 6
+  with torch.no_grad():  # unbatched reference straight from transformers
+    for i, (pr, hy) in enumerate(zip(PREMISES, HYPOTHESES)):
+      ids = tiny_tokenizer(f"premise: {pr} hypothesis: {hy}", return_tensors="pt").input_ids
+      logits = model(input_ids=ids, decoder_input_ids=torch.full((1, 1), start)).logits
+      assert p[i] == pytest.approx(torch.softmax(logits[0, 0], -1)[one].item(), abs=1e-6)
+      out = model.generate(ids, max_new_tokens=1, do_sample=False, num_beams=1)
+      assert e[i] == (tiny_tokenizer.decode(out[0], skip_special_tokens=True) == "1")
+  assert alce.t2s_label("1") and not alce.t2s_label("0") and not alce.t2s_label("1 1")
+  _, scores = alce.score_batch(["paris is the capital of france [1]."], [{"docs": DOCS}], ver,
+                               correctness=False)
+  assert 0.0 <= scores[0].f1 <= 1.0
+
+
+def test_sequence_classification_verifier(tmp_path, tiny_tokenizer):
+  import torch  # pylint: disable=g-import-not-at-top
+  from transformers import BertConfig, BertForSequenceClassification  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(1)
+  labels = {0: "CONTRADICTION", 1: "NEUTRAL", 2: "ENTAILMENT"}
+  cfg = BertConfig(vocab_size=len(tiny_tokenizer), hidden_size=16, num_hidden_layers=1,
+                   num_attention_heads=2, intermediate_size=32, max_position_embeddings=64,
+                   num_labels=3, id2label=labels, label2id={v: k for k, v in labels.items()},
+                   pad_token_id=0)
+  model = BertForSequenceClassification(cfg).eval()
+  model.save_pretrained(tmp_path)
+  tiny_tokenizer.save_pretrained(tmp_path)
+
+  ver = alce.TransformersNLIVerifier(str(tmp_path), batch_size=4)
+  assert not ver.seq2seq and ver.entail_index == 2
+  p = ver.entailment_probs(PREMISES, HYPOTHESES)
+  e = ver.entails(PREMISES, HYPOTHESES)
+  assert p.shape == e.shape == (6,) and np.all((p > 0) & (p < 1))
+  np.testing.assert_array_equal(e, ver.entails(PREMISES, HYPOTHESES))
+  p1 = alce.TransformersNLIVerifier(str(tmp_path), batch_size=1).entailment_probs(
+      PREMISES, HYPOTHESES)
+  np.testing.assert_allclose(p, p1, atol=1e-5)
+  with torch.no_grad():
+    enc = tiny_tokenizer(PREMISES, HYPOTHESES, return_tensors="pt", padding=True)
+    probs = torch.softmax(model(**enc).logits, -1).numpy()
+  np.testing.assert_allclose(p, probs[:, 2], atol=1e-5)
+  np.testing.assert_array_equal(e, probs.argmax(-1) == 2)
+  assert alce.TransformersNLIVerifier(str(tmp_path), entailment_label="neutral").entail_index == 1
+  with pytest.raises(ValueError, match="entailment_label"):
+    alce.TransformersNLIVerifier(str(tmp_path), entailment_label="yes")

@@ -1,0 +1,118 @@
+"""Next-token selection: temperature, top-k, top-p (nucleus) and greedy decoding.
+
+Pure jnp functions used inside the jitted decode loop (see `sampler.py`). The order of
+the filters follows transformers' `generate`: temperature first, then top-k, then top-p.
+
+Two log-probabilities exist for a sampled token:
+  * the *policy* log-probability `log_softmax(logits)[token]` (temperature 1, no
+    filtering) -- this is what the sampler returns, because the RL update reuses it as
+    `logp_old` and it must equal a fresh forward pass of the policy (METHODS.md §4);
+  * the log-probability under the filtered, tempered distribution actually sampled from
+    (`filtered_log_probs`), exposed for tests and importance-weight diagnostics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+_NEG_INF = -jnp.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """Static next-token selection settings (hashable; part of the compile key).
+
+  Attributes:
+    temperature: softmax temperature T; 0 means greedy (argmax) decoding.
+    top_k: keep the k most likely tokens; 0 disables the filter.
+    top_p: keep the smallest set of tokens whose probability mass reaches top_p
+      (ties at the boundary are kept); 1.0 disables the filter.
+  """
+
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool):
+      raise TypeError(f"temperature must be a number, got {self.temperature!r}")
+    if self.temperature < 0:
+      raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+    if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
+      raise TypeError(f"top_k must be an int, got {self.top_k!r}")
+    if self.top_k < 0:
+      raise ValueError(f"top_k must be >= 0 (0 = disabled), got {self.top_k}")
+    if not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool):
+      raise TypeError(f"top_p must be a number, got {self.top_p!r}")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0
+
+
+def filtered_logits(logits_BV: jax.Array, params: SamplingParams) -> jax.Array:
+  """Tempered logits with top-k / top-p filtered tokens set to -inf.
+
+  Args:
+    logits_BV: raw model logits (any leading shape, vocabulary last).
+    params: sampling settings; must not be greedy.
+
+  Returns:
+    float32 array of the same shape; `softmax` of it is the sampling distribution.
+  """
+  if params.greedy:
+    raise ValueError("filtered_logits is undefined for temperature=0 (greedy)")
+  x_BV = logits_BV.astype(jnp.float32) / params.temperature
+  vocab = x_BV.shape[-1]
+  top_k = params.top_k if 0 < params.top_k < vocab else 0
+  if top_k == 0 and params.top_p >= 1.0:
+    return x_BV
+  if top_k:
+    # Descending values of the k best tokens; threshold at the k-th (ties kept, as HF).
+    sorted_BK = jax.lax.top_k(x_BV, top_k)[0]
+  else:
+    sorted_BK = -jnp.sort(-x_BV, axis=-1)
+  if params.top_p < 1.0:
+    # Nucleus over the (top-k) survivors: keep token i iff the mass strictly before it,
+    # in descending order, is below top_p. The first token is always kept.
+    probs_BK = jax.nn.softmax(sorted_BK, axis=-1)
+    mass_before_BK = jnp.cumsum(probs_BK, axis=-1) - probs_BK
+    keep_BK = mass_before_BK < params.top_p
+    keep_BK = keep_BK.at[..., 0].set(True)
+    thresh_B1 = jnp.min(jnp.where(keep_BK, sorted_BK, jnp.inf), axis=-1, keepdims=True)
+  else:
+    thresh_B1 = sorted_BK[..., -1:]
+  return jnp.where(x_BV >= thresh_B1, x_BV, _NEG_INF)
+
+
+def filtered_log_probs(logits_BV: jax.Array, params: SamplingParams) -> jax.Array:
+  """Log-probabilities of the distribution actually sampled from (-inf if filtered)."""
+  return jax.nn.log_softmax(filtered_logits(logits_BV, params), axis=-1)
+
+
+def sample_tokens(logits_BV: jax.Array, key: jax.Array, params: SamplingParams) -> jax.Array:
+  """Draws one token per row (argmax when greedy).
+
+  Args:
+    logits_BV: raw model logits [..., V].
+    key: PRNG key (unused when greedy).
+    params: sampling settings.
+
+  Returns:
+    int32 token ids of shape logits_BV.shape[:-1].
+  """
+  if params.greedy:
+    return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+  return jax.random.categorical(key, filtered_logits(logits_BV, params), axis=-1).astype(jnp.int32)
+
+
+def token_log_probs(logits_BV: jax.Array, tokens_B: jax.Array) -> jax.Array:
+  """Policy log-probability log_softmax(logits)[token] at temperature 1 (float32)."""
+  x_BV = logits_BV.astype(jnp.float32)
+  picked_B = jnp.take_along_axis(x_BV, tokens_B[..., None], axis=-1)[..., 0]
+  return picked_B - jax.nn.logsumexp(x_BV, axis=-1)

@@ -1,0 +1,360 @@
+"""Jitted KV-cache sampler: bucketed prefill plus a `lax.while_loop` decode.
+
+Layout of one call (all inside a single `jax.jit`):
+
+  * Prompts arrive left-padded, `[B, T]` with a mask (1 on real tokens). On the host they
+    are trimmed of all-padding columns and left-padded again to a *prompt bucket* `P`
+    (powers of two by default, or a configured list), so one compilation serves every
+    prompt length in the bucket. The compile key is (batch, P, settings); the settings,
+    `max_new_tokens` included, are fixed per `Sampler`.
+  * Prefill runs the first `P - 1` prompt tokens through the model, writing slots
+    `[0, P - 1)` of the KV cache (its logits are unused and compiled away).
+  * Decode step `t` (t = 0 .. N-1) feeds one token per row -- the last prompt token at
+    t = 0, the token sampled at step t-1 afterwards -- into slot `P - 1 + t`, at per-row
+    position `len_b - 1 + t` (`len_b` = real prompt length), and samples token `t`.
+  * The cache does not start at its full length: decoding runs in a few *segments*; each
+    segment is its own `lax.while_loop` over a cache whose length is a static bucket just
+    large enough for that segment (`P + end_of_segment`). Between segments the cache is
+    padded once. Attention therefore never scans far past the filled slots, which is
+    where a fixed-length loop loses most of its time on CPU (FACTS.md, sampler
+    calibration).
+  * The loop stops when every row has produced EOS or after `max_new_tokens` tokens. The
+    PRNG key travels in the loop state; step `t` draws with `fold_in(key, t)` (STYLE.md 6).
+
+Returned log-probabilities are those of the *policy* -- `log_softmax(logits)` at
+temperature 1 with no top-k/top-p filter -- at the sampled tokens, so the RL update can
+use them as `logp_old` (METHODS.md §4): they equal a fresh forward pass over the
+generated sequence. Tokens after EOS are `pad_id` with log-prob 0 and mask 0; the EOS
+token itself is part of the response (mask 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Optional, Sequence, Union
+
+import chex
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mr_rl.models import init_cache, positions_from_mask
+from mr_rl.sampling import processing
+
+EosIds = Union[None, int, Sequence[int]]
+
+# Smallest default prompt bucket; buckets are powers of two from here up.
+MIN_PROMPT_BUCKET = 8
+# Default number of generated tokens per attention-window segment.
+DEFAULT_SEGMENT_TOKENS = 64
+# Upper bound on the number of segments (each one is a separately compiled loop body).
+MAX_SEGMENTS = 8
+
+
+@flax.struct.dataclass
+class SampleOutput:
+  """Result of `generate` (leading dims `[B]`, or `[B, G]` from `generate_groups`).
+
+  Attributes:
+    tokens: int32 `[..., N]`, generated tokens; `pad_id` after EOS / after the stop.
+    logprobs: float32 `[..., N]`, policy log-prob `log_softmax(logits)[token]` at
+      temperature 1 (unfiltered); 0 where `mask` is 0.
+    mask: int32 `[..., N]`, 1 on generated tokens (EOS included), 0 on padding.
+    lengths: int32 `[...]`, number of generated tokens including EOS (= `mask.sum(-1)`).
+    truncated: bool `[...]`, True iff the row did not produce EOS within `max_new_tokens`
+      (always True when `eos_id` is None).
+    steps: int32 scalar, decode steps actually run (< N when every row stopped early).
+  """
+
+  tokens: jax.Array
+  logprobs: jax.Array
+  mask: jax.Array
+  lengths: jax.Array
+  truncated: jax.Array
+  steps: jax.Array
+
+
+def prompt_bucket(length: int, buckets: Optional[Sequence[int]] = None) -> int:
+  """Smallest bucket >= `length` (powers of two >= MIN_PROMPT_BUCKET when buckets is None)."""
+  if length < 1:
+    raise ValueError(f"prompt length must be >= 1, got {length}")
+  if buckets is None:
+    return max(MIN_PROMPT_BUCKET, 1 << (length - 1).bit_length())
+  for b in sorted(buckets):
+    if b >= length:
+      return int(b)
+  raise ValueError(f"prompt length {length} exceeds the largest prompt bucket {max(buckets)}")
+
+
+def segment_ends(max_new_tokens: int, segment_tokens: int) -> tuple[int, ...]:
+  """End steps (exclusive) of the decode segments, e.g. N=256, 64 -> (64, 128, 192, 256).
+
+  The segment length is raised so that there are at most MAX_SEGMENTS segments.
+  """
+  seg = max(segment_tokens, math.ceil(max_new_tokens / MAX_SEGMENTS))
+  return tuple(min(e, max_new_tokens) for e in range(seg, max_new_tokens + seg, seg))
+
+
+def _normalize_eos(eos_id: EosIds) -> tuple[int, ...]:
+  if eos_id is None:
+    return ()
+  ids = (eos_id,) if isinstance(eos_id, (int, np.integer)) else tuple(eos_id)
+  for e in ids:
+    if not isinstance(e, (int, np.integer)) or isinstance(e, bool) or e < 0:
+      raise ValueError(f"eos_id must be None, a non-negative int or a sequence of them, got {eos_id!r}")
+  return tuple(int(e) for e in ids)
+
+
+def _pad_seq_axis(x: jax.Array, extra: int) -> jax.Array:
+  """Zero-pads axis 1 (the cache / key sequence axis) by `extra` slots."""
+  widths = [(0, 0)] * x.ndim
+  widths[1] = (0, extra)
+  return jnp.pad(x, widths)
+
+
+class Sampler:
+  """A compiled sampler for one model and one set of decode settings.
+
+  Create once and reuse: each (batch size, prompt bucket) pair compiles once.
+
+  Args:
+    model: an `mr_rl.models.Transformer`.
+    max_new_tokens: N, the cap on generated tokens per row.
+    temperature: 0 for greedy decoding.
+    top_k: 0 disables the filter.
+    top_p: 1.0 disables the filter.
+    eos_id: None (never stop early), one id, or a sequence of ids.
+    pad_id: token written after EOS.
+    prompt_buckets: sorted prompt-length buckets; None for powers of two.
+    segment_tokens: decode steps per attention-window segment (see module docstring).
+    cache_dtype: KV-cache dtype (default: init_cache's default, the model's dtype).
+    mesh: optional `jax.sharding.Mesh`; prompts are placed batch-sharded, the KV cache is
+      constrained to `sharding.cache_shardings` and the model's logical activation
+      constraints bind to the mesh (params should already be sharded, e.g. by
+      `load_pretrained(..., mesh=mesh)`).
+    rules: logical axis rules for the mesh (default `sharding.DEFAULT_RULES`).
+    max_traces: if set, raise (chex.assert_max_traces) when the jitted body is traced
+      more often than this -- a guard against silent recompiles.
+  """
+
+  def __init__(self, model, *, max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
+               top_p: float = 1.0, eos_id: EosIds = None, pad_id: int = 0,
+               prompt_buckets: Optional[Sequence[int]] = None,
+               segment_tokens: int = DEFAULT_SEGMENT_TOKENS, cache_dtype=None, mesh=None,
+               rules=None, max_traces: Optional[int] = None):
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if not isinstance(pad_id, int) or pad_id < 0:
+      raise ValueError(f"pad_id must be a non-negative int, got {pad_id!r}")
+    if not isinstance(segment_tokens, int) or segment_tokens < 1:
+      raise ValueError(f"segment_tokens must be an int >= 1, got {segment_tokens!r}")
+    if prompt_buckets is not None:
+      prompt_buckets = tuple(int(b) for b in prompt_buckets)
+      if not prompt_buckets or min(prompt_buckets) < 1:
+        raise ValueError(f"prompt_buckets must be positive lengths, got {prompt_buckets!r}")
+    self.model = model
+    self.max_new_tokens = max_new_tokens
+    self.sampling = processing.SamplingParams(temperature, top_k, top_p)
+    self.eos_ids = _normalize_eos(eos_id)
+    self.pad_id = pad_id
+    self.prompt_buckets = prompt_buckets
+    self.segments = segment_ends(max_new_tokens, segment_tokens)
+    self.cache_dtype = cache_dtype
+    self.mesh = mesh
+    self.rules = rules
+    fn = self._sample
+    if max_traces is not None:
+      fn = chex.assert_max_traces(fn, n=max_traces)
+    self._jitted = jax.jit(fn)
+
+  # ----------------------------------------------------------------------------- host side
+  def prepare(self, prompts_BT, prompt_mask_BT) -> tuple[np.ndarray, np.ndarray]:
+    """Validates a left-padded batch and re-pads it to its prompt bucket (host numpy)."""
+    tokens = np.asarray(prompts_BT)
+    mask = np.asarray(prompt_mask_BT)
+    if tokens.ndim != 2:
+      raise ValueError(f"prompts_BT must be [B, T], got shape {tokens.shape}")
+    if mask.shape != tokens.shape:
+      raise ValueError(f"prompt_mask_BT shape {mask.shape} != prompts_BT shape {tokens.shape}")
+    if not np.issubdtype(tokens.dtype, np.integer):
+      raise TypeError(f"prompts_BT must hold integer token ids, got dtype {tokens.dtype}")
+    mask = mask.astype(bool)
+    lengths = mask.sum(axis=1)
+    if (lengths == 0).any():
+      raise ValueError(f"prompt_mask_BT has empty rows: {np.flatnonzero(lengths == 0).tolist()}")
+    if (np.diff(mask.astype(np.int8), axis=1) < 0).any():
+      raise ValueError("prompt_mask_BT must be left-padded (each row 0...0 1...1)")
+    vocab = self.model.config.vocab_size
+    if tokens[mask].min() < 0 or tokens[mask].max() >= vocab:
+      raise ValueError(f"prompts_BT holds token ids outside [0, {vocab})")
+    longest = int(lengths.max())
+    bucket = prompt_bucket(longest, self.prompt_buckets)
+    batch = tokens.shape[0]
+    out_tokens = np.full((batch, bucket), self.pad_id, dtype=np.int32)
+    out_mask = np.zeros((batch, bucket), dtype=np.int32)
+    out_tokens[:, bucket - longest:] = np.where(mask, tokens, self.pad_id)[:, -longest:]
+    out_mask[:, bucket - longest:] = mask[:, -longest:]
+    return out_tokens, out_mask
+
+  def __call__(self, params, prompts_BT, prompt_mask_BT, *, key: jax.Array) -> SampleOutput:
+    """Samples up to `max_new_tokens` tokens for each left-padded prompt row."""
+    tokens_BP, mask_BP = self.prepare(prompts_BT, prompt_mask_BT)
+    if self.mesh is None:
+      return self._jitted(params, tokens_BP, mask_BP, key)
+    from mr_rl.models import sharding as shd
+    batch_sh = shd.batch_sharding(self.mesh, tokens_BP.shape, self.rules)
+    tokens_BP, mask_BP = jax.device_put((tokens_BP, mask_BP), batch_sh)
+    with shd.activation_sharding(self.mesh, self.rules):
+      return self._jitted(params, tokens_BP, mask_BP, key)
+
+  # ------------------------------------------------------------------------------- device
+  def _apply(self, params, tokens_BT, positions_BT, kv_mask_BS, cache, cache_index):
+    return self.model.apply({"params": params}, tokens_BT, positions_BT, kv_mask_BS=kv_mask_BS,
+                            cache=cache, cache_index=cache_index)
+
+  def _constrain_cache(self, cache):
+    if self.mesh is None:
+      return cache
+    from mr_rl.models import sharding as shd
+    batch, length = cache[0].k.shape[:2]
+    return jax.lax.with_sharding_constraint(
+        cache, shd.cache_shardings(self.model.config, self.mesh, batch, length, self.rules))
+
+  def _sample(self, params, tokens_BP, mask_BP, key) -> SampleOutput:
+    batch, bucket = tokens_BP.shape
+    n_new = self.max_new_tokens
+    mask_BP = mask_BP.astype(jnp.bool_)
+    len_B = jnp.sum(mask_BP, axis=1, dtype=jnp.int32)
+
+    # Prefill: slots [0, P-1). Its logits are never used, so XLA drops the LM head.
+    window = bucket + self.segments[0]
+    cache = self._constrain_cache(
+        init_cache(self.model.config, batch, window, dtype=self.cache_dtype))
+    kv_mask_BS = _pad_seq_axis(mask_BP, window - bucket)
+    if bucket > 1:
+      _, cache = self._apply(params, tokens_BP[:, :-1], positions_from_mask(mask_BP)[:, :-1],
+                             kv_mask_BS, cache, jnp.int32(0))
+
+    state = dict(
+        t=jnp.int32(0),
+        cache=cache,
+        kv_mask=kv_mask_BS,
+        x=tokens_BP[:, -1],  # token fed at the next step (last prompt token first)
+        done=jnp.zeros((batch,), jnp.bool_),
+        tokens=jnp.full((batch, n_new), self.pad_id, jnp.int32),
+        logprobs=jnp.zeros((batch, n_new), jnp.float32),
+        lengths=jnp.zeros((batch,), jnp.int32),
+    )
+
+    def body(s):
+      t = s["t"]
+      slot = bucket - 1 + t
+      kv_mask = jax.lax.dynamic_update_slice(s["kv_mask"], jnp.ones((batch, 1), jnp.bool_),
+                                             (jnp.int32(0), slot))
+      pos_B1 = (len_B - 1 + t)[:, None]
+      logits_B1V, cache = self._apply(params, s["x"][:, None], pos_B1, kv_mask, s["cache"], slot)
+      logits_BV = logits_B1V[:, 0]
+      tok_B = processing.sample_tokens(logits_BV, jax.random.fold_in(key, t), self.sampling)
+      lp_B = processing.token_log_probs(logits_BV, tok_B)
+      live_B = ~s["done"]
+      tok_B = jnp.where(live_B, tok_B, self.pad_id)
+      lp_B = jnp.where(live_B, lp_B, 0.0)
+      done_B = s["done"]
+      for e in self.eos_ids:
+        done_B = done_B | (tok_B == e)
+      zero = jnp.int32(0)
+      return dict(
+          t=t + 1,
+          cache=cache,
+          kv_mask=kv_mask,
+          x=tok_B,
+          done=done_B,
+          tokens=jax.lax.dynamic_update_slice(s["tokens"], tok_B[:, None], (zero, t)),
+          logprobs=jax.lax.dynamic_update_slice(s["logprobs"], lp_B[:, None], (zero, t)),
+          lengths=s["lengths"] + live_B.astype(jnp.int32),
+      )
+
+    prev_end = 0
+    for i, end in enumerate(self.segments):
+      if i > 0:
+        # Grow the cache (and its key mask) to this segment's window: one copy per segment.
+        extra = end - prev_end
+        state["cache"] = self._constrain_cache(
+            jax.tree.map(lambda a: _pad_seq_axis(a, extra), state["cache"]))
+        state["kv_mask"] = _pad_seq_axis(state["kv_mask"], extra)
+      state = jax.lax.while_loop(
+          lambda s, end=end: (s["t"] < end) & ~jnp.all(s["done"]), body, state)
+      prev_end = end
+
+    lengths_B = state["lengths"]
+    mask_BN = (jnp.arange(n_new)[None, :] < lengths_B[:, None]).astype(jnp.int32)
+    return SampleOutput(tokens=state["tokens"], logprobs=state["logprobs"], mask=mask_BN,
+                        lengths=lengths_B, truncated=~state["done"], steps=state["t"])
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_sampler(model, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id,
+                    prompt_buckets, mesh) -> Sampler:
+  return Sampler(model, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                 top_p=top_p, eos_id=eos_ids, pad_id=pad_id, prompt_buckets=prompt_buckets,
+                 mesh=mesh)
+
+
+def generate(model, params, prompts_BT, prompt_mask_BT, *, key: jax.Array, max_new_tokens: int,
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, eos_id: EosIds = None,
+             pad_id: int = 0, prompt_buckets: Optional[Sequence[int]] = None,
+             mesh=None) -> SampleOutput:
+  """Samples continuations of a left-padded prompt batch (functional form of `Sampler`).
+
+  Args:
+    model: an `mr_rl.models.Transformer`.
+    params: its parameters (the tree under "params").
+    prompts_BT: int `[B, T]` left-padded prompt tokens.
+    prompt_mask_BT: `[B, T]`, 1 on real tokens, 0 on left padding; no empty rows.
+    key: PRNG key (ignored when temperature == 0).
+    max_new_tokens: N.
+    temperature, top_k, top_p: see `processing.SamplingParams` (temperature 0 = greedy).
+    eos_id: None, one id or several; rows stop after producing one of them.
+    pad_id: token id written after EOS.
+    prompt_buckets: prompt-length buckets (None: powers of two).
+    mesh: optional device mesh (see `Sampler`).
+
+  Returns:
+    SampleOutput with `[B, N]` tokens / logprobs / mask and `[B]` lengths / truncated.
+    Compiled samplers are cached per (model, settings), so repeated calls do not retrace.
+  """
+  eos_ids = _normalize_eos(eos_id)
+  buckets = None if prompt_buckets is None else tuple(int(b) for b in prompt_buckets)
+  sampler = _cached_sampler(model, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id,
+                            buckets, mesh)
+  return sampler(params, prompts_BT, prompt_mask_BT, key=key)
+
+
+def repeat_groups(prompts_BT, prompt_mask_BT, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """Repeats each prompt row `group_size` times: `[B, T] -> [B * G, T]` (row b*G + g)."""
+  if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+    raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
+  return (np.repeat(np.asarray(prompts_BT), group_size, axis=0),
+          np.repeat(np.asarray(prompt_mask_BT), group_size, axis=0))
+
+
+def generate_groups(model, params, prompts_BT, prompt_mask_BT, *, group_size: int,
+                    key: jax.Array, **kwargs) -> SampleOutput:
+  """GRPO group sampling: G independent samples per prompt (METHODS.md notation `[B, G]`).
+
+  Each prompt is repeated G times and the `B * G` rows are decoded as one batch; every
+  row draws its own noise, so the G responses of a prompt are independent samples.
+
+  Returns:
+    SampleOutput whose fields have leading dims `[B, G]` (e.g. tokens `[B, G, N]`).
+  """
+  batch = np.asarray(prompts_BT).shape[0]
+  rep_tokens, rep_mask = repeat_groups(prompts_BT, prompt_mask_BT, group_size)
+  out = generate(model, params, rep_tokens, rep_mask, key=key, **kwargs)
+  regroup = lambda a: a.reshape((batch, group_size) + a.shape[1:])
+  return out.replace(tokens=regroup(out.tokens), logprobs=regroup(out.logprobs),
+                     mask=regroup(out.mask), lengths=regroup(out.lengths),
+                     truncated=regroup(out.truncated))

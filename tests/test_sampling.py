@@ -1,0 +1,265 @@
+"""Tests for mr_rl.sampling: greedy decoding against transformers `generate`, sampling
+frequencies against a numpy reference, log-probs against a fresh forward pass, EOS handling,
+prompt bucketing (one trace per bucket) and group sampling."""
+
+from __future__ import annotations
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from mr_rl import models
+from mr_rl.sampling import (Sampler, SamplingParams, generate, generate_groups, prompt_bucket,
+                            sample_tokens, segment_ends)
+
+N_NEW = 32
+# Left-padded prompts of lengths 7, 3, 12, 1 (the last row's prefill is all padding).
+PROMPT_LENS = (7, 3, 12, 1)
+
+
+def _hf_config(family: str):
+  common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                max_position_embeddings=512, initializer_range=0.1, bos_token_id=None,
+                eos_token_id=None, pad_token_id=0)
+  if family == "qwen3":
+    return transformers.Qwen3Config(**common, tie_word_embeddings=True,
+                                    rope_parameters=dict(rope_type="default", rope_theta=1e6))
+  return transformers.LlamaConfig(
+      **common, tie_word_embeddings=False,
+      rope_parameters=dict(rope_type="llama3", rope_theta=5e5, factor=8.0, low_freq_factor=1.0,
+                           high_freq_factor=4.0, original_max_position_embeddings=16))
+
+
+@functools.cache
+def _pair(family: str, tmp_root: str):
+  """A random model written by transformers and the same weights loaded by mr_rl."""
+  torch.manual_seed({"qwen3": 0, "llama": 1}[family])
+  cls = transformers.Qwen3ForCausalLM if family == "qwen3" else transformers.LlamaForCausalLM
+  hf = cls(_hf_config(family)).eval()
+  path = f"{tmp_root}/{family}"
+  hf.save_pretrained(path)
+  model, params = models.load_pretrained(path)
+  return hf, model, params
+
+
+@pytest.fixture(scope="module")
+def tmp_root(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("sampling_models"))
+
+
+@pytest.fixture(scope="module")
+def prompts():
+  rng = np.random.default_rng(0)
+  width = max(PROMPT_LENS)
+  tokens = np.zeros((len(PROMPT_LENS), width), np.int32)
+  mask = np.zeros_like(tokens)
+  for b, n in enumerate(PROMPT_LENS):
+    tokens[b, width - n:] = rng.integers(1, 128, n)
+    mask[b, width - n:] = 1
+  return tokens, mask
+
+
+@pytest.fixture(scope="module")
+def greedy_ref(tmp_root, prompts):
+  """Greedy tokens of the Qwen3 model from transformers `generate` (the reference)."""
+  hf, _, _ = _pair("qwen3", tmp_root)
+  return _hf_greedy(hf, *prompts)
+
+
+def _hf_greedy(hf, tokens, mask):
+  with torch.no_grad():
+    out = hf.generate(torch.as_tensor(tokens, dtype=torch.long),
+                      attention_mask=torch.as_tensor(mask, dtype=torch.long), do_sample=False,
+                      max_new_tokens=N_NEW, eos_token_id=None, pad_token_id=0)
+  assert out.shape[1] == tokens.shape[1] + N_NEW
+  return out[:, tokens.shape[1]:].numpy()
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_greedy_matches_transformers_generate(family, tmp_root, prompts, greedy_ref):
+  hf, model, params = _pair(family, tmp_root)
+  ref = greedy_ref if family == "qwen3" else _hf_greedy(hf, *prompts)
+  # Short segments so the attention window grows three times (12, 24, 32) within the run.
+  sampler = Sampler(model, max_new_tokens=N_NEW, temperature=0.0, segment_tokens=12)
+  assert sampler.segments == (12, 24, 32)
+  out = sampler(params, *prompts, key=jax.random.PRNGKey(0))
+  np.testing.assert_array_equal(np.asarray(out.tokens), ref)
+  assert len(set(ref[0].tolist())) > 3  # the reference is not a degenerate repetition
+  np.testing.assert_array_equal(np.asarray(out.lengths), N_NEW)
+  assert np.asarray(out.truncated).all() and int(out.steps) == N_NEW
+
+
+def _fresh_logprobs(model, params, prompt_tokens, prompt_mask, out):
+  """log_softmax of one full forward pass over prompt + response at the response tokens."""
+  width = prompt_tokens.shape[1]
+  tokens = jnp.concatenate([jnp.asarray(prompt_tokens), out.tokens], axis=1)
+  mask = jnp.concatenate([jnp.asarray(prompt_mask), out.mask], axis=1)
+  logits = jax.jit(models.logits, static_argnums=0)(model, params, tokens, mask)
+  logp = jax.nn.log_softmax(logits[:, width - 1:-1], axis=-1)
+  return jnp.take_along_axis(logp, out.tokens[..., None], axis=-1)[..., 0]
+
+
+def test_eos_stops_rows(tmp_root, prompts, greedy_ref):
+  _, model, params = _pair("qwen3", tmp_root)
+  # (a) one EOS id: rows whose greedy sequence contains it stop there, the others run to N.
+  eos = int(greedy_ref[2, 4])
+  out = generate(model, params, *prompts, key=jax.random.PRNGKey(0), max_new_tokens=N_NEW,
+                 temperature=0.0, eos_id=eos, pad_id=0)
+  tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+  for b, row in enumerate(greedy_ref):
+    hits = np.flatnonzero(row == eos)
+    n = hits[0] + 1 if hits.size else N_NEW
+    assert lengths[b] == n, (b, lengths[b], n)
+    assert bool(out.truncated[b]) == (hits.size == 0)
+    np.testing.assert_array_equal(tokens[b, :n], row[:n])
+    assert (tokens[b, n:] == 0).all() and (np.asarray(out.logprobs)[b, n:] == 0).all()
+    np.testing.assert_array_equal(np.asarray(out.mask)[b], np.arange(N_NEW) < n)
+  assert np.asarray(out.truncated).any() and not np.asarray(out.truncated).all()
+  assert int(out.steps) == N_NEW
+  # (b) several EOS ids covering every row: the loop exits as soon as all rows are done.
+  eos_ids = tuple(sorted({int(t) for t in greedy_ref[:, 3]}))
+  out = generate(model, params, *prompts, key=jax.random.PRNGKey(0), max_new_tokens=N_NEW,
+                 temperature=0.0, eos_id=eos_ids, pad_id=7)
+  first = [int(np.flatnonzero(np.isin(row, eos_ids))[0]) + 1 for row in greedy_ref]
+  np.testing.assert_array_equal(np.asarray(out.lengths), first)
+  assert int(out.steps) == max(first) <= 4
+  assert not np.asarray(out.truncated).any()
+  for b, n in enumerate(first):
+    np.testing.assert_array_equal(np.asarray(out.tokens)[b, :n], greedy_ref[b, :n])
+    assert (np.asarray(out.tokens)[b, n:] == 7).all()
+
+
+def test_prompt_buckets_compile_once(tmp_root, prompts, greedy_ref):
+  _, model, params = _pair("qwen3", tmp_root)
+  tokens, mask = prompts  # width 12 -> bucket 16
+  sampler = Sampler(model, max_new_tokens=8, temperature=0.0, max_traces=1)
+  key = jax.random.PRNGKey(0)
+  base = np.asarray(sampler(params, tokens, mask, key=key).tokens)
+  np.testing.assert_array_equal(base, greedy_ref[:, :8])
+  for extra in (1, 4):  # wider left padding, same bucket: same tokens, no retrace
+    out = sampler(params, np.pad(tokens, ((0, 0), (extra, 0))), np.pad(mask, ((0, 0), (extra, 0))),
+                  key=key)
+    np.testing.assert_array_equal(np.asarray(out.tokens), base)
+  sampler(params, tokens[:, -9:] * mask[:, -9:], mask[:, -9:], key=key)  # width 9 -> bucket 16
+  with pytest.raises(AssertionError, match="traced"):  # a new bucket (32) compiles again
+    sampler(params, np.full((4, 17), 3), np.ones((4, 17)), key=key)
+
+
+def test_prompt_bucket_and_segments():
+  assert [prompt_bucket(n) for n in (1, 8, 9, 33)] == [8, 8, 16, 64]
+  assert prompt_bucket(20, (16, 48, 128)) == 48
+  with pytest.raises(ValueError, match="largest prompt bucket"):
+    prompt_bucket(200, (16, 48, 128))
+  assert segment_ends(256, 64) == (64, 128, 192, 256)
+  assert segment_ends(100, 64) == (64, 100)
+  assert segment_ends(4096, 64) == tuple(range(512, 4097, 512))  # at most 8 segments
+
+
+def _ref_probs(logits, temperature, top_k, top_p):
+  """numpy reference of the sampling distribution (transformers' warper semantics)."""
+  x = logits.astype(np.float64) / temperature
+  p = np.exp(x - x.max())
+  p /= p.sum()
+  order = np.argsort(-x, kind="stable")
+  keep = np.ones(x.shape, bool)
+  if top_k:
+    keep[order[top_k:]] = False
+  if top_p < 1.0:
+    q = np.where(keep, p, 0.0)
+    q /= q.sum()
+    mass = 0.0
+    for i in order:
+      if keep[i] and mass >= top_p:
+        keep[i] = False
+      mass += q[i]
+  out = np.where(keep, p, 0.0)
+  return out / out.sum()
+
+
+SETTINGS = ((1.0, 0, 1.0), (0.7, 4, 1.0), (1.3, 0, 0.8), (1.0, 6, 0.6))
+
+
+def _assert_frequencies(tokens, ref):
+  """Empirical token frequencies within 5 binomial standard errors of `ref`; filtered never."""
+  n = tokens.size
+  counts = np.bincount(np.asarray(tokens).ravel(), minlength=ref.size)
+  assert (counts[ref == 0] == 0).all()
+  sigma = np.sqrt(ref * (1 - ref) / n)
+  np.testing.assert_array_less(np.abs(counts / n - ref), 5 * sigma + 1e-9)
+
+
+def test_sample_frequencies_match_reference():
+  logits = np.array([2.0, 1.5, 1.2, 0.9, 0.5, 0.1, -0.3, -0.8, -1.5, -3.0], np.float32)
+  n = 100_000
+
+  @jax.jit
+  def draw(key):  # same key for every setting: XLA shares one batch of Gumbel noise
+    x = jnp.broadcast_to(logits, (n, logits.size))
+    return [sample_tokens(x, key, SamplingParams(*s)) for s in SETTINGS]
+
+  for s, tokens in zip(SETTINGS, draw(jax.random.PRNGKey(1))):
+    _assert_frequencies(tokens, _ref_probs(logits, *s))
+
+
+def test_group_sampling_distribution_and_logprobs(tmp_root, prompts, greedy_ref):
+  """GRPO groups: first tokens follow the filtered softmax of a fresh forward pass, the G
+  draws are independent, and the returned log-probs are the plain policy log-probs."""
+  _, model, params = _pair("qwen3", tmp_root)
+  tokens, mask = prompts
+  g, temperature, top_k, top_p, n_new = 512, 0.8, 40, 0.9, 12
+  eos = int(greedy_ref[0, 5])  # likely enough to end some rows early
+  out = generate_groups(model, params, tokens, mask, group_size=g, key=jax.random.PRNGKey(5),
+                        max_new_tokens=n_new, temperature=temperature, top_k=top_k, top_p=top_p,
+                        eos_id=eos)
+  b = len(PROMPT_LENS)
+  assert out.tokens.shape == (b, g, n_new) and out.lengths.shape == (b, g)
+  logits = np.asarray(models.logits(model, params, jnp.asarray(tokens), jnp.asarray(mask)))[:, -1]
+  for i in range(b):
+    ref = _ref_probs(logits[i], temperature, top_k, top_p)
+    first = np.asarray(out.tokens[i, :, 0])
+    _assert_frequencies(first, ref)
+    # Independence: neighbours in a group agree with probability sum_v p_v^2.
+    q = float(np.sum(ref ** 2))
+    agree = np.mean(first[1:] == first[:-1])
+    assert abs(agree - q) < 5 * np.sqrt(q * (1 - q) / (g - 1)) + 1e-9, (agree, q)
+  # Log-probs: one fresh forward pass over prompt + response.
+  flat = jax.tree.map(lambda a: a.reshape((b * g,) + a.shape[2:]) if a.ndim >= 2 else a, out)
+  rep_tokens, rep_mask = np.repeat(tokens, g, 0), np.repeat(mask, g, 0)
+  fresh = np.asarray(_fresh_logprobs(model, params, rep_tokens, rep_mask, flat))
+  resp_mask = np.asarray(flat.mask).astype(bool)
+  np.testing.assert_allclose(np.asarray(flat.logprobs)[resp_mask], fresh[resp_mask], atol=1e-4)
+  assert (np.asarray(flat.logprobs)[~resp_mask] == 0).all()
+  assert (np.asarray(flat.tokens)[~resp_mask] == 0).all()
+  assert 0 < np.asarray(out.truncated).mean() < 1  # some rows hit EOS, some ran to the cap
+  np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(out.mask).sum(-1))
+
+
+def test_invalid_inputs_raise(tmp_root, prompts):
+  _, model, params = _pair("qwen3", tmp_root)
+  tokens, mask = prompts
+  sampler = Sampler(model, max_new_tokens=4)
+  key = jax.random.PRNGKey(0)
+  with pytest.raises(ValueError, match="left-padded"):
+    sampler(params, tokens, mask[:, ::-1], key=key)
+  with pytest.raises(ValueError, match="empty rows"):
+    sampler(params, tokens, mask * 0, key=key)
+  with pytest.raises(ValueError, match="outside"):
+    sampler(params, tokens + 1000, mask, key=key)
+  with pytest.raises(ValueError, match="top_p"):
+    Sampler(model, max_new_tokens=4, top_p=0.0)
+  with pytest.raises(ValueError, match="temperature"):
+    Sampler(model, max_new_tokens=4, temperature=-1.0)
+  with pytest.raises(ValueError, match="max_new_tokens"):
+    Sampler(model, max_new_tokens=0)
+  with pytest.raises(ValueError, match="eos_id"):
+    Sampler(model, max_new_tokens=4, eos_id=-2)
+  with pytest.raises(ValueError, match="group_size"):
+    generate_groups(model, params, tokens, mask, group_size=0, key=key, max_new_tokens=4)
+  chex.assert_equal(SamplingParams().greedy, False)

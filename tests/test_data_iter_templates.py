@@ -93,6 +93,8 @@ def test_example_validation_and_immutability():
     data.Example("t/2", "t", ({"role": "assistant", "content": "x"},))
   with pytest.raises(ValueError, match="role"):
     data.Example("t/3", "t", ({"role": "bot", "content": "x"},))
+  flat = ex.as_mapping()
+  assert flat["uid"] == "t/1" and flat["reference"] is None and flat["docs"][0]["text"] == "b"
   reps = data.replicate([ex], 3)
   assert [r.uid for r in reps] == ["t/1#r0", "t/1#r1", "t/1#r2"]
 

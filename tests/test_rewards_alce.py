@@ -267,3 +267,12 @@ def test_sequence_classification_verifier(tmp_path, tiny_tokenizer):
   assert alce.TransformersNLIVerifier(str(tmp_path), entailment_label="neutral").entail_index == 1
   with pytest.raises(ValueError, match="entailment_label"):
     alce.TransformersNLIVerifier(str(tmp_path), entailment_label="yes")
+
+
+def test_scores_read_data_example_metadata():
+  from mr_rl import data  # pylint: disable=g-import-not-at-top
+  ex = data.Example.single_turn("alce_asqa/1", "alce_asqa", "prompt", "long answer",
+                                task="asqa", docs=DOCS, question="q",
+                                qa_pairs=[{"question": "q", "short_answers": ["1889"]}])
+  corr, cites = alce.score_batch(["It was completed in 1889 [1]."], [ex.as_mapping()], LEX)
+  assert corr[0] == 1.0 and cites[0].recall == 1.0 and cites[0].precision == 1.0

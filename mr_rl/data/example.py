@@ -78,6 +78,13 @@ class Example:
     """The content of the last user turn (the whole prompt for single-turn data)."""
     return self.messages[-1]["content"]
 
+  def as_mapping(self) -> dict[str, Any]:
+    """Flat dict for reward channels (`mr_rl.rewards.runner` examples_B entries):
+    the metadata fields plus `uid`, `dataset` and `reference`."""
+    out = dict(self.metadata)
+    out.update(uid=self.uid, dataset=self.dataset, reference=self.reference)
+    return out
+
   @classmethod
   def single_turn(cls, uid: str, dataset: str, prompt: str, reference: str | None = None,
                   **metadata: Any) -> "Example":

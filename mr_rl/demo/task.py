@@ -1,0 +1,161 @@
+"""Synthetic arithmetic: chains of single-digit additions and subtractions.
+
+A problem is `Q:7+5-9+3=`; the reference solution writes the running total step by step,
+
+    <r>7+5=12;12-9=3;3+3=6</r><a>6</a><eos>
+
+so longer chains need longer responses. A policy can also answer directly (`<r></r><a>6</a>`),
+which is short but, for a small model, much less often right: that is the shortcut the auxiliary
+channels of the demo reward. The channels mirror the papers' rewards at toy scale:
+
+- `acc`:  the final answer equals the true value (the primary channel);
+- `brief`: response shorter than a token threshold (TAG "correct & brief");
+- `negative`: the final answer is a number < 0 (TAG "correct & negative", incompatible with
+  `acc` on problems whose answer is positive);
+- `fmt`:  the whole response is `<r>...</r><a>...</a>` (AMRP's format rule, with short tags);
+- `len`:  AMRP's soft length rule `max(1 - max(L - L0, 0) / (L1 - L0), 0)` at toy scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+SPECIAL = ("<pad>", "<bos>", "<eos>")
+TAGS = ("<r>", "</r>", "<a>", "</a>")
+CHARS = tuple("0123456789+-=;:Q ")
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+  """A character-level Hugging Face tokenizer (saved with the demo checkpoint)."""
+  vocab = {t: i for i, t in enumerate(SPECIAL + TAGS + CHARS)}
+  tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
+  tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+  tok.decoder = decoders.Fuse()
+  return PreTrainedTokenizerFast(
+      tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+      additional_special_tokens=list(TAGS))
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  terms: tuple[int, ...]
+  ops: tuple[str, ...]  # len(terms) - 1 entries of '+' or '-'
+
+  @property
+  def answer(self) -> int:
+    total = self.terms[0]
+    for op, t in zip(self.ops, self.terms[1:]):
+      total = total + t if op == "+" else total - t
+    return total
+
+  @property
+  def prompt(self) -> str:
+    expr = str(self.terms[0]) + "".join(o + str(t) for o, t in zip(self.ops, self.terms[1:]))
+    return f"Q:{expr}="
+
+  def solution(self, direct: bool = False) -> str:
+    """The step-by-step solution, or the direct (no reasoning) answer."""
+    if direct:
+      return f"<r></r><a>{self.answer}</a>"
+    steps, total = [], self.terms[0]
+    for op, t in zip(self.ops, self.terms[1:]):
+      new = total + t if op == "+" else total - t
+      steps.append(f"{total}{op}{t}={new}")
+      total = new
+    return "<r>" + ";".join(steps) + f"</r><a>{total}</a>"
+
+
+def sample_problems(rng: np.random.Generator, n: int, *, min_terms: int = 2,
+                    max_terms: int = 5, p_minus: float = 0.3) -> list[Problem]:
+  """Draws `n` problems with 2..max_terms single-digit terms.
+
+  Subtraction has probability `p_minus`, so most answers are positive and the `negative`
+  channel is, for most problems, incompatible with being right.
+  """
+  if not 2 <= min_terms <= max_terms:
+    raise ValueError(f"need 2 <= min_terms <= max_terms, got {min_terms}, {max_terms}")
+  out = []
+  for _ in range(n):
+    k = int(rng.integers(min_terms, max_terms + 1))
+    terms = tuple(int(x) for x in rng.integers(0, 10, size=k))
+    ops = tuple("-" if u < p_minus else "+" for u in rng.random(k - 1))
+    out.append(Problem(terms, ops))
+  return out
+
+
+_ANSWER_RE = re.compile(r"<a>(.*?)</a>", re.S)
+_INT_RE = re.compile(r"-?\d+")
+_FORMAT_RE = re.compile(r"\s*<r>.*?</r>\s*<a>.*?</a>\s*", re.S)
+
+
+def extract_answer(response: str) -> int | None:
+  """The integer in the last `<a>...</a>` block, else the last integer in the response."""
+  blocks = _ANSWER_RE.findall(response)
+  text = blocks[-1] if blocks else response
+  text = text.strip()
+  if blocks:
+    return int(text) if re.fullmatch(r"-?\d+", text) else None
+  nums = _INT_RE.findall(text)
+  return int(nums[-1]) if nums else None
+
+
+def accuracy(response: str, answer: int) -> float:
+  got = extract_answer(response)
+  return float(got is not None and got == answer)
+
+
+def negative(response: str) -> float:
+  got = extract_answer(response)
+  return float(got is not None and got < 0)
+
+
+def fmt(response: str) -> float:
+  return float(_FORMAT_RE.fullmatch(response) is not None)
+
+
+def brief(num_tokens: int, threshold: int) -> float:
+  return float(num_tokens < threshold)
+
+
+def soft_length(num_tokens: int, full_until: int, zero_at: int) -> float:
+  """AMRP's length rule (METHODS.md section 7) with toy-scale limits."""
+  if zero_at <= full_until:
+    raise ValueError(f"zero_at ({zero_at}) must exceed full_until ({full_until})")
+  return max(1.0 - max(num_tokens - full_until, 0) / (zero_at - full_until), 0.0)
+
+
+def examples(n: int, seed: int, split: str = "train", **problem_kw) -> list:
+  """`n` problems as `mr_rl.data.Example`s (reference = the integer answer as text).
+
+  Train and test problems come from disjoint seeds (`split` enters the seed).
+  """
+  from mr_rl.data import Example
+  if split not in ("train", "test"):
+    raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+  rng = np.random.default_rng([seed, 0 if split == "train" else 1])
+  return [Example.single_turn(f"arithmetic/{split}/{i}", "arithmetic", p.prompt,
+                              reference=str(p.answer), answer=p.answer, num_terms=len(p.terms))
+          for i, p in enumerate(sample_problems(rng, n, **problem_kw))]
+
+
+# Reward channels of the demo, registered with the runner (`arith_*` names).
+def _register():
+  from mr_rl.rewards.runner import RewardChannel, register_reward
+
+  register_reward("arith_acc", lambda: RewardChannel(
+      "arith_acc", lambda resp, ex, n: accuracy(resp, int(ex["answer"]))))
+  register_reward("arith_negative", lambda: RewardChannel(
+      "arith_negative", lambda resp, ex, n: negative(resp)))
+  register_reward("arith_fmt", lambda: RewardChannel("arith_fmt", lambda resp, ex, n: fmt(resp)))
+  register_reward("arith_brief", lambda threshold=14: RewardChannel(
+      "arith_brief", lambda resp, ex, n: brief(n, threshold)))
+  register_reward("arith_len", lambda full_until=12, zero_at=24: RewardChannel(
+      "arith_len", lambda resp, ex, n: soft_length(n, full_until, zero_at)))
+
+
+_register()

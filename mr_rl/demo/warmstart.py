@@ -1,0 +1,142 @@
+"""Supervised warm start of the demo's base policy.
+
+Trains a tiny Qwen3-layout decoder on reference solutions of the arithmetic task (a mixture of
+step-by-step and direct answers, see `task`), then writes it as a Hugging Face checkpoint
+(safetensors + config.json + tokenizer) with `mr_rl.models.save_pretrained`, so the RL stage
+loads it exactly as it would load Qwen3 from the hub.
+
+    python -m mr_rl.demo.warmstart --out mr_rl/demo/assets/base_policy
+
+The mixture is what makes the demo meaningful: the base policy mostly reasons step by step
+(long, usually right) and sometimes answers directly (short, often wrong), and with some
+probability breaks the format, so each auxiliary channel has a cheap shortcut to learn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from mr_rl import models
+from mr_rl.demo import task
+
+PROMPT_LEN = 16        # prompts are left-padded to this bucket (the RL sampler uses the same)
+RESPONSE_LEN = 48      # responses (with <eos>) are right-padded to this length
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartConfig:
+  steps: int = 1500
+  batch_size: int = 64
+  lr: float = 3e-3
+  seed: int = 0
+  p_direct: float = 0.2       # share of direct (no-reasoning) answers in the targets
+  p_broken_format: float = 0.2  # share of targets whose answer is not wrapped in <a></a>
+  d_model: int = 128
+  n_layers: int = 2
+
+
+def model_config(vocab_size: int, cfg: WarmStartConfig) -> models.ModelConfig:
+  return models.ModelConfig(
+      family="qwen3", vocab_size=vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
+      n_heads=4, n_kv_heads=2, head_dim=cfg.d_model // 4, d_ff=4 * cfg.d_model,
+      rope_theta=10000.0, qk_norm=True, tie_embeddings=True,
+      max_seq_len=PROMPT_LEN + RESPONSE_LEN)
+
+
+def target_text(problem: task.Problem, rng: np.random.Generator, cfg: WarmStartConfig) -> str:
+  text = problem.solution(direct=rng.random() < cfg.p_direct)
+  if rng.random() < cfg.p_broken_format:
+    # Answer left outside the tags: still scored by `accuracy`, fails `fmt`.
+    text = text.replace("<a>", "=").replace("</a>", "")
+  return text
+
+
+def encode_batch(tokenizer, prompts: list[str], responses: list[str] | None = None):
+  """Left-padded prompts [B, PROMPT_LEN] (with <bos>) and right-padded responses [B, RESPONSE_LEN]."""
+  B = len(prompts)
+  p_tok = np.full((B, PROMPT_LEN), tokenizer.pad_token_id, np.int32)
+  p_mask = np.zeros((B, PROMPT_LEN), np.int32)
+  for i, p in enumerate(prompts):
+    ids = [tokenizer.bos_token_id] + tokenizer(p, add_special_tokens=False)["input_ids"]
+    if len(ids) > PROMPT_LEN:
+      raise ValueError(f"prompt {p!r} has {len(ids)} tokens > PROMPT_LEN {PROMPT_LEN}")
+    p_tok[i, PROMPT_LEN - len(ids):] = ids
+    p_mask[i, PROMPT_LEN - len(ids):] = 1
+  if responses is None:
+    return p_tok, p_mask
+  r_tok = np.full((B, RESPONSE_LEN), tokenizer.pad_token_id, np.int32)
+  r_mask = np.zeros((B, RESPONSE_LEN), np.int32)
+  for i, r in enumerate(responses):
+    ids = tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    if len(ids) > RESPONSE_LEN:
+      raise ValueError(f"response {r!r} has {len(ids)} tokens > RESPONSE_LEN {RESPONSE_LEN}")
+    r_tok[i, :len(ids)] = ids
+    r_mask[i, :len(ids)] = 1
+  return p_tok, p_mask, r_tok, r_mask
+
+
+def train(cfg: WarmStartConfig, out_dir: str | None = None, log_every: int = 100):
+  """Runs the supervised warm start; returns (model, params, tokenizer, final loss)."""
+  tokenizer = task.make_tokenizer()
+  vocab = int(np.ceil(len(tokenizer) / 8) * 8)
+  model = models.Transformer(model_config(vocab, cfg))
+  params = models.init_params(model, jax.random.PRNGKey(cfg.seed))
+  opt = optax.chain(optax.clip_by_global_norm(1.0),
+                    optax.adamw(optax.cosine_decay_schedule(cfg.lr, cfg.steps, 0.05),
+                                weight_decay=0.01))
+  opt_state = opt.init(params)
+
+  @jax.jit
+  def step(params, opt_state, p_tok, p_mask, r_tok, r_mask):
+    tokens = jnp.concatenate([p_tok, r_tok], 1)
+    mask = jnp.concatenate([p_mask, r_mask], 1)
+
+    def loss_fn(params):
+      logits = models.logits(model, params, tokens, mask)[:, PROMPT_LEN - 1:-1]
+      logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+      nll = -jnp.take_along_axis(logp, r_tok[..., None], -1)[..., 0]
+      return jnp.sum(nll * r_mask) / jnp.sum(r_mask)
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  rng = np.random.default_rng(cfg.seed)
+  t0, loss = time.time(), float("nan")
+  for i in range(cfg.steps):
+    probs = task.sample_problems(rng, cfg.batch_size)
+    batch = encode_batch(tokenizer, [p.prompt for p in probs],
+                         [target_text(p, rng, cfg) for p in probs])
+    params, opt_state, loss = step(params, opt_state, *batch)
+    if log_every and (i % log_every == 0 or i == cfg.steps - 1):
+      print(f"warmstart step {i:5d} loss {float(loss):.4f} ({time.time() - t0:.0f}s)", flush=True)
+  if out_dir is not None:
+    models.save_pretrained(model, params, out_dir)
+    tokenizer.save_pretrained(out_dir)
+    with open(os.path.join(out_dir, "warmstart.json"), "w") as f:
+      json.dump(dataclasses.asdict(cfg) | {"final_loss": float(loss)}, f, indent=1)
+  return model, params, tokenizer, float(loss)
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--out", required=True, help="checkpoint directory to write")
+  for f in dataclasses.fields(WarmStartConfig):
+    ap.add_argument(f"--{f.name}", type=type(f.default), default=f.default)
+  args = ap.parse_args(argv)
+  cfg = WarmStartConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(WarmStartConfig)})
+  train(cfg, args.out)
+  print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,33 @@
+r"""Entry point: parse flags, hand the config to the pipeline. Nothing else lives here.
+
+    python -m mr_rl.main --config=configs/demo.py --workdir=/tmp/mr_rl_demo
+    python -m mr_rl.main --config=configs/amrp_math.py:model=qwen3_4b,method=amrp \
+        --workdir=gs://bucket/run --config.total_steps=500
+
+Pipelines (`config.pipeline`): 'train' (one run), 'tag' (probe every channel, elect the
+anchor by per-token reverse KL, then train TAG from pi_0), 'demo' (the CPU comparison).
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (path[:arg]).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (metrics, checkpoints).")
+_MULTIHOST = flags.DEFINE_bool("multihost", False,
+                               "Call jax.distributed.initialize() (multi-host TPU/GPU).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  import jax
+  if _MULTIHOST.value:
+    jax.distributed.initialize()
+  from mr_rl import pipelines
+  pipelines.run(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

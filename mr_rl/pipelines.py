@@ -1,0 +1,104 @@
+"""What `mr_rl.main` runs: one training run, the TAG pipeline, or the CPU demo.
+
+* `train`: `mr_rl.train.train`, then a final sampled evaluation written to WORKDIR/eval.json.
+* `tag`: probe every channel from pi_0 (single-channel GRPO for `anchor.probe_steps` steps),
+  measure per-token reverse/forward KL drift on held-out prompts, elect the anchor
+  (argmin reverse drift), write WORKDIR/drift.{json,md}, then train TAG (`anchor`, `lam`)
+  from pi_0 in the same WORKDIR. A re-run reuses a finished election (drift.json).
+* `demo`: `mr_rl.demo.run` (several tasks x methods; report.json/report.md/plots).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+
+from mr_rl import settings as settings_lib
+from mr_rl import train as train_lib
+from mr_rl.rl import anchor as anchor_lib
+
+
+def run(config, workdir: str):
+  s = settings_lib.from_config(config)
+  if s.pipeline == "train":
+    return run_train(s, workdir)
+  if s.pipeline == "tag":
+    return run_tag(s, workdir)
+  from mr_rl.demo import run as demo_run
+  return demo_run.run(config, workdir)
+
+
+def final_eval(comp, s, params, key_offset: int = 0) -> dict:
+  return train_lib.evaluate(comp, params, list(comp.eval_examples[:s.eval.num_prompts]),
+                            samples=s.eval.samples_per_prompt, temperature=s.eval.temperature,
+                            key=jax.random.fold_in(jax.random.PRNGKey(s.seed), 7_000_000 + key_offset))
+
+
+def run_train(s, workdir: str, comp=None):
+  comp = train_lib.build(s) if comp is None else comp
+  res = train_lib.train(s, workdir, comp=comp)
+  ev = final_eval(comp, s, res.params)
+  with open(os.path.join(workdir, "eval.json"), "w") as f:
+    json.dump(ev, f, indent=1)
+  print(json.dumps(ev, indent=1))
+  return res, ev
+
+
+def probe_settings(s, k: int):
+  """Single-channel GRPO on channel k from pi_0 (no checkpoints, no periodic eval)."""
+  return dataclasses.replace(
+      s, pipeline="train", total_steps=s.anchor.probe_steps, checkpoint_every=0,
+      aggregator=settings_lib.AggregatorSettings("rp_only", {"primary": k}),
+      data=dataclasses.replace(s.data, batch_prompts=s.anchor.probe_batch_prompts),
+      eval=dataclasses.replace(s.eval, every=0))
+
+
+def elect_anchor(s, comp, directory: str | None, log=print) -> tuple[int, list]:
+  """Probes each channel, measures drift, writes the drift table; returns (anchor, table)."""
+  if directory and os.path.exists(os.path.join(directory, "drift.json")):
+    with open(os.path.join(directory, "drift.json")) as f:
+      saved = json.load(f)
+    table = [anchor_lib.Drift(**row) for row in saved["channels"]]
+    names = [d.channel for d in table]
+    if names == list(s.rewards.channels):
+      if log:
+        log(f"reusing the anchor election in {directory}: {saved['anchor']}")
+      return names.index(saved["anchor"]), table
+  held_out = list(comp.eval_examples[-s.anchor.held_out_prompts:])
+  table = []
+  for k, name in enumerate(s.rewards.channels):
+    ps = probe_settings(s, k)
+    res = train_lib.train(ps, None, comp=comp, log=None)
+    tail = [h[f"reward/{name}/mean"] for h in res.history[-max(1, len(res.history) // 5):]]
+    d = anchor_lib.measure_drift(
+        comp, res.params, comp.base_params, held_out,
+        jax.random.fold_in(jax.random.PRNGKey(s.seed), 5_000_000 + k),
+        samples=s.anchor.samples_per_prompt, rollout_fn=train_lib.rollout,
+        batch_fn=train_lib.update_batch)
+    table.append(anchor_lib.Drift(channel=name, probe_reward=float(np.nanmean(tail)), **d))
+    if log:
+      log(f"probe {name}: KLrev/token {d['rev_kl_per_token']:.4g} "
+          f"(exact {d['rev_kl_exact_per_token']:.4g}), KLfwd/token {d['fwd_kl_per_token']:.4g}, "
+          f"probe reward {table[-1].probe_reward:.3f}")
+  a = anchor_lib.elect(table)
+  if directory:
+    anchor_lib.write_table(table, a, directory)
+  if log:
+    log(f"elected anchor: {s.rewards.channels[a]}")
+  return a, table
+
+
+def tag_settings(s, anchor: int):
+  return dataclasses.replace(
+      s, pipeline="train",
+      aggregator=settings_lib.AggregatorSettings("tag", {"anchor": anchor, "lam": s.anchor.lam}))
+
+
+def run_tag(s, workdir: str, comp=None):
+  comp = train_lib.build(s) if comp is None else comp
+  a, _ = elect_anchor(s, comp, workdir)
+  return run_train(tag_settings(s, a), workdir, comp=comp)

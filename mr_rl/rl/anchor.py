@@ -1,0 +1,112 @@
+"""TAG anchor election by per-token reverse-KL drift of single-channel probes (METHODS.md 6).
+
+For every channel k: train from pi_0 with single-channel GRPO (`rp_only`, primary = k) for T
+steps, giving pi_{T,k}; measure on held-out prompts
+
+    KLrev_k = E_x[ KL(pi_{T,k}(.|x) || pi_0(.|x)) ] / E_{x, y ~ pi_{T,k}}[|y|],
+
+with the sequence KL estimated two ways on y ~ pi_{T,k}: the sampled log-ratio
+`sum_t log pi_{T,k}(y_t) - log pi_0(y_t)` and the exact per-position full-vocabulary KL summed
+over t. Forward drift uses y ~ pi_0 and KL(pi_0 || pi_{T,k}). The anchor is argmin_k KLrev_k;
+the probe policies are discarded and joint training restarts from pi_0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mr_rl.rl.kl import exact_kl
+
+
+@dataclasses.dataclass(frozen=True)
+class Drift:
+  channel: str
+  rev_kl_per_token: float        # sampled log-ratio estimate, y ~ pi_{T,k}
+  rev_kl_exact_per_token: float  # exact per-position KL summed, y ~ pi_{T,k}
+  fwd_kl_per_token: float        # sampled estimate of KL(pi_0 || pi_{T,k}), y ~ pi_0
+  fwd_kl_exact_per_token: float
+  mean_len_probe: float
+  mean_len_base: float
+  probe_reward: float            # the probed channel's mean reward over the last probe steps
+
+
+def _seq_kl(model, p_params, q_params, tokens, mask, resp_mask, logp_p):
+  """Per-sequence sampled and exact KL(p || q) on sequences drawn from p."""
+  from mr_rl import models
+  logits_p = models.logits(model, p_params, tokens, mask)[:, :-1]
+  logits_q = models.logits(model, q_params, tokens, mask)[:, :-1]
+  tgt = tokens[:, 1:]
+  lq = jnp.take_along_axis(jax.nn.log_softmax(logits_q.astype(jnp.float32)), tgt[..., None],
+                           -1)[..., 0]
+  w = resp_mask[:, 1:].astype(jnp.float32)
+  sampled = jnp.sum((logp_p[:, 1:] - lq) * w, -1)
+  exact = jnp.sum(exact_kl(logits_p, logits_q) * w, -1)
+  return sampled, exact
+
+
+_seq_kl_jit = jax.jit(_seq_kl, static_argnums=0)
+
+
+def measure_drift(comp, probe_params, base_params, examples, key, *, samples: int,
+                  rollout_fn: Callable, batch_fn: Callable) -> dict[str, float]:
+  """Reverse and forward per-token drift of `probe_params` from `base_params`.
+
+  `rollout_fn(comp, params, examples, key, group_size, temperature)` samples responses and
+  `batch_fn(rollout, A)` assembles the token batch (both from mr_rl.train).
+  """
+  out = {}
+  B = comp.settings.data.batch_prompts
+  for direction, sample_params, other in (("rev", probe_params, base_params),
+                                          ("fwd", base_params, probe_params)):
+    sampled, exact, lens = [], [], []
+    for i in range(0, len(examples) - B + 1, B):
+      ro = rollout_fn(comp, sample_params, examples[i:i + B], jax.random.fold_in(key, i),
+                      group_size=samples, temperature=1.0)
+      batch = batch_fn(ro, jnp.zeros(ro.lengths.shape, jnp.float32))
+      s, e = _seq_kl_jit(comp.model, sample_params, other, batch["tokens_BT"], batch["mask_BT"],
+                         batch["response_mask_BT"], batch["old_logp_BT"])
+      sampled.append(np.asarray(s))
+      exact.append(np.asarray(e))
+      lens.append(ro.lengths.reshape(-1))
+    if not lens:
+      raise ValueError(f"need at least batch_prompts={B} held-out prompts, got {len(examples)}")
+    mean_len = float(np.concatenate(lens).mean())
+    out[f"{direction}_kl_per_token"] = float(np.concatenate(sampled).mean()) / mean_len
+    out[f"{direction}_kl_exact_per_token"] = float(np.concatenate(exact).mean()) / mean_len
+    out[f"mean_len_{'probe' if direction == 'rev' else 'base'}"] = mean_len
+  return out
+
+
+def elect(table: Sequence[Drift], use_exact: bool = False) -> int:
+  """Index of the channel with the smallest per-token reverse drift."""
+  if not table:
+    raise ValueError("empty drift table")
+  vals = [d.rev_kl_exact_per_token if use_exact else d.rev_kl_per_token for d in table]
+  return int(np.argmin(vals))
+
+
+def write_table(table: Sequence[Drift], anchor: int, directory: str) -> None:
+  """Drift table as drift.json and drift.md (anchor marked)."""
+  os.makedirs(directory, exist_ok=True)
+  rows = [dataclasses.asdict(d) for d in table]
+  with open(os.path.join(directory, "drift.json"), "w") as f:
+    json.dump({"anchor": table[anchor].channel, "channels": rows}, f, indent=1)
+  base = min(d.rev_kl_per_token for d in table)
+  lines = ["| channel | KLrev/token | KLrev exact | ratio to min | KLfwd/token | KLfwd exact "
+           "| len probe | probe reward |", "|---|---|---|---|---|---|---|---|"]
+  for i, d in enumerate(table):
+    mark = " (anchor)" if i == anchor else ""
+    ratio = d.rev_kl_per_token / base if base > 0 else float("nan")
+    lines.append(f"| {d.channel}{mark} | {d.rev_kl_per_token:.4g} | "
+                 f"{d.rev_kl_exact_per_token:.4g} | {ratio:.2f}x | {d.fwd_kl_per_token:.4g} | "
+                 f"{d.fwd_kl_exact_per_token:.4g} | {d.mean_len_probe:.1f} | "
+                 f"{d.probe_reward:.3f} |")
+  with open(os.path.join(directory, "drift.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")

@@ -1,0 +1,263 @@
+"""Validated, frozen run settings built from an ml_collections ConfigDict (STYLE.md item 3).
+
+The config file is the user's surface; everything downstream reads these dataclasses. Each
+field carries its paper symbol where it has one. Bad values fail here, at start-up, with a
+message naming the field and, for names, listing the valid choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from mr_rl import aggregators
+from mr_rl.rl import advantages as adv_lib
+from mr_rl.rl.losses import PolicyLossConfig
+from mr_rl.rl.update import UpdateConfig
+
+PIPELINES = ("train", "tag", "demo")
+ADVANTAGES = adv_lib.ADVANTAGE_NAMES + ("ppo",)
+
+
+def _choice(field: str, value: str, valid) -> str:
+  if value not in valid:
+    raise ValueError(f"config.{field}={value!r} is not valid; choose one of {sorted(valid)}")
+  return value
+
+
+def _positive(field: str, value, allow_zero: bool = False):
+  ok = value >= 0 if allow_zero else value > 0
+  if not ok:
+    raise ValueError(f"config.{field} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+  return value
+
+
+def _as_dict(x) -> dict:
+  if x is None:
+    return {}
+  return {k: _as_dict(v) if hasattr(v, "to_dict") or isinstance(v, Mapping) else v
+          for k, v in (x.to_dict() if hasattr(x, "to_dict") else dict(x)).items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+  path: str = ""           # HF checkpoint directory or hub id (loaded with load_pretrained)
+  preset: str = ""         # or a named preset with random init (tests, dry runs)
+  dtype: str = "float32"   # parameter / activation dtype; logits are always float32
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+  name: str = "arithmetic"
+  path: str = ""           # local copy of the data set ('' = hub id)
+  split: str = "train"
+  eval_split: str = "test"
+  batch_prompts: int = 16  # B, prompts per step (rollout batch = B * G)
+  max_prompt_len: int = 16
+  template: str = ""       # prompt template task ('' = the data set's own prompt)
+  options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSettings:
+  group_size: int = 8      # G
+  max_new_tokens: int = 48
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardSettings:
+  channels: tuple[str, ...] = ("arith_acc",)  # K named channels, primary first by convention
+  primary: int = 0                            # index of the task channel (alarm, reports)
+  params: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+  timeout_s: float = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class AggregatorSettings:
+  name: str = "additive"
+  hp: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class AnchorSettings:
+  probe_steps: int = 300       # T, single-channel GRPO steps per probe (TAG: 300)
+  probe_batch_prompts: int = 4  # prompts per probe step (TAG: rollout batch 32 = 4 x G 8)
+  held_out_prompts: int = 256  # prompts on which drift is measured (TAG: 256)
+  samples_per_prompt: int = 1
+  lam: float = 1.0             # TAG gate lambda of the joint run after election
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+  every: int = 0               # evaluate every N steps (0 = only at the end when run by a pipeline)
+  num_prompts: int = 256
+  samples_per_prompt: int = 4
+  temperature: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+  seed: int
+  pipeline: str
+  total_steps: int
+  checkpoint_every: int
+  log_every: int
+  alarm_window: int
+  model: ModelSettings
+  mesh: Mapping[str, int]
+  data: DataSettings
+  rollout: RolloutSettings
+  rewards: RewardSettings
+  aggregator: AggregatorSettings
+  advantage: str
+  advantage_hp: Mapping[str, Any]
+  update: UpdateConfig
+  anchor: AnchorSettings
+  eval: EvalSettings
+
+  @property
+  def num_channels(self) -> int:
+    return len(self.rewards.channels)
+
+
+def default_config():
+  """The full field set with defaults; every config file starts from this and overrides."""
+  import ml_collections
+  c = ml_collections.ConfigDict()
+  c.seed = 0                      # root PRNG seed; steps use fold_in(key, step)
+  c.pipeline = "train"            # 'train' | 'tag' (probe, elect anchor, train TAG) | 'demo'
+  c.total_steps = 500             # GRPO steps (papers: 500)
+  c.checkpoint_every = 50         # orbax checkpoint interval in steps (0 = never)
+  c.log_every = 1                 # console line interval
+  c.alarm_window = 10             # steps over which the shortcut alarm compares trends
+  c.model = ml_collections.ConfigDict(dict(
+      path="",                    # HF checkpoint dir or hub id
+      preset="",                  # or a preset name with random init
+      dtype="float32"))           # 'float32' | 'bfloat16'
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))  # -1 fills
+  c.data = ml_collections.ConfigDict(dict(
+      name="arithmetic",          # a mr_rl.data name or 'arithmetic' (the demo task)
+      path="",                    # local copy ('' = hub id)
+      split="train", eval_split="test",
+      batch_prompts=32,           # B prompts per step; rollout batch = B * G (papers: 256)
+      max_prompt_len=512,         # prompts are left-padded to this (longer ones are an error)
+      template="",                # prompt template task for mr_rl.data.make_template
+      options=ml_collections.ConfigDict()))  # loader options (thresholds, subset sizes)
+  c.rollout = ml_collections.ConfigDict(dict(
+      group_size=8,               # G (papers: 8)
+      max_new_tokens=3000,        # max response length
+      temperature=1.0, top_k=0, top_p=1.0))
+  c.rewards = ml_collections.ConfigDict(dict(
+      channels="accuracy",        # comma-separated reward names (K channels)
+      primary=0,                  # index of the task channel
+      params=ml_collections.ConfigDict(),  # per-channel parameters, e.g. {'brief': {'threshold': 200}}
+      timeout_s=10.0))            # per-call reward timeout
+  c.aggregator = ml_collections.ConfigDict(dict(
+      name="additive",            # any mr_rl.aggregators.NAMES entry
+      hp=ml_collections.ConfigDict()))  # its hyperparameters (lam, k_s, k_p, ...)
+  c.advantage = ml_collections.ConfigDict(dict(name="grpo"))  # grpo | dr_grpo | gdpo | mo_grpo | rloo
+  c.loss = ml_collections.ConfigDict(dict(
+      eps_low=0.2, eps_high=0.28,  # clip range (clip-higher)
+      loss_agg="token-mean",      # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+      kl_coef=0.0,                # beta of the KL penalty to pi_ref
+      kl_estimator="k3",          # k1 | k2 | k3
+      entropy_coef=0.0))
+  c.optim = ml_collections.ConfigDict(dict(
+      lr=1e-6, warmup_steps=0, weight_decay=0.01, b1=0.9, b2=0.999,
+      max_grad_norm=1.0, num_micro_batches=1))
+  c.anchor = ml_collections.ConfigDict(dict(
+      probe_steps=300, probe_batch_prompts=4, held_out_prompts=256, samples_per_prompt=1,
+      lam=1.0))
+  c.eval = ml_collections.ConfigDict(dict(
+      every=0, num_prompts=256, samples_per_prompt=4, temperature=1.0))
+  return c
+
+
+def from_config(cfg) -> RunSettings:
+  """Builds and validates RunSettings from a ConfigDict (see configs/base.py for the fields)."""
+  from mr_rl.rewards import runner as reward_runner  # registry (imports the reward plugins)
+  import mr_rl.demo.task  # noqa: F401  (registers the demo's arith_* channels)
+
+  c = cfg
+  pipeline = _choice("pipeline", c.pipeline, PIPELINES)
+  channels = tuple(s.strip() for s in str(c.rewards.channels).split(",") if s.strip())
+  if not channels:
+    raise ValueError("config.rewards.channels is empty; give comma-separated reward names")
+  valid_rewards = reward_runner.available_rewards()
+  for ch in channels:
+    _choice("rewards.channels", ch, valid_rewards)
+  if len(set(channels)) != len(channels):
+    raise ValueError(f"config.rewards.channels has duplicates: {channels}")
+  primary = int(c.rewards.primary)
+  if not 0 <= primary < len(channels):
+    raise ValueError(f"config.rewards.primary={primary} is out of range for {len(channels)} "
+                     "channels")
+  reward_params = _as_dict(c.rewards.get("params"))
+  for name in reward_params:
+    if name not in channels:
+      raise ValueError(f"config.rewards.params names {name!r}, which is not among the channels "
+                       f"{channels}")
+  agg_name = _choice("aggregator.name", c.aggregator.name, aggregators.NAMES)
+  agg_hp = {k: v for k, v in _as_dict(c.aggregator.get("hp")).items() if v is not None}
+  advantage = _choice("advantage.name", c.advantage.name, ADVANTAGES)
+  adv_hp = {k: v for k, v in _as_dict(c.advantage).items() if k != "name" and v is not None}
+  if advantage == "ppo":
+    raise ValueError("config.advantage.name='ppo' (value head + GAE) is not wired into the "
+                     "trainer yet; use one of " + str(sorted(adv_lib.ADVANTAGE_NAMES)))
+
+  loss = PolicyLossConfig(
+      eps_low=float(c.loss.eps_low), eps_high=float(c.loss.eps_high), loss_agg=c.loss.loss_agg,
+      norm_len=int(c.rollout.max_new_tokens) if c.loss.loss_agg == "seq-mean-token-sum-norm"
+      else None,
+      kl_coef=float(c.loss.kl_coef), kl_estimator=c.loss.kl_estimator,
+      entropy_coef=float(c.loss.entropy_coef))
+  update = UpdateConfig(
+      loss=loss, num_micro_batches=int(c.optim.num_micro_batches), lr=float(c.optim.lr),
+      warmup_steps=int(c.optim.warmup_steps), weight_decay=float(c.optim.weight_decay),
+      b1=float(c.optim.b1), b2=float(c.optim.b2),
+      max_grad_norm=None if c.optim.max_grad_norm is None else float(c.optim.max_grad_norm))
+
+  model = ModelSettings(path=c.model.path, preset=c.model.preset, dtype=c.model.dtype)
+  if bool(model.path) == bool(model.preset):
+    raise ValueError("set exactly one of config.model.path (checkpoint) and config.model.preset "
+                     f"(random init); got path={model.path!r}, preset={model.preset!r}")
+  _choice("model.dtype", model.dtype, ("float32", "bfloat16"))
+  if model.preset:
+    from mr_rl import models
+    _choice("model.preset", model.preset, models.PRESETS)
+
+  mesh = {k: int(c.mesh[k]) for k in ("data", "fsdp", "tensor", "expert")}
+  data = DataSettings(
+      name=c.data.name, path=c.data.path, split=c.data.split, eval_split=c.data.eval_split,
+      batch_prompts=_positive("data.batch_prompts", int(c.data.batch_prompts)),
+      max_prompt_len=_positive("data.max_prompt_len", int(c.data.max_prompt_len)),
+      template=c.data.template, options=_as_dict(c.data.get("options")))
+  rollout = RolloutSettings(
+      group_size=_positive("rollout.group_size", int(c.rollout.group_size)),
+      max_new_tokens=_positive("rollout.max_new_tokens", int(c.rollout.max_new_tokens)),
+      temperature=_positive("rollout.temperature", float(c.rollout.temperature), True),
+      top_k=int(c.rollout.top_k), top_p=float(c.rollout.top_p))
+  if rollout.group_size < 2 and advantage in ("grpo", "dr_grpo", "rloo", "gdpo", "mo_grpo"):
+    raise ValueError(f"config.rollout.group_size must be >= 2 for group-relative advantages "
+                     f"({advantage}), got {rollout.group_size}")
+  settings = RunSettings(
+      seed=int(c.seed), pipeline=pipeline,
+      total_steps=_positive("total_steps", int(c.total_steps), True),
+      checkpoint_every=_positive("checkpoint_every", int(c.checkpoint_every), True),
+      log_every=_positive("log_every", int(c.log_every)),
+      alarm_window=_positive("alarm_window", int(c.alarm_window)),
+      model=model, mesh=mesh, data=data, rollout=rollout,
+      rewards=RewardSettings(channels=channels, primary=primary, params=reward_params,
+                             timeout_s=_positive("rewards.timeout_s", float(c.rewards.timeout_s))),
+      aggregator=AggregatorSettings(name=agg_name, hp=agg_hp),
+      advantage=advantage, advantage_hp=adv_hp, update=update,
+      anchor=AnchorSettings(**{f.name: type(f.default)(c.anchor[f.name])
+                               for f in dataclasses.fields(AnchorSettings)}),
+      eval=EvalSettings(**{f.name: type(f.default)(c.eval[f.name])
+                           for f in dataclasses.fields(EvalSettings)}))
+  # Build the aggregator once so unknown hyperparameters fail now, not at step 1.
+  aggregators.get(agg_name, **agg_hp).init(len(channels))
+  return settings

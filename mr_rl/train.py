@@ -1,0 +1,369 @@
+"""The trainer: one batch from rollout to update, in the order it happens.
+
+    prompts --(sampler, KV cache)--> responses, old log-probs
+            --(reward runner, host pool)--> r[B, G, K]   (NaN = failed / not applicable)
+            --(aggregator, jitted, state carried)--> R[B, G] (+ channel weights)
+            --(advantage estimator)--> A[B, G]
+            --(jitted policy step, AdamW)--> new params
+
+`train(settings, workdir)` runs it for `settings.total_steps`, writing metrics, TensorBoard and
+orbax checkpoints under `workdir` (or nothing, with workdir=None: the pipelines use that for
+probes). Re-running with the same workdir resumes from the latest checkpoint and reproduces
+the uninterrupted run's metrics exactly (all randomness is `fold_in(root, step)`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mr_rl import aggregators, metrics as metrics_lib, models, sampling
+from mr_rl.checkpointing import Checkpointer
+from mr_rl.rewards.runner import RewardRunner, get_reward
+from mr_rl.rl import advantages as adv_lib
+from mr_rl.rl import update as update_lib
+from mr_rl.settings import RunSettings
+
+_LOG = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- components
+@dataclasses.dataclass
+class Components:
+  """Everything built once per run (and shared by the pipelines' sub-runs)."""
+  settings: RunSettings
+  model: models.Transformer
+  tokenizer: Any
+  base_params: Any              # pi_0 (also the KL reference)
+  train_examples: Sequence[Any]
+  eval_examples: Sequence[Any]
+  render: Callable[[Any], str]  # example -> prompt text
+  runner: RewardRunner
+  mesh: Any = None
+
+
+def load_policy(settings: RunSettings, mesh=None):
+  """(model, params, tokenizer) from a checkpoint path/hub id or a preset (random init)."""
+  dtype = jnp.dtype(settings.model.dtype)
+  if settings.model.path:
+    model, params = models.load_pretrained(settings.model.path, dtype=dtype, mesh=mesh)
+    tokenizer = models.load_tokenizer(settings.model.path)
+  else:
+    cfg = models.get_preset(settings.model.preset).replace(param_dtype=dtype, dtype=dtype)
+    model = models.Transformer(cfg)
+    params = models.init_params(model, jax.random.PRNGKey(settings.seed))
+    tokenizer = None
+  return model, params, tokenizer
+
+
+def load_examples(settings: RunSettings):
+  """(train, eval) example lists for the configured data set."""
+  d = settings.data
+  if d.name == "arithmetic":
+    from mr_rl.demo import task
+    opts = dict(d.options)
+    n_train = int(opts.pop("num_train", 20000))
+    n_eval = int(opts.pop("num_eval", max(settings.eval.num_prompts,
+                                          settings.anchor.held_out_prompts)))
+    return (task.examples(n_train, settings.seed, "train", **opts),
+            task.examples(n_eval, settings.seed, "test", **opts))
+  from mr_rl import data
+  train = data.load_dataset(d.name, path=d.path or None, split=d.split, **d.options)
+  evals = data.load_dataset(d.name, path=d.path or None, split=d.eval_split, **d.options)
+  return train, evals
+
+
+def build(settings: RunSettings) -> Components:
+  mesh = None
+  if jax.device_count() > 1:
+    from mr_rl.models import sharding
+    mesh = sharding.make_mesh(dict(settings.mesh))
+  model, params, tokenizer = load_policy(settings, mesh)
+  if tokenizer is None:
+    raise ValueError("config.model.preset gives random weights but no tokenizer; point "
+                     "config.model.path at a checkpoint directory with a tokenizer")
+  train_ex, eval_ex = load_examples(settings)
+  if settings.data.template:
+    from mr_rl import data
+    template = data.make_template(settings.data.template, model=settings.model.path)
+    render = lambda ex: template.render(ex, tokenizer)
+  else:
+    render = lambda ex: ex.prompt
+  channels = [get_reward(n, **settings.rewards.params.get(n, {}))
+              for n in settings.rewards.channels]
+  runner = RewardRunner(channels, timeout_s=settings.rewards.timeout_s)
+  return Components(settings, model, tokenizer, params, train_ex, eval_ex, render, runner, mesh)
+
+
+# ------------------------------------------------------------------------ jitted pieces
+@functools.lru_cache(maxsize=16)
+def _policy_step(model, update_config: update_lib.UpdateConfig):
+  """One compiled update step per (model, settings), shared by the pipelines' sub-runs."""
+  tx = update_lib.make_optimizer(update_config)
+  return tx, update_lib.make_policy_step(update_lib.model_logits_fn(model), update_config, tx)
+
+
+@functools.lru_cache(maxsize=16)
+def _logprob_fn(model):
+  return update_lib.make_logprob_fn(update_lib.model_logits_fn(model))
+
+
+@functools.lru_cache(maxsize=64)
+def _aggregate_fn(name: str, hp_items: tuple, advantage: str, adv_hp_items: tuple):
+  """Jitted aggregator + advantage: (agg_state, r_BGK, key) -> (R, A, new_state, metrics)."""
+  agg = aggregators.get(name, **dict(hp_items))
+  adv_fn = adv_lib.get_advantage(advantage, **dict(adv_hp_items))
+
+  @jax.jit
+  def fn(agg_state, r_BGK, key):
+    R_BG, new_state, m = agg.apply(agg_state, r_BGK, key)
+    weights = m.get("weights") if adv_lib.uses_channels(advantage) else None
+    A_BG = adv_fn(R_BG, r_BGK, weights)
+    m = dict(m, frac_zero_std=adv_lib.frac_zero_std(jnp.where(jnp.isnan(R_BG), 0.0, R_BG)),
+             frac_zero_std_channels=adv_lib.frac_zero_std_channels(r_BGK))
+    return R_BG, A_BG, new_state, m
+
+  return agg, fn
+
+
+def _hashable(d) -> tuple:
+  return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.items()))
+
+
+# ----------------------------------------------------------------------------- rollout
+def encode_prompts(comp: Components, examples) -> tuple[np.ndarray, np.ndarray]:
+  """Left-padded prompt tokens and mask [B, max_prompt_len]."""
+  tok, P = comp.tokenizer, comp.settings.data.max_prompt_len
+  pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+  ids_B = []
+  for ex in examples:
+    text = comp.render(ex)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    if comp.settings.data.name == "arithmetic" or not comp.settings.data.template:
+      if tok.bos_token_id is not None:
+        ids = [tok.bos_token_id] + ids
+    if len(ids) > P:
+      raise ValueError(f"prompt of {getattr(ex, 'uid', ex)} has {len(ids)} tokens > "
+                       f"config.data.max_prompt_len={P}")
+    ids_B.append(ids)
+  out = np.full((len(ids_B), P), pad, np.int32)
+  mask = np.zeros((len(ids_B), P), np.int32)
+  for i, ids in enumerate(ids_B):
+    out[i, P - len(ids):] = ids
+    mask[i, P - len(ids):] = 1
+  return out, mask
+
+
+@dataclasses.dataclass
+class Rollout:
+  prompt_tokens: np.ndarray   # [B, P]
+  prompt_mask: np.ndarray     # [B, P]
+  tokens: np.ndarray          # [B, G, N]
+  logprobs: np.ndarray        # [B, G, N]
+  mask: np.ndarray            # [B, G, N]
+  lengths: np.ndarray         # [B, G]
+  truncated: np.ndarray       # [B, G]
+  texts: list                 # B lists of G decoded responses
+
+
+def rollout(comp: Components, params, examples, key, *, group_size: int,
+            temperature: float | None = None) -> Rollout:
+  s = comp.settings
+  p_tok, p_mask = encode_prompts(comp, examples)
+  tok = comp.tokenizer
+  out = sampling.generate_groups(
+      comp.model, params, p_tok, p_mask, group_size=group_size, key=key,
+      max_new_tokens=s.rollout.max_new_tokens,
+      temperature=s.rollout.temperature if temperature is None else temperature,
+      top_k=s.rollout.top_k, top_p=s.rollout.top_p, eos_id=tok.eos_token_id,
+      pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+  out = jax.device_get(out)
+  B = len(examples)
+  texts = []
+  for b in range(B):
+    row = []
+    for g in range(group_size):
+      n = int(out.lengths[b, g]) - (0 if out.truncated[b, g] else 1)  # drop the EOS token
+      row.append(tok.decode(out.tokens[b, g, :n].tolist(), skip_special_tokens=False))
+    texts.append(row)
+  return Rollout(p_tok, p_mask, np.asarray(out.tokens), np.asarray(out.logprobs),
+                 np.asarray(out.mask), np.asarray(out.lengths), np.asarray(out.truncated), texts)
+
+
+def score(comp: Components, ro: Rollout, examples) -> tuple[np.ndarray, dict]:
+  ex_dicts = [{**dict(ex.metadata), "reference": ex.reference} for ex in examples]
+  return comp.runner(ro.texts, ex_dicts, ro.lengths.astype(np.int64))
+
+
+def update_batch(ro: Rollout, A_BG) -> dict:
+  """The policy step's batch over N = B*G rows: prompt + response tokens."""
+  B, G, N = ro.tokens.shape
+  P = ro.prompt_tokens.shape[1]
+  rep = lambda a: np.repeat(a, G, axis=0)
+  tokens = np.concatenate([rep(ro.prompt_tokens), ro.tokens.reshape(B * G, N)], 1)
+  resp = ro.mask.reshape(B * G, N)
+  mask = np.concatenate([rep(ro.prompt_mask), resp], 1)
+  zeros = np.zeros((B * G, P), np.int32)
+  return {"tokens_BT": jnp.asarray(tokens), "mask_BT": jnp.asarray(mask),
+          "response_mask_BT": jnp.asarray(np.concatenate([zeros, resp], 1)),
+          "old_logp_BT": jnp.asarray(np.concatenate(
+              [zeros.astype(np.float32), ro.logprobs.reshape(B * G, N)], 1)),
+          "advantages_BG": A_BG}
+
+
+# ---------------------------------------------------------------------------- evaluate
+def evaluate(comp: Components, params, examples, *, samples: int, temperature: float,
+             key) -> dict[str, float]:
+  """Sampled evaluation: per-channel means, joint rates with the primary, lengths."""
+  names = comp.settings.rewards.channels
+  prim = comp.settings.rewards.primary
+  B = comp.settings.data.batch_prompts
+  rs, lens = [], []
+  for i in range(0, len(examples) - B + 1, B):
+    chunk = examples[i:i + B]
+    ro = rollout(comp, params, chunk, jax.random.fold_in(key, i), group_size=samples,
+                 temperature=temperature)
+    r, _ = score(comp, ro, chunk)
+    rs.append(r)
+    lens.append(ro.lengths)
+  if not rs:
+    raise ValueError(f"evaluation needs at least batch_prompts={B} examples, got {len(examples)}")
+  r = np.concatenate(rs).reshape(-1, len(names))
+  out = {f"eval/{n}": float(np.nanmean(r[:, k])) for k, n in enumerate(names)}
+  for k, n in enumerate(names):
+    if k != prim:
+      out[f"eval/{names[prim]}&{n}"] = float(np.nanmean(r[:, prim] * r[:, k]))
+  out["eval/length_mean"] = float(np.concatenate(lens).mean())
+  return out
+
+
+# ------------------------------------------------------------------------------- train
+@dataclasses.dataclass
+class TrainResult:
+  params: Any
+  aggregator_state: Any
+  history: list[dict]
+
+
+def train(settings: RunSettings, workdir: str | None, *, comp: Components | None = None,
+          init_params=None, log: Callable[[str], None] | None = print) -> TrainResult:
+  """Runs GRPO-family training for settings.total_steps (resuming from workdir if possible)."""
+  comp = build(settings) if comp is None else dataclasses.replace(comp, settings=settings)
+  s = settings
+  names, K, G = s.rewards.channels, s.num_channels, s.rollout.group_size
+  params = comp.base_params if init_params is None else init_params
+  tx, policy_step = _policy_step(comp.model, s.update)
+  agg, agg_fn = _aggregate_fn(s.aggregator.name, _hashable(s.aggregator.hp), s.advantage,
+                              _hashable(s.advantage_hp))
+  logprob_fn = _logprob_fn(comp.model)
+  root = jax.random.PRNGKey(s.seed)
+  # Copy: the step donates its input state, and params may be pi_0 shared with other runs.
+  state = {"train": update_lib.init_train_state(jax.tree.map(jnp.array, params), tx),
+           "agg": agg.init(K), "key": root}
+  data_iter = _iterator(comp, s)
+  alarm = metrics_lib.ShortcutAlarm(s.alarm_window)
+  start = 0
+  ckpt = writer = None
+  if workdir is not None:
+    os.makedirs(workdir, exist_ok=True)
+    ckpt = Checkpointer(workdir) if s.checkpoint_every else None
+    latest = ckpt.latest_step() if ckpt else None
+    if latest is not None:
+      state, meta = ckpt.restore(latest, state)
+      start = int(meta["step"])
+      data_iter.restore(meta["data"])
+      alarm.restore(meta["alarm"])
+      if log:
+        log(f"resumed from {ckpt.directory} at step {start}")
+    writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
+  history = []
+  for step in range(start, s.total_steps):
+    key = jax.random.fold_in(state["key"], step)
+    k_roll, k_agg, k_upd = jax.random.split(key, 3)
+    t0 = time.perf_counter()
+    examples = next(data_iter)
+    ro = rollout(comp, state["train"].params, examples, k_roll, group_size=G)
+    t1 = time.perf_counter()
+    r_BGK, reward_m = score(comp, ro, examples)
+    t2 = time.perf_counter()
+    R_BG, A_BG, state["agg"], agg_m = agg_fn(state["agg"], jnp.asarray(r_BGK), k_agg)
+    batch = update_batch(ro, A_BG)
+    if s.update.loss.kl_coef > 0:
+      batch["ref_logp_BT"] = logprob_fn(comp.base_params, batch["tokens_BT"], batch["mask_BT"])
+    ref_logp = batch.get("ref_logp_BT")
+    if ref_logp is None:
+      ref_logp = logprob_fn(comp.base_params, batch["tokens_BT"], batch["mask_BT"])
+    state["train"], upd_m = policy_step(state["train"], batch, k_upd)
+    upd_m = jax.device_get(upd_m)
+    t3 = time.perf_counter()
+    m = _step_metrics(s, r_BGK, R_BG, agg_m, upd_m, reward_m, ro, batch, ref_logp)
+    m.update(alarm.update(m["reward/scalar/mean"], m[f"reward/{names[s.rewards.primary]}/mean"]))
+    m.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/update": t3 - t2})
+    if s.eval.every and (step + 1) % s.eval.every == 0:
+      m.update(evaluate(comp, state["train"].params, comp.eval_examples[:s.eval.num_prompts],
+                        samples=s.eval.samples_per_prompt, temperature=s.eval.temperature,
+                        key=jax.random.fold_in(root, 10**9 + step)))
+    if not np.isfinite(m.get("loss/policy", 0.0)):
+      raise FloatingPointError(f"non-finite policy loss at step {step}: {m.get('loss/policy')}")
+    history.append({"step": step, **m})
+    if writer:
+      writer.write(step, m)
+    if log and (step % s.log_every == 0 or step + 1 == s.total_steps):
+      log(metrics_lib.console_line(step, s.total_steps, m, names))
+    if ckpt and ((step + 1) % s.checkpoint_every == 0 or step + 1 == s.total_steps):
+      ckpt.save(step + 1, state, {"step": step + 1, "data": data_iter.state(),
+                                  "alarm": alarm.state(),
+                                  "reward_errors": dict(comp.runner.error_counts)})
+  if ckpt:
+    ckpt.close()
+  if writer:
+    writer.close()
+  return TrainResult(state["train"].params, state["agg"], history)
+
+
+def _iterator(comp: Components, s: RunSettings):
+  from mr_rl.data import ResumableIterator
+  return ResumableIterator(list(comp.train_examples), s.data.batch_prompts, seed=s.seed)
+
+
+def _step_metrics(s, r_BGK, R_BG, agg_m, upd_m, reward_m, ro, batch, ref_logp) -> dict:
+  names = s.rewards.channels
+  m = metrics_lib.channel_summaries(r_BGK, names)
+  m.update(metrics_lib.profile_distribution(r_BGK, names))
+  R = np.asarray(R_BG)
+  m["reward/scalar/mean"] = float(np.nanmean(R)) if np.isfinite(R).any() else float("nan")
+  m["reward/scalar/std"] = float(np.nanstd(R)) if np.isfinite(R).any() else float("nan")
+  agg_m = jax.device_get(agg_m)
+  if "weights" in agg_m:
+    for k, n in enumerate(names):
+      m[f"weights/{n}"] = float(agg_m["weights"][k])
+  m["frac_zero_std/scalar"] = float(agg_m["frac_zero_std"])
+  for k, n in enumerate(names):
+    m[f"frac_zero_std/{n}"] = float(agg_m["frac_zero_std_channels"][k])
+  for k, v in agg_m.items():
+    if k not in ("weights", "frac_zero_std", "frac_zero_std_channels") and np.ndim(v) == 0:
+      m[f"aggregator/{k}"] = float(v)
+  for k, v in upd_m.items():
+    if np.ndim(v) == 0:
+      key = {"policy_loss": "loss/policy", "pg_loss": "loss/pg", "entropy": "policy/entropy",
+             "kl": "loss/kl"}.get(k, f"update/{k}")
+      m[key] = float(v)
+  m.update({k.replace("rewards/", "reward_runner/"): float(v) for k, v in reward_m.items()})
+  m["response/length_mean"] = float(ro.lengths.mean())
+  m["response/truncated_frac"] = float(ro.truncated.mean())
+  resp = np.asarray(batch["response_mask_BT"], np.float32)
+  x = np.asarray(ref_logp) - np.asarray(batch["old_logp_BT"])  # log pi_ref - log pi
+  x = np.clip(x, -20, 20)
+  denom = max(resp.sum(), 1.0)
+  m["kl_ref/k1"] = float((-x * resp).sum() / denom)
+  m["kl_ref/k3"] = float(((np.exp(x) - 1 - x) * resp).sum() / denom)
+  return m

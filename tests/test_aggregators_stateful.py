@@ -309,6 +309,21 @@ def test_lagrangian_hand_sequence():
                              rtol=1e-6)
 
 
+def test_lagrangian_vmap_over_init_equals_loop():
+  lrs = jnp.array([0.0, 0.1, 1.0])
+  ths = jnp.array([[0.0, 0.2, 0.9], [0.0, 0.5, 0.5], [0.0, 0.9, 0.1]])
+  states = jax.vmap(lambda lr, th: A.lagrangian.init(3, lr=lr, thresholds=th))(lrs, ths)
+  upd = jax.jit(jax.vmap(A.lagrangian.update, in_axes=(0, None)))
+  for r in RS[:3]:
+    big_r, states, _ = upd(states, r)
+  for i in range(3):
+    st = A.lagrangian.init(3, lr=float(lrs[i]), thresholds=ths[i])
+    for r in RS[:3]:
+      ref_r, st, _ = A.lagrangian.update(st, r)
+    np.testing.assert_allclose(states.multipliers[i], st.multipliers, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(big_r[i], ref_r, rtol=1e-6)
+
+
 def test_lagrangian_errors():
   for kw, needle in (({"objective": 3}, "objective"), ({"thresholds": [0.1, 0.2]}, "thresholds"),
                      ({"lr": -0.1}, "lr"), ({"constrained": [True, False]}, "constrained"),

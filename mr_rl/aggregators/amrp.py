@@ -30,6 +30,9 @@ NaN handling: `R` sums `w_i r_i` over the applicable channels (all-NaN row -> Na
 a channel with no valid sample in a batch keeps its `mu`, `nu` (its `Delta` is 0), and
 a channel never observed has `mu = nu = 0`.
 
+`update` is jitted (shape checks run at trace time); it inlines under an outer
+jit, vmap or grad.
+
 `state.weights` always holds the weights the next `update` uses (`w^(t-1)` of Eq. 4);
 `metrics['weights']` are the weights this update used and `metrics['new_weights']`
 the ones it stores.

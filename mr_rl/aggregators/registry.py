@@ -44,8 +44,14 @@ Array = jax.Array
 
 @flax.struct.dataclass
 class StatelessState:
-  """State of a stateless rule: its hyperparameters as array leaves."""
+  """State of a stateless rule: its hyperparameters as array leaves.
+
+  Attributes:
+    hp: hyperparameters as arrays (e.g. `{'anchor': int32[], 'lam': [K]}` for TAG).
+    num_channels: K (static), checked against the rewards in `apply`.
+  """
   hp: Mapping[str, Array]
+  num_channels: int = flax.struct.field(pytree_node=False, default=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,10 +108,11 @@ def _stateless(name: str, hp: dict[str, Any], make_hp: Callable[[int], dict[str,
   def init(num_channels: int) -> StatelessState:
     if not isinstance(num_channels, (int, np.integer)) or num_channels < 1:
       raise ValueError(f"`num_channels` must be a positive int; got {num_channels!r}.")
-    return StatelessState(hp=make_hp(int(num_channels)))
+    return StatelessState(hp=make_hp(int(num_channels)), num_channels=int(num_channels))
 
   def apply(state: StatelessState, r_BGK: Any, key: Any = None):
     r = C.check_rewards(r_BGK, "r_BGK")
+    C.check_num_channels(r, state.num_channels)
     big_r, extra = fn(state.hp, r, key)
     return big_r, state, _metrics(big_r, extra)
 

@@ -1,8 +1,9 @@
 """Static (stateless) aggregators `r[..., K] -> R[...]` (METHODS.md section 1).
 
-All functions are pure jnp, jittable and vmappable (each validates its concrete
-arguments, then calls a jitted core, so eager calls compile once per shape); hyperparameters may be traced
-(so `jax.vmap` sweeps them and `jax.grad` reaches `lam` and `tau`). Checks on
+All functions are pure jnp, jittable and vmappable; each validates its concrete
+arguments, then calls a jitted core (so eager calls compile once per shape and the
+core inlines under an outer jit). Hyperparameters may be traced (so `jax.vmap`
+sweeps them and `jax.grad` reaches `lam` and `tau`). Checks on
 hyperparameters (`w` length, `anchor` range, `lam >= 0`, `0 <= p < 1`, ...) run on
 concrete values and raise ValueError naming the argument.
 

@@ -8,7 +8,6 @@ import pytest
 
 from mr_rl import data
 from mr_rl.data import alce as alce_data
-from mr_rl.data import code as code_data
 from mr_rl.data import helpsteer
 from mr_rl.data import math as math_data
 

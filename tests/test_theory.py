@@ -284,6 +284,8 @@ def test_bad_inputs_raise():
     theory.expected_drift(0.0, rho=1.5, eta=0.5, aggregator=add)
   with pytest.raises(ValueError, match="eta"):
     theory.expected_drift_gdpo(0.0, rho=0.5, eta=-0.1)
+  with pytest.raises(ValueError, match="theta"):
+    theory.expected_drift(jnp.zeros(3), rho=0.5, eta=0.5, aggregator=add)
   with pytest.raises(TypeError, match="aggregator"):
     theory.expected_drift(0.0, rho=0.5, eta=0.5, aggregator="additive")
   with pytest.raises(ValueError, match="aggregator"):

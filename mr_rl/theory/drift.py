@@ -58,12 +58,12 @@ roots are guarded so gradients stay finite there.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import gammaln
 
 Array = jax.Array
 Aggregator = Callable[[Array], Array]
@@ -82,7 +82,14 @@ def _is_concrete(x) -> bool:
   return not isinstance(x, jax.core.Tracer)
 
 
+def _check_scalar(name: str, x) -> None:
+  if jnp.ndim(x) != 0:
+    raise ValueError(f"{name} must be a scalar (use jax.vmap for grids), got shape "
+                     f"{jnp.shape(x)}")
+
+
 def _check_prob(name: str, x) -> None:
+  _check_scalar(name, x)
   if _is_concrete(x):
     arr = np.asarray(x, dtype=np.float64)
     if not np.all((arr >= 0.0) & (arr <= 1.0)):
@@ -176,9 +183,8 @@ def compositions(group_size: int) -> tuple[np.ndarray, np.ndarray]:
     c1, c2, c3 = i, j - i, m - j
     blocks.append(np.stack([np.full_like(i, c0), c1, c2, c3], axis=1))
   counts = np.concatenate(blocks).astype(np.int64)
-  from math import lgamma  # pylint: disable=g-import-not-at-top
-  lg = np.array([lgamma(k + 1.0) for k in range(G + 1)])
-  log_coef = lgamma(G + 1.0) - lg[counts].sum(axis=1)
+  lg = np.array([math.lgamma(k + 1.0) for k in range(G + 1)])
+  log_coef = math.lgamma(G + 1.0) - lg[counts].sum(axis=1)
   return counts.astype(np.float32), log_coef.astype(np.float32)
 
 
@@ -237,6 +243,7 @@ def expected_drift(theta, *, rho, eta, aggregator: Aggregator, group_size: int |
   Returns:
     The scalar ``E[(1/G) sum_i A_i d/dtheta log pi(a_i)]``; positive moves toward P.
   """
+  _check_scalar("theta", theta)
   _check_prob("rho", rho)
   _check_prob("eta", eta)
   _check_group_size(group_size)
@@ -270,6 +277,9 @@ def closed_form_drift_inf(theta, *, rho, eta, aggregator: Aggregator,
   An independent transcription of the limit formula in the module docstring (used as a
   cross-check of ``expected_drift(group_size=None)``).
   """
+  _check_scalar("theta", theta)
+  _check_prob("rho", rho)
+  _check_prob("eta", eta)
   R_V = aggregate_rewards(aggregator)
   theta = jnp.asarray(theta, jnp.float32)
   p, q = jax.nn.sigmoid(theta), jax.nn.sigmoid(-theta)
@@ -310,6 +320,7 @@ def expected_drift_gdpo(theta, *, rho, eta, weights=(1.0, 1.0), group_size: int 
   Returns:
     The scalar expected update.
   """
+  _check_scalar("theta", theta)
   _check_prob("rho", rho)
   _check_prob("eta", eta)
   _check_group_size(group_size)

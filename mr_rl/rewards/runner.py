@@ -78,7 +78,10 @@ class RewardChannel:
 _REGISTRY: dict[str, Callable[..., RewardChannel]] = {}
 # Other reward modules register their channels when imported; get_reward
 # imports them on first lookup. A module that does not exist is skipped.
-_PLUGIN_MODULES = ("mr_rl.rewards.code", "mr_rl.rewards.alce")
+_PLUGIN_MODULES = ("mr_rl.rewards.code", "mr_rl.rewards.alce",
+                   # added by the reward-model / code-channels helper: code_correct,
+                   # code_fast, code_noop and the armorm_* reward-model channels.
+                   "mr_rl.rewards.code_channels", "mr_rl.rewards.reward_model")
 _plugins_loaded = False
 
 

@@ -1,0 +1,358 @@
+"""TAG code reward channels for the runner: ``code_correct``, ``code_fast``, ``code_noop``.
+
+METHODS.md section 7 (TAG code task): correctness ``RP = 1`` iff every test passes in an
+isolated sandbox; the auxiliary channels are *fast* (runtime < 60 ms) and *no-op*
+(runtime < 3 ms). The sandbox, the verdict and the runtime measurement are
+``mr_rl.rewards.code``; this module turns a policy response and a data set example into
+one sandbox run and shares that run between the three channels.
+
+Response -> program (``extract_program``): the last complete fenced block whose info
+string is ``python`` / ``py`` / ``python3`` (any case); if there is none, the last
+complete fenced block without an info string; if there is none either, the whole
+response. An unterminated fence (a response cut at the length limit) is not a block.
+
+Example -> tests (``tests_from_example``), first match wins:
+  * ``example["tests"]``: a ``mr_rl.data.CodeTestSpec`` (DeepCoder), its ``to_dict()`` form
+    (also as the read-only mapping ``Example.as_mapping`` produces), or a ready
+    ``mr_rl.rewards.code.CodeTests``;
+  * HumanEval fields ``example["test"]`` (defines ``check(candidate)``),
+    ``example["entry_point"]`` and optionally ``example["prompt"]`` (trusted helpers).
+Call tests in the APPS convention (``CodeTestSpec.list_wrapped``: taco, primeintellect)
+accept a return value ``v`` when ``v == expected`` or ``expected == [v]``. The sandbox's
+``call`` kind compares exactly, so these specs run as a generated trusted ``check``
+(``humaneval`` kind: it runs in the supervisor, the candidate is called remotely, so the
+verdict is as tamper-proof as for plain call tests; the result counts as one test).
+When the function is a method of a class ``Solution`` (no top-level def of that name,
+found with ``ast`` without running anything), a two-line forwarder
+``def fn(*a, **k): return Solution().fn(*a, **k)`` is appended to the program, which is
+what the sandbox's call kind does itself (a fresh instance per call).
+
+One sandbox run per (program, tests, timeout): ``RunCache`` is a thread-safe LRU with
+in-flight de-duplication, so when the runner evaluates ``code_correct``, ``code_fast`` and
+``code_noop`` of one response concurrently, the first call runs the sandbox and the other
+two wait for its result. All channels built by the factories below share one module-level
+cache (``shared_run_cache()``), keyed also by the sandbox config.
+
+``code_fast`` / ``code_noop`` read only the runtime (``code.fast`` / ``code.noop``): like
+the paper's auxiliary channels they ignore correctness; the TAG gate in the aggregator
+couples them to ``code_correct``.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import concurrent.futures as cf
+import dataclasses
+import functools
+import json
+import re
+import threading
+from typing import Any, Callable, Mapping
+
+from mr_rl.data.code import CodeTestSpec
+from mr_rl.rewards import code
+from mr_rl.rewards.runner import RewardChannel, register_reward
+
+__all__ = ["extract_program", "tests_from_spec", "tests_from_example", "prepare_program",
+           "RunCache", "shared_run_cache", "code_channel"]
+
+_FENCE = re.compile(r"^[ \t]*```[ \t]*([^\n`]*)\n(.*?)^[ \t]*```[ \t]*$", re.DOTALL | re.MULTILINE)
+_PY_TAGS = ("python", "py", "python3")
+
+# Generated trusted check for APPS-style (list-wrapped) call tests. `_CASES` is the JSON of
+# [[args, expected], ...]; `_plain` makes tuples compare equal to lists, as the call kind does.
+_WRAPPED_MARK = "# mr_rl: generated check for list-wrapped call tests\n"
+_WRAPPED_CHECK = _WRAPPED_MARK + '''\
+import json as _json
+_CASES = _json.loads({cases!r})
+
+
+def _plain(x):
+  if isinstance(x, (list, tuple)):
+    return [_plain(e) for e in x]
+  if isinstance(x, dict):
+    return {{k: _plain(v) for k, v in x.items()}}
+  return x
+
+
+def check(candidate):
+  for i, (args, expected) in enumerate(_CASES):
+    got = _plain(candidate(*args))
+    ok = got == expected or (isinstance(expected, list) and len(expected) == 1
+                             and got == expected[0])
+    assert ok, "test %d: expected %.200r, got %.200r" % (i, expected, got)
+'''
+_SOLUTION_FORWARDER = "\n\n\ndef {fn}(*args, **kwargs):\n  return Solution().{fn}(*args, **kwargs)\n"
+
+
+# ----------------------------------------------------------------------------- extraction
+def extract_program(response: str) -> str:
+  """The program in a policy response (see the module docstring for the rule).
+
+  Raises:
+    TypeError: response is not a str.
+  """
+  if not isinstance(response, str):
+    raise TypeError(f"response must be a str, got {type(response).__name__}")
+  python_blocks, bare_blocks = [], []
+  for m in _FENCE.finditer(response):
+    tag = m.group(1).strip().lower()
+    if tag in _PY_TAGS:
+      python_blocks.append(m.group(2))
+    elif not tag:
+      bare_blocks.append(m.group(2))
+  if python_blocks:
+    return python_blocks[-1]
+  if bare_blocks:
+    return bare_blocks[-1]
+  return response
+
+
+# ----------------------------------------------------------------------------- tests
+def _spec_from_mapping(d: Mapping[str, Any]) -> CodeTestSpec:
+  missing = [k for k in ("kind", "inputs", "outputs") if k not in d]
+  if missing:
+    raise ValueError(f"example['tests'] mapping lacks {missing} (keys: {sorted(d)}); expected "
+                     "CodeTestSpec.to_dict() fields")
+  inputs = d["inputs"]
+  if d["kind"] == "call":
+    inputs = [tuple(a) if isinstance(a, (list, tuple)) else (a,) for a in inputs]
+  return CodeTestSpec(d["kind"], tuple(inputs), tuple(_thaw(o) for o in d["outputs"]),
+                      fn_name=d.get("fn_name"), list_wrapped=bool(d.get("list_wrapped", False)))
+
+
+def _thaw(x: Any) -> Any:
+  """Read-only mappings / tuples (Example metadata freezing) -> plain dicts / lists."""
+  if isinstance(x, Mapping):
+    return {k: _thaw(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_thaw(v) for v in x]
+  return x
+
+
+def tests_from_spec(spec: CodeTestSpec) -> code.CodeTests:
+  """``CodeTestSpec`` -> sandbox ``CodeTests`` (list-wrapped call tests: generated check).
+
+  Raises:
+    TypeError: spec is not a CodeTestSpec.
+    ValueError: no tests, or arguments / outputs that are not JSON data.
+  """
+  if not isinstance(spec, CodeTestSpec):
+    raise TypeError(f"spec must be a CodeTestSpec, got {type(spec).__name__}")
+  if len(spec) == 0:
+    raise ValueError("spec holds no tests")
+  if spec.kind == "stdio":
+    return code.CodeTests.stdio(spec.pairs)
+  inputs = [_thaw(list(a)) for a in spec.inputs]
+  outputs = [_thaw(o) for o in spec.outputs]
+  if not spec.list_wrapped:
+    return code.CodeTests.call(spec.fn_name, inputs, outputs)
+  try:
+    cases = json.dumps([[a, o] for a, o in zip(inputs, outputs)], allow_nan=False)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"call test arguments / outputs must be JSON data: {e}") from None
+  return code.CodeTests.humaneval(_WRAPPED_CHECK.format(cases=cases), spec.fn_name)
+
+
+def tests_from_example(example: Mapping[str, Any]) -> code.CodeTests:
+  """The sandbox tests of one example (see the module docstring for the accepted fields).
+
+  Raises:
+    TypeError: example is not a mapping, or example['tests'] has an unknown type.
+    KeyError: the example has neither 'tests' nor HumanEval 'test' + 'entry_point'.
+  """
+  if not isinstance(example, Mapping):
+    raise TypeError(f"example must be a mapping, got {type(example).__name__}")
+  if "tests" in example:
+    t = example["tests"]
+    if isinstance(t, code.CodeTests):
+      return t
+    if isinstance(t, CodeTestSpec):
+      return tests_from_spec(t)
+    if isinstance(t, Mapping):
+      return tests_from_spec(_spec_from_mapping(t))
+    raise TypeError(f"example['tests'] must be a CodeTestSpec, its dict form or CodeTests, got "
+                    f"{type(t).__name__}")
+  if "test" in example and "entry_point" in example:
+    return code.CodeTests.humaneval(example["test"], example["entry_point"],
+                                    prompt=example.get("prompt"))
+  raise KeyError(f"example has no code tests: need 'tests' (CodeTestSpec) or HumanEval 'test' "
+                 f"and 'entry_point' (keys: {sorted(example)})")
+
+
+def _top_level_names(program: str) -> set[str] | None:
+  """Names bound at the top level of a program (None when it does not parse)."""
+  try:
+    tree = ast.parse(program)
+  except (SyntaxError, ValueError):
+    return None
+  names = set()
+  for node in tree.body:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      names.add(node.name)
+    elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+      targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+      names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    elif isinstance(node, (ast.Import, ast.ImportFrom)):
+      names.update((a.asname or a.name).split(".")[0] for a in node.names)
+  return names
+
+
+def prepare_program(program: str, tests: code.CodeTests) -> str:
+  """The program as run: a ``Solution`` forwarder is appended for generated (list-wrapped)
+  checks whose function is only a ``Solution`` method."""
+  if tests.kind == "humaneval" and tests.test_src.startswith(_WRAPPED_MARK):
+    names = _top_level_names(program)
+    if names is not None and tests.entry_point not in names and "Solution" in names:
+      return program + _SOLUTION_FORWARDER.format(fn=tests.entry_point)
+  return program
+
+
+# ----------------------------------------------------------------------------- shared runs
+class RunCache:
+  """Thread-safe LRU of sandbox results with in-flight de-duplication.
+
+  ``get(program, tests, timeout_s, config)`` returns the cached ``CodeResult`` or runs the
+  sandbox once; concurrent callers with the same key wait for that one run. A run that
+  raises (e.g. ``SandboxError``) is not cached; every waiter gets the exception.
+
+  Attributes:
+    runs: sandbox runs started (cache misses).
+    hits: calls answered from the cache or by waiting for an in-flight run.
+  """
+
+  def __init__(self, maxsize: int = 4096):
+    if not isinstance(maxsize, int) or isinstance(maxsize, bool) or maxsize < 1:
+      raise ValueError(f"maxsize must be a positive int, got {maxsize!r}")
+    self.maxsize = maxsize
+    self._done: collections.OrderedDict[tuple, code.CodeResult] = collections.OrderedDict()
+    self._inflight: dict[tuple, cf.Future] = {}
+    self._lock = threading.Lock()
+    self.runs = 0
+    self.hits = 0
+
+  @staticmethod
+  def key(program: str, tests: code.CodeTests, timeout_s: float,
+          config: code.SandboxConfig | None) -> tuple:
+    return (program, json.dumps(tests.payload(), sort_keys=True), float(timeout_s), config)
+
+  def get(self, program: str, tests: code.CodeTests, timeout_s: float,
+          config: code.SandboxConfig | None = None) -> code.CodeResult:
+    key = self.key(program, tests, timeout_s, config)
+    with self._lock:
+      if key in self._done:
+        self._done.move_to_end(key)
+        self.hits += 1
+        return self._done[key]
+      fut = self._inflight.get(key)
+      owner = fut is None
+      if owner:
+        fut = self._inflight[key] = cf.Future()
+        self.runs += 1
+      else:
+        self.hits += 1
+    if not owner:
+      return fut.result()
+    try:
+      result = code.run(program, tests, timeout_s=timeout_s, config=config)
+    except BaseException as e:
+      with self._lock:
+        del self._inflight[key]
+      fut.set_exception(e)
+      raise
+    with self._lock:
+      del self._inflight[key]
+      self._done[key] = result
+      while len(self._done) > self.maxsize:
+        self._done.popitem(last=False)
+    fut.set_result(result)
+    return result
+
+  def clear(self) -> None:
+    with self._lock:
+      self._done.clear()
+      self.runs = self.hits = 0
+
+
+_SHARED = RunCache()
+
+
+def shared_run_cache() -> RunCache:
+  """The cache every channel built by the registered factories uses."""
+  return _SHARED
+
+
+# ----------------------------------------------------------------------------- channels
+_SCORERS: dict[str, Callable[..., float]] = {
+    "correct": lambda r, threshold_ms: code.correct(r),
+    "fast": lambda r, threshold_ms: code.fast(r, threshold_ms),
+    "noop": lambda r, threshold_ms: code.noop(r, threshold_ms),
+}
+_DEFAULT_MS = {"correct": None, "fast": code.FAST_THRESHOLD_MS, "noop": code.NOOP_THRESHOLD_MS}
+
+
+def _channel_fn(response, example, num_tokens, *, which, threshold_ms, timeout_s, config,
+                prepend_prompt, cache):
+  del num_tokens
+  tests = tests_from_example(example)
+  program = extract_program(response)
+  if prepend_prompt:
+    if tests.kind != "humaneval" or not isinstance(example.get("prompt"), str):
+      raise ValueError("prepend_prompt=True needs HumanEval examples with a 'prompt' str")
+    program = example["prompt"] + program
+  program = prepare_program(program, tests)
+  result = (cache or _SHARED).get(program, tests, timeout_s, config)
+  return _SCORERS[which](result, threshold_ms)
+
+
+def code_channel(which: str, *, name: str | None = None, threshold_ms: float | None = None,
+                 timeout_s: float = code.SMALL_TEST_TIMEOUT_S,
+                 sandbox: code.SandboxConfig | Mapping[str, Any] | None = None,
+                 prepend_prompt: bool = False, cache: RunCache | None = None) -> RewardChannel:
+  """A TAG code channel (METHODS.md section 7).
+
+  Args:
+    which: "correct" (1 iff every test passes), "fast" (runtime < threshold_ms, default
+      60) or "noop" (runtime < threshold_ms, default 3).
+    name: channel name (default ``code_<which>``).
+    threshold_ms: runtime threshold of fast / noop (must be None for correct).
+    timeout_s: per-test timeout (TAG: 10 s small tests, 30 s medium tests). The runner's
+      ``timeout_s`` must exceed the whole run (about ``timeout_s * (n_tests + 1)``).
+    sandbox: a ``code.SandboxConfig`` or its fields as a dict (default config).
+    prepend_prompt: HumanEval completion style: run ``example['prompt'] + program``.
+    cache: run cache (default the shared one, so the three channels share runs).
+
+  Raises:
+    ValueError / TypeError: unknown ``which``, bad thresholds / timeout / sandbox fields.
+  """
+  if which not in _SCORERS:
+    raise ValueError(f"which must be one of {sorted(_SCORERS)}, got {which!r}")
+  if which == "correct":
+    if threshold_ms is not None:
+      raise ValueError("threshold_ms applies only to the fast / noop channels")
+  else:
+    threshold_ms = _DEFAULT_MS[which] if threshold_ms is None else threshold_ms
+    code._require_timeout("threshold_ms", threshold_ms)  # pylint: disable=protected-access
+  code._require_timeout("timeout_s", timeout_s)  # pylint: disable=protected-access
+  if isinstance(sandbox, Mapping):
+    sandbox = code.SandboxConfig(**sandbox)
+  elif sandbox is not None and not isinstance(sandbox, code.SandboxConfig):
+    raise TypeError(f"sandbox must be a SandboxConfig, a dict of its fields or None, got "
+                    f"{type(sandbox).__name__}")
+  if not isinstance(prepend_prompt, bool):
+    raise TypeError(f"prepend_prompt must be a bool, got {prepend_prompt!r}")
+  if cache is not None and not isinstance(cache, RunCache):
+    raise TypeError(f"cache must be a RunCache, got {type(cache).__name__}")
+  fn = functools.partial(_channel_fn, which=which, threshold_ms=threshold_ms,
+                         timeout_s=float(timeout_s), config=sandbox,
+                         prepend_prompt=prepend_prompt, cache=cache)
+  return RewardChannel(name or f"code_{which}", fn, "thread")
+
+
+# Registered channels (kind "thread": the host side only waits on the sandbox's pipes):
+#   code_correct(timeout_s=10, sandbox=None, prepend_prompt=False)
+#   code_fast(threshold_ms=60, ...), code_noop(threshold_ms=3, ...)
+register_reward("code_correct", functools.partial(code_channel, "correct"))
+register_reward("code_fast", functools.partial(code_channel, "fast"))
+register_reward("code_noop", functools.partial(code_channel, "noop"))

@@ -1,0 +1,234 @@
+"""Policy-gradient and value losses (METHODS.md sections 4 and 5).
+
+Shapes: ``B`` here counts sequences (a rollout batch of ``B_prompts * G`` responses
+flattened), ``T`` tokens, ``V`` vocabulary. Per-token quantities are aligned with the
+tokens they score: ``logp_BT[b, t] = log pi(tokens[b, t] | tokens[b, :t])``; position 0
+has no prediction and is never a response token.
+
+Aggregation is expressed as per-token weights ``w_BT`` (``loss = sum_bt w_bt l_bt``)
+computed once on the whole batch by ``token_weights``. Because the normalisers (token
+count, sequence count, sequence lengths) live inside the weights, splitting the batch
+into micro-batches and summing ``sum(w * l)`` over them reproduces the full-batch loss
+and gradient exactly for every mode:
+
+* ``token-mean``: ``w = m / sum(m)`` over all valid tokens of the batch;
+* ``seq-mean-token-mean`` (original GRPO): ``w_bt = m_bt / (|y_b| * B_nonempty)``;
+* ``seq-mean-token-sum-norm`` (Dr.GRPO): ``w = m / (B * L)`` with ``L = norm_len``
+  (the maximum response length; defaults to ``T``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from mr_rl.rl.kl import get_kl_estimator
+
+LOSS_AGG_MODES = ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum-norm')
+LOG_RATIO_CLAMP = 20.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLossConfig:
+  """Clipped policy-gradient loss settings (METHODS.md section 4).
+
+  Attributes:
+    eps_low: epsilon_low, lower clip ``1 - eps_low`` of the ratio rho.
+    eps_high: epsilon_high, upper clip ``1 + eps_high`` (clip-higher; papers use 0.28).
+    loss_agg: one of ``LOSS_AGG_MODES``.
+    norm_len: L of ``seq-mean-token-sum-norm`` (max response length); None -> T.
+    kl_coef: beta, weight of the per-token KL penalty to the frozen reference (0 = off).
+    kl_estimator: 'k1' | 'k2' | 'k3' (METHODS.md section 5).
+    entropy_coef: weight of the entropy bonus (subtracted from the loss; 0 = off).
+  """
+  eps_low: float = 0.2
+  eps_high: float = 0.28
+  loss_agg: str = 'token-mean'
+  norm_len: Optional[int] = None
+  kl_coef: float = 0.0
+  kl_estimator: str = 'k3'
+  entropy_coef: float = 0.0
+
+  def __post_init__(self):
+    if not 0.0 <= self.eps_low < 1.0:
+      raise ValueError(f'eps_low must be in [0, 1), got {self.eps_low}.')
+    if self.eps_high < 0.0:
+      raise ValueError(f'eps_high must be >= 0, got {self.eps_high}.')
+    if self.loss_agg not in LOSS_AGG_MODES:
+      raise ValueError(f'loss_agg must be one of {LOSS_AGG_MODES}, got {self.loss_agg!r}.')
+    if self.norm_len is not None and (not isinstance(self.norm_len, int) or self.norm_len < 1):
+      raise ValueError(f'norm_len must be a positive int or None, got {self.norm_len!r}.')
+    if self.kl_coef < 0.0:
+      raise ValueError(f'kl_coef (beta) must be >= 0, got {self.kl_coef}.')
+    get_kl_estimator(self.kl_estimator)
+    if self.entropy_coef < 0.0:
+      raise ValueError(f'entropy_coef must be >= 0, got {self.entropy_coef}.')
+
+
+def token_weights(response_mask_BT, loss_agg: str, norm_len: Optional[int] = None) -> jax.Array:
+  """Per-token weights implementing an aggregation mode (module docstring).
+
+  Args:
+    response_mask_BT: 1 on response tokens that enter the loss, 0 elsewhere.
+    loss_agg: one of ``LOSS_AGG_MODES``.
+    norm_len: L for ``seq-mean-token-sum-norm``; None -> T.
+
+  Returns:
+    w_BT float32 with ``sum(w * l)`` the aggregated loss.
+  """
+  m = jnp.asarray(response_mask_BT).astype(jnp.float32)
+  if m.ndim != 2:
+    raise ValueError(f'response_mask_BT must be [B, T], got shape {m.shape}.')
+  if loss_agg == 'token-mean':
+    return m / jnp.maximum(m.sum(), 1.0)
+  if loss_agg == 'seq-mean-token-mean':
+    len_B1 = m.sum(-1, keepdims=True)
+    n_seq = jnp.maximum((len_B1 > 0).sum(), 1)
+    return m / (jnp.maximum(len_B1, 1.0) * n_seq)
+  if loss_agg == 'seq-mean-token-sum-norm':
+    L = m.shape[1] if norm_len is None else norm_len
+    return m / (m.shape[0] * L)
+  raise ValueError(f'loss_agg must be one of {LOSS_AGG_MODES}, got {loss_agg!r}.')
+
+
+def token_logprobs_and_entropy(logits_BTV, tokens_BT):
+  """Log-probs of each token under the logits of the previous position, and entropies.
+
+  Args:
+    logits_BTV: model logits; position t predicts token t + 1.
+    tokens_BT: int tokens.
+
+  Returns:
+    (logp_BT, entropy_BT), float32, aligned with ``tokens_BT``; column 0 is 0.
+  """
+  logits = logits_BTV[:, :-1].astype(jnp.float32)
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  tok = jnp.take_along_axis(logits, tokens_BT[:, 1:, None], axis=-1)[..., 0]
+  logp = tok - lse
+  ent = lse - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
+  pad = jnp.zeros((tokens_BT.shape[0], 1), jnp.float32)
+  return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
+
+
+def entropy_from_logits(logits_BTV) -> jax.Array:
+  """Per-position entropy ``-sum_v p log p`` of the next-token distribution (float32)."""
+  logits = jnp.asarray(logits_BTV).astype(jnp.float32)
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  return lse - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
+
+
+def _per_token_adv(advantages, shape) -> jax.Array:
+  a = jnp.asarray(advantages, jnp.float32)
+  if a.shape == shape[:1]:
+    return a[:, None]
+  if a.shape == shape:
+    return a
+  raise ValueError(f'advantages must have shape {shape[:1]} (per sequence) or {shape} '
+                   f'(per token), got {a.shape}.')
+
+
+def policy_loss(logp_BT, old_logp_BT, advantages, response_mask_BT, config: PolicyLossConfig, *,
+                weights_BT=None, metric_weights_BT=None, ref_logp_BT=None, entropy_BT=None):
+  """Clipped surrogate ``-min(rho A, clip(rho, 1-eps_low, 1+eps_high) A)`` (METHODS.md s. 4).
+
+  Args:
+    logp_BT: log-probs of the current policy (differentiated).
+    old_logp_BT: behaviour log-probs (the sampler's, reused as old log-probs).
+    advantages: ``[B]`` per sequence or ``[B, T]`` per token.
+    response_mask_BT: 1 on response tokens.
+    config: PolicyLossConfig.
+    weights_BT: aggregation weights; None -> ``token_weights(mask, config.loss_agg, ...)``.
+      Pass global weights when the batch is a micro-batch.
+    metric_weights_BT: token-mean weights for metrics; None -> over this batch.
+    ref_logp_BT: reference-policy log-probs; required if ``config.kl_coef > 0``.
+    entropy_BT: per-token entropies; required if ``config.entropy_coef > 0``.
+
+  Returns:
+    (loss, metrics): metrics are sums over tokens with ``metric_weights_BT`` (so they add
+    up over micro-batches): pg_loss, clip_frac, clip_frac_low, clip_frac_high, approx_kl
+    (k3 of pi vs pi_old), ratio_mean, and kl / entropy when given.
+  """
+  shape = logp_BT.shape
+  for name, x in (('old_logp_BT', old_logp_BT), ('response_mask_BT', response_mask_BT)):
+    if x.shape != shape:
+      raise ValueError(f'{name} shape {x.shape} != logp_BT shape {shape}.')
+  m = response_mask_BT > 0
+  w = token_weights(response_mask_BT, config.loss_agg, config.norm_len) if weights_BT is None \
+      else weights_BT
+  mw = token_weights(response_mask_BT, 'token-mean') if metric_weights_BT is None \
+      else metric_weights_BT
+  A = _per_token_adv(advantages, shape)
+  log_ratio = jnp.clip(jnp.where(m, logp_BT - old_logp_BT, 0.0), -LOG_RATIO_CLAMP,
+                       LOG_RATIO_CLAMP)
+  rho = jnp.exp(log_ratio)
+  pg1 = -A * rho
+  pg2 = -A * jnp.clip(rho, 1.0 - config.eps_low, 1.0 + config.eps_high)
+  pg = jnp.maximum(pg1, pg2)
+  per_token = pg
+  metrics = {}
+
+  def wsum(weights, x):
+    return jnp.sum(jnp.where(m, weights * x, 0.0))
+
+  if config.kl_coef > 0.0:
+    if ref_logp_BT is None:
+      raise ValueError('ref_logp_BT is required when kl_coef (beta) > 0.')
+    kl_t = get_kl_estimator(config.kl_estimator)(jnp.where(m, logp_BT, 0.0),
+                                                 jnp.where(m, ref_logp_BT, 0.0))
+    per_token = per_token + config.kl_coef * kl_t
+    metrics['kl'] = wsum(mw, kl_t)
+  if config.entropy_coef > 0.0 and entropy_BT is None:
+    raise ValueError('entropy_BT is required when entropy_coef > 0.')
+  if entropy_BT is not None:
+    per_token = per_token - config.entropy_coef * entropy_BT
+    metrics['entropy'] = wsum(mw, jax.lax.stop_gradient(entropy_BT))
+  loss = wsum(w, per_token)
+  fm = lambda b: b.astype(jnp.float32)
+  metrics.update(
+      pg_loss=wsum(w, pg),
+      clip_frac=wsum(mw, fm(pg2 > pg1)),
+      clip_frac_low=wsum(mw, fm((rho < 1.0 - config.eps_low) & (A < 0))),
+      clip_frac_high=wsum(mw, fm((rho > 1.0 + config.eps_high) & (A > 0))),
+      approx_kl=wsum(mw, jnp.expm1(log_ratio) - log_ratio),
+      ratio_mean=wsum(mw, rho),
+  )
+  metrics = {k: jax.lax.stop_gradient(v) for k, v in metrics.items()}
+  return loss, metrics
+
+
+def value_loss(values_BT, old_values_BT, returns_BT, weights_BT, clip: Optional[float] = 0.2,
+               metric_weights_BT=None):
+  """PPO clipped value loss ``0.5 max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)``.
+
+  Args:
+    values_BT: current value predictions (differentiated).
+    old_values_BT: values at rollout time.
+    returns_BT: GAE returns (targets).
+    weights_BT: aggregation weights (e.g. ``token_weights(mask, 'token-mean')``); zero off
+      the response.
+    clip: value clip range c; None disables clipping.
+    metric_weights_BT: token-mean weights for metrics; None -> ``weights_BT``.
+
+  Returns:
+    (loss, metrics) with vf_loss, vf_clip_frac, value_mean.
+  """
+  mw = weights_BT if metric_weights_BT is None else metric_weights_BT
+  on = weights_BT != 0
+  err = values_BT - returns_BT
+  if clip is None:
+    l = 0.5 * err * err
+    clipped = jnp.zeros_like(err, bool)
+  else:
+    v_clip = old_values_BT + jnp.clip(values_BT - old_values_BT, -clip, clip)
+    err_c = v_clip - returns_BT
+    l = 0.5 * jnp.maximum(err * err, err_c * err_c)
+    clipped = err_c * err_c > err * err
+  loss = jnp.sum(jnp.where(on, weights_BT * l, 0.0))
+  mon = mw != 0
+  metrics = dict(vf_loss=jax.lax.stop_gradient(loss),
+                 vf_clip_frac=jnp.sum(jnp.where(mon, mw * clipped, 0.0)),
+                 value_mean=jax.lax.stop_gradient(jnp.sum(jnp.where(mon, mw * values_BT, 0.0))))
+  return loss, metrics

@@ -1,0 +1,198 @@
+"""Policy / value losses (METHODS.md section 4) and GAE against numpy loop references."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mr_rl.rl import gae as gae_lib
+from mr_rl.rl import losses
+
+
+def _np_policy_loss(logp, old, A, mask, agg, eps_low, eps_high, norm_len=None, beta=0.0,
+                    ref=None, est='k3'):
+  N, T = logp.shape
+  seq_losses, all_losses = [], []
+  for b in range(N):
+    ls = []
+    for t in range(T):
+      if not mask[b, t]:
+        continue
+      a = A[b] if A.ndim == 1 else A[b, t]
+      rho = np.exp(np.clip(logp[b, t] - old[b, t], -20, 20))
+      l = max(-a * rho, -a * min(max(rho, 1 - eps_low), 1 + eps_high))
+      if beta:
+        x = ref[b, t] - logp[b, t]
+        l += beta * {'k1': -x, 'k2': 0.5 * x * x, 'k3': np.exp(np.clip(x, -20, 20)) - 1
+                     - np.clip(x, -20, 20)}[est]
+      ls.append(l)
+    all_losses += ls
+    if ls:
+      seq_losses.append(np.mean(ls))
+  if agg == 'token-mean':
+    return np.sum(all_losses) / len(all_losses)
+  if agg == 'seq-mean-token-mean':
+    return np.mean(seq_losses)
+  return np.sum(all_losses) / (N * (norm_len or T))
+
+
+def _batch(seed=0, N=6, T=9):
+  rng = np.random.default_rng(seed)
+  logp = -rng.uniform(0.1, 3.0, size=(N, T))
+  old = logp + rng.normal(scale=0.4, size=(N, T))  # ratios both inside and outside the clip
+  ref = logp + rng.normal(scale=0.3, size=(N, T))
+  mask = np.zeros((N, T), np.int32)
+  for b in range(N):
+    start = rng.integers(1, 4)
+    mask[b, start:start + rng.integers(1, T - start + 1)] = 1
+  mask[-1] = 0  # an empty response row
+  A = rng.normal(size=N)
+  return logp, old, ref, mask, A
+
+
+@pytest.mark.parametrize('agg', losses.LOSS_AGG_MODES)
+@pytest.mark.parametrize('est,beta', [('k3', 0.0), ('k1', 0.05), ('k2', 0.1), ('k3', 0.1)])
+def test_policy_loss_matches_numpy(agg, est, beta):
+  logp, old, ref, mask, A = _batch()
+  cfg = losses.PolicyLossConfig(loss_agg=agg, kl_coef=beta, kl_estimator=est, norm_len=12)
+  loss, metrics = losses.policy_loss(jnp.asarray(logp, jnp.float32), jnp.asarray(old, jnp.float32),
+                                     jnp.asarray(A, jnp.float32), jnp.asarray(mask), cfg,
+                                     ref_logp_BT=jnp.asarray(ref, jnp.float32))
+  want = _np_policy_loss(logp, old, A, mask, agg, 0.2, 0.28, 12, beta, ref, est)
+  np.testing.assert_allclose(float(loss), want, rtol=2e-5, atol=1e-6)
+  m = mask.astype(bool)
+  rho = np.exp(logp - old)
+  Ab = np.broadcast_to(A[:, None], logp.shape)
+  clipped = -Ab * np.clip(rho, 0.8, 1.28) > -Ab * rho
+  np.testing.assert_allclose(float(metrics['clip_frac']), clipped[m].mean(), rtol=1e-5)
+  np.testing.assert_allclose(float(metrics['approx_kl']),
+                             (rho - 1 - np.log(rho))[m].mean(), rtol=1e-4)
+  assert 0 < float(metrics['clip_frac']) < 1
+
+
+def test_per_token_advantages_and_clip_higher():
+  logp, old, _, mask, A = _batch(1)
+  A_BT = np.random.default_rng(2).normal(size=logp.shape)
+  cfg = losses.PolicyLossConfig(eps_low=0.1, eps_high=0.5)
+  loss, _ = losses.policy_loss(jnp.asarray(logp), jnp.asarray(old), jnp.asarray(A_BT),
+                               jnp.asarray(mask), cfg)
+  want = _np_policy_loss(logp, old, A_BT, mask, 'token-mean', 0.1, 0.5)
+  np.testing.assert_allclose(float(loss), want, rtol=2e-5)
+
+
+def test_gradient_zero_when_clipped():
+  # rho = e^1 > 1 + eps_high with A > 0: clipped branch is constant, gradient 0.
+  g = jax.grad(lambda lp: losses.policy_loss(lp, jnp.zeros((1, 2)), jnp.ones(1),
+                                             jnp.array([[0, 1]]), losses.PolicyLossConfig())[0])
+  np.testing.assert_allclose(g(jnp.array([[0.0, 1.0]])), 0.0)
+  # inside the clip range the gradient of -A rho w.r.t. logp is -A rho.
+  np.testing.assert_allclose(g(jnp.array([[0.0, 0.1]]))[0, 1], -np.exp(0.1), rtol=1e-6)
+
+
+def test_token_weights_and_logprobs():
+  mask = np.array([[0, 1, 1, 1], [0, 0, 1, 0], [0, 0, 0, 0]])
+  w = np.asarray(losses.token_weights(mask, 'seq-mean-token-mean'))
+  np.testing.assert_allclose(w[0], [0, 1 / 6, 1 / 6, 1 / 6])
+  np.testing.assert_allclose(w[1], [0, 0, 0.5, 0])
+  np.testing.assert_allclose(losses.token_weights(mask, 'seq-mean-token-sum-norm', 8).sum(), 4 / 24)
+  np.testing.assert_allclose(losses.token_weights(mask, 'token-mean').sum(), 1.0)
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(2, 5, 7))
+  tokens = rng.integers(0, 7, size=(2, 5))
+  logp, ent = map(np.asarray, losses.token_logprobs_and_entropy(jnp.asarray(logits, jnp.float32),
+                                                                tokens))
+  z = logits - logits.max(-1, keepdims=True)
+  ls = z - np.log(np.exp(z).sum(-1, keepdims=True))
+  for b in range(2):
+    assert logp[b, 0] == 0
+    for t in range(1, 5):
+      np.testing.assert_allclose(logp[b, t], ls[b, t - 1, tokens[b, t]], rtol=1e-5)
+      np.testing.assert_allclose(ent[b, t], -(np.exp(ls[b, t - 1]) * ls[b, t - 1]).sum(),
+                                 rtol=1e-5)
+  np.testing.assert_allclose(losses.entropy_from_logits(jnp.zeros((1, 1, 7))), np.log(7),
+                             rtol=1e-6)
+
+
+def test_config_validation():
+  with pytest.raises(ValueError, match='loss_agg'):
+    losses.PolicyLossConfig(loss_agg='sum')
+  with pytest.raises(ValueError, match='eps_low'):
+    losses.PolicyLossConfig(eps_low=1.5)
+  with pytest.raises(ValueError, match='valid names'):
+    losses.PolicyLossConfig(kl_estimator='k9')
+  with pytest.raises(ValueError, match='ref_logp_BT'):
+    losses.policy_loss(jnp.zeros((1, 2)), jnp.zeros((1, 2)), jnp.ones(1), jnp.ones((1, 2)),
+                       losses.PolicyLossConfig(kl_coef=0.1))
+  with pytest.raises(ValueError, match='advantages'):
+    losses.policy_loss(jnp.zeros((1, 2)), jnp.zeros((1, 2)), jnp.ones(3), jnp.ones((1, 2)),
+                       losses.PolicyLossConfig())
+
+
+def test_value_loss_matches_numpy():
+  rng = np.random.default_rng(0)
+  v, old, ret = (rng.normal(size=(3, 5)) for _ in range(3))
+  mask = (rng.uniform(size=(3, 5)) < 0.7).astype(np.int32)
+  w = losses.token_weights(mask, 'token-mean')
+  loss, metrics = losses.value_loss(jnp.asarray(v), jnp.asarray(old), jnp.asarray(ret), w, 0.2)
+  terms, clipped = [], []
+  for b in range(3):
+    for t in range(5):
+      if mask[b, t]:
+        vc = old[b, t] + min(max(v[b, t] - old[b, t], -0.2), 0.2)
+        terms.append(0.5 * max((v[b, t] - ret[b, t]) ** 2, (vc - ret[b, t]) ** 2))
+        clipped.append((vc - ret[b, t]) ** 2 > (v[b, t] - ret[b, t]) ** 2)
+  np.testing.assert_allclose(float(loss), np.mean(terms), rtol=1e-5)
+  np.testing.assert_allclose(float(metrics['vf_clip_frac']), np.mean(clipped), rtol=1e-5)
+  loss_nc, _ = losses.value_loss(jnp.asarray(v), jnp.asarray(old), jnp.asarray(ret), w, None)
+  np.testing.assert_allclose(float(loss_nc), np.mean(0.5 * (v - ret)[mask > 0] ** 2), rtol=1e-5)
+
+
+def _np_gae(r, v, mask, gamma, lam):
+  N, T = r.shape
+  adv = np.zeros((N, T))
+  for b in range(N):
+    idx = [t for t in range(T) if mask[b, t]]
+    last = 0.0
+    for j in reversed(range(len(idx))):
+      t = idx[j]
+      nv = v[b, idx[j + 1]] if j + 1 < len(idx) else 0.0
+      delta = r[b, t] + gamma * nv - v[b, t]
+      last = delta + gamma * lam * last
+      adv[b, t] = last
+  return adv, np.where(mask > 0, adv + v, 0.0)
+
+
+@pytest.mark.parametrize('gamma,lam', [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0)])
+def test_gae_matches_numpy_loop(gamma, lam):
+  rng = np.random.default_rng(4)
+  N, T = 4, 10
+  r, v = rng.normal(size=(N, T)), rng.normal(size=(N, T))
+  mask = np.zeros((N, T), np.int32)
+  mask[0, 3:9] = 1
+  mask[1, 1:10] = 1
+  mask[2, [2, 3, 5, 6]] = 1  # holes inside the response are skipped
+  adv, ret = jax.jit(gae_lib.gae, static_argnums=(3, 4))(r, v, mask, gamma, lam)
+  want_adv, want_ret = _np_gae(r, v, mask, gamma, lam)
+  np.testing.assert_allclose(adv, want_adv, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(ret, want_ret, rtol=1e-5, atol=1e-5)
+
+
+def test_outcome_rewards_whiten_and_ppo_advantages():
+  mask = np.array([[0, 1, 1, 0], [0, 0, 1, 1], [0, 0, 0, 0]])
+  r = np.asarray(gae_lib.outcome_rewards_to_tokens(np.array([1.0, np.nan, 3.0]), mask))
+  np.testing.assert_array_equal(r, [[0, 0, 1, 0], [0, 0, 0, 0], [0, 0, 0, 0]])
+  x = np.random.default_rng(0).normal(size=(3, 4)) * 3 + 1
+  w = np.asarray(gae_lib.whiten(x, mask))
+  sel = x[mask > 0]
+  np.testing.assert_allclose(w[mask > 0], (sel - sel.mean()) / sel.std(ddof=1), rtol=1e-5)
+  assert np.all(w[mask == 0] == 0)
+  v = np.random.default_rng(1).normal(size=(3, 4))
+  adv, ret = gae_lib.ppo_advantages(np.array([1.0, 0.0, 2.0]), v, mask, 1.0, 1.0)
+  raw, want_ret = _np_gae(np.asarray(gae_lib.outcome_rewards_to_tokens([1.0, 0.0, 2.0], mask)),
+                          v, mask, 1.0, 1.0)
+  np.testing.assert_allclose(ret, want_ret, rtol=1e-5, atol=1e-6)
+  sel = raw[mask > 0]
+  np.testing.assert_allclose(np.asarray(adv)[mask > 0], (sel - sel.mean()) / sel.std(ddof=1),
+                             rtol=1e-4)
+  with pytest.raises(ValueError, match='lam'):
+    gae_lib.gae(x, x, mask, 1.0, 1.5)

@@ -121,10 +121,11 @@ class Transformer(nn.Module):
 
 
 def init_params(model: Transformer, rng: jax.Array, batch_size: int = 1, seq_len: int = 8):
-  """Random params (unboxed plain arrays). For sharded creation see `sharding.init_sharded`."""
+  """Random params (plain arrays, jitted init: the same values `sharding.init_sharded` creates
+  on any mesh)."""
   tokens = jnp.zeros((batch_size, seq_len), jnp.int32)
-  variables = model.init(rng, tokens, tokens)
-  return nn.meta.unbox(variables["params"])
+  init = jax.jit(lambda key: nn.meta.unbox(model.init(key, tokens, tokens)["params"]))
+  return init(rng)
 
 
 def abstract_params(model: Transformer, boxed: bool = False):

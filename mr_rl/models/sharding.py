@@ -1,0 +1,194 @@
+"""Device mesh, logical-axis rules and sharded parameter / cache creation (STYLE.md items 7, 8).
+
+The model only names logical axes ('vocab', 'embed', 'heads', 'kv_heads', 'kv', 'mlp',
+'expert', 'router', 'norm' for params; 'activation_*' for activations; 'cache_*' for the KV
+cache). This module maps them onto the mesh axes (data, fsdp, tensor, expert):
+
+  * params: 'embed' -> fsdp (ZeRO-3 style), heads / kv_heads / mlp / vocab -> tensor,
+    'expert' -> expert; norms and head_dim replicated.
+  * activations / cache / token batches: batch over (data, fsdp, expert), the rest replicated
+    except the MLP hidden and vocab dims (tensor).
+
+Typical use:
+  mesh = make_mesh({'data': 1, 'fsdp': -1, 'tensor': 2, 'expert': 1})
+  params = init_sharded(model, rng, mesh)            # or hf_io.load_pretrained(..., mesh=mesh)
+  with activation_sharding(mesh):                      # constraints inside the model apply
+    out = jax.jit(fn, in_shardings=..., out_shardings=...)(params, ...)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Mapping, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from mr_rl.models.config import ModelConfig
+from mr_rl.models.layers import CACHE_AXES, LayerCache
+from mr_rl.models.transformer import Transformer, abstract_params
+
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
+BATCH_AXES = ("data", "fsdp", "expert")
+
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    # parameters
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("kv", None),
+    ("mlp", "tensor"),
+    ("expert", "expert"),
+    ("router", None),
+    ("norm", None),
+    # activations
+    ("activation_batch", BATCH_AXES),
+    ("activation_length", None),
+    ("activation_embed", None),
+    ("activation_mlp", "tensor"),
+    ("activation_vocab", "tensor"),
+    # KV cache
+    ("cache_batch", BATCH_AXES),
+    ("cache_length", None),
+)
+
+
+def validate_rules(rules: Sequence[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:
+  """Checks rules are (logical name, mesh axis | tuple of mesh axes | None) pairs."""
+  out = []
+  for r in rules:
+    if not (isinstance(r, (tuple, list)) and len(r) == 2 and isinstance(r[0], str)):
+      raise ValueError(f"logical axis rule {r!r} is not a (logical_name, mesh_axis) pair")
+    name, ax = r
+    axes = () if ax is None else ((ax,) if isinstance(ax, str) else tuple(ax))
+    bad = [a for a in axes if a not in MESH_AXES]
+    if bad:
+      raise ValueError(f"rule for {name!r} names unknown mesh axes {bad}; valid: {MESH_AXES}")
+    out.append((name, ax if ax is None or isinstance(ax, str) else tuple(ax)))
+  return tuple(out)
+
+
+def make_mesh(axis_sizes: Mapping[str, int] | Sequence[int], devices=None) -> Mesh:
+  """Mesh over (data, fsdp, tensor, expert); one size may be -1 (fills the remaining devices).
+
+  Args:
+    axis_sizes: dict (or ConfigDict) with some of the four axes (missing ones are 1), or a
+      sequence of four sizes in MESH_AXES order.
+    devices: devices to use (default jax.devices()).
+
+  Raises:
+    ValueError: unknown axis, more than one -1, or sizes whose product != device count.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  if isinstance(axis_sizes, Mapping) or hasattr(axis_sizes, "items"):
+    sizes = dict(axis_sizes.items())
+    unknown = set(sizes) - set(MESH_AXES)
+    if unknown:
+      raise ValueError(f"make_mesh: unknown mesh axes {sorted(unknown)}; valid: {MESH_AXES}")
+    shape = [int(sizes.get(a, 1)) for a in MESH_AXES]
+  else:
+    shape = [int(s) for s in axis_sizes]
+    if len(shape) != len(MESH_AXES):
+      raise ValueError(f"make_mesh: need {len(MESH_AXES)} sizes {MESH_AXES}, got {shape}")
+  if shape.count(-1) > 1:
+    raise ValueError(f"make_mesh: at most one axis may be -1, got {dict(zip(MESH_AXES, shape))}")
+  if any(s == 0 or s < -1 for s in shape):
+    raise ValueError(f"make_mesh: sizes must be positive or -1, got {dict(zip(MESH_AXES, shape))}")
+  known = math.prod(s for s in shape if s != -1)
+  if -1 in shape:
+    if len(devices) % known:
+      raise ValueError(f"make_mesh: {len(devices)} devices not divisible by the fixed axes "
+                       f"product {known}")
+    shape[shape.index(-1)] = len(devices) // known
+  if math.prod(shape) != len(devices):
+    raise ValueError(f"make_mesh: mesh {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} "
+                     f"devices, have {len(devices)}")
+  try:
+    dev_array = mesh_utils.create_device_mesh(shape, devices)
+  except (ValueError, NotImplementedError, AssertionError):
+    dev_array = np.asarray(devices).reshape(shape)
+  return Mesh(dev_array, MESH_AXES)
+
+
+def _sharding_for(spec: P, shape, mesh: Mesh, what: str) -> NamedSharding:
+  for dim, ax in zip(shape, spec):
+    if ax is None:
+      continue
+    n = math.prod(mesh.shape[a] for a in ((ax,) if isinstance(ax, str) else ax))
+    if dim % n:
+      raise ValueError(f"{what}: dimension {dim} of shape {tuple(shape)} is not divisible by "
+                       f"mesh axes {ax} (size {n}); change the mesh or the logical rules")
+  return NamedSharding(mesh, spec)
+
+
+def logical_specs(model: Transformer):
+  """PartitionSpecs of logical axis names for every param (from jax.eval_shape)."""
+  return nn.get_partition_spec(abstract_params(model, boxed=True))
+
+
+def param_shardings(model: Transformer, mesh: Mesh, rules=None):
+  """NamedSharding for every param (same tree as params)."""
+  rules = validate_rules(DEFAULT_RULES if rules is None else rules)
+  specs = logical_specs(model)
+  shapes = abstract_params(model)
+  mesh_specs = nn.logical_to_mesh(specs, rules)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(
+      mesh_specs, is_leaf=lambda x: isinstance(x, P))
+  shape_leaves = jax.tree_util.tree_leaves(shapes)
+  out = [_sharding_for(spec, s.shape, mesh, f"param {jax.tree_util.keystr(path)}")
+         for (path, spec), s in zip(flat, shape_leaves)]
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def init_sharded(model: Transformer, rng: jax.Array, mesh: Mesh, rules=None):
+  """Random params created already sharded: eval_shape -> shardings -> jit(init, out_shardings)."""
+  shardings = param_shardings(model, mesh, rules)
+
+  def init(key):
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    return nn.meta.unbox(model.init(key, tokens, tokens)["params"])
+
+  return jax.jit(init, out_shardings=shardings)(rng)
+
+
+def shard_params(params, model: Transformer, mesh: Mesh, rules=None):
+  """Moves existing params onto their shardings (device_put per leaf)."""
+  return jax.device_put(params, param_shardings(model, mesh, rules))
+
+
+def logical_sharding(mesh: Mesh, logical_axes: Sequence[str | None], shape=None,
+                     rules=None) -> NamedSharding:
+  """NamedSharding for an array whose dims carry the given logical names."""
+  rules = validate_rules(DEFAULT_RULES if rules is None else rules)
+  spec = nn.logical_to_mesh_axes(tuple(logical_axes), rules)
+  if shape is None:
+    return NamedSharding(mesh, spec)
+  return _sharding_for(spec, shape, mesh, f"array with logical axes {tuple(logical_axes)}")
+
+
+def batch_sharding(mesh: Mesh, shape=None, rules=None) -> NamedSharding:
+  """Sharding of a [B, T, ...] token / mask / logits batch: batch over (data, fsdp, expert)."""
+  ndim = 2 if shape is None else len(shape)
+  return logical_sharding(mesh, ("activation_batch",) + (None,) * (ndim - 1), shape, rules)
+
+
+def cache_shardings(config: ModelConfig, mesh: Mesh, batch_size: int, max_len: int,
+                    rules=None) -> tuple:
+  """Shardings of `init_cache(config, batch_size, max_len)` (tuple of LayerCache)."""
+  shape = (batch_size, max_len, config.n_kv_heads, config.head_dim)
+  s = logical_sharding(mesh, CACHE_AXES, shape, rules)
+  return tuple(LayerCache(k=s, v=s) for _ in range(config.n_layers))
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh, rules=None):
+  """Context in which the model's logical activation constraints bind to `mesh`."""
+  rules = validate_rules(DEFAULT_RULES if rules is None else rules)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    yield

@@ -36,6 +36,8 @@ setup(
     version="0.1.0",
     description="Multi-reward RL post-training of LLMs in JAX: AMRP and TAG with baselines.",
     packages=find_packages(include=["mr_rl", "mr_rl.*"]),
+    # The demo's base policy (a small HF checkpoint made by `python -m mr_rl.demo.warmstart`).
+    package_data={"mr_rl.demo": ["assets/base_policy/*"]},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": TEST_REQUIRES},

@@ -121,7 +121,7 @@ def test_seqcls_parity_left_right_and_alone(seqcls):
   np.testing.assert_allclose(right_hf, alone, atol=1e-4, rtol=1e-4)
   assert np.abs(alone).max() > 0.5  # the tolerance is small relative to the scores
   model = rm.MultiObjectiveRewardModel.from_pretrained(d)
-  assert model.num_objectives == 5 and model.objectives[0] == "label_0"
+  assert model.objectives == tuple(f"LABEL_{k}" for k in range(5))  # config id2label
   ours = model.score(CONVS, RESPONSES)
   assert ours.shape == (3, 5) and ours.dtype == np.float32
   np.testing.assert_allclose(ours, alone, atol=1e-4, rtol=1e-4)
@@ -216,8 +216,14 @@ def test_channel_errors(armorm):
     get_reward("reward_model", objective=19, path=d)
   with pytest.raises(TypeError, match="mesh"):
     rm.get_scorer(d, mesh="fsdp")
-  # a failed request is not cached; concurrent waiters on one request all see the result
+  # failed requests are dropped from the cache (none left pending), also from score_many
   scorer = rm.get_scorer(d, max_wait_ms=1.0)
+  with pytest.raises(ValueError, match="max_len"):
+    scorer.score_many(["a", "b", "c"], ["ok", "y" * 400, "ok"])
+  assert all(f.done() for f in scorer._cache.values())  # pylint: disable=protected-access
+  assert (rm.normalise_conversation("a"), "ok") not in scorer._cache  # pylint: disable=protected-access
+  assert (rm.normalise_conversation("hi"), "x" * 400) not in scorer._cache  # pylint: disable=protected-access
+  # concurrent callers of one new pair share one request and one result
   out = []
   ts = [threading.Thread(target=lambda: out.append(scorer.score("hey", "yo"))) for _ in range(4)]
   for t in ts:
@@ -225,6 +231,7 @@ def test_channel_errors(armorm):
   for t in ts:
     t.join()
   assert len(out) == 4 and all(o is out[0] for o in out)
+  assert scorer.model is rm.get_scorer(d, max_wait_ms=200.0).model  # one model per path
 
 
 # ----------------------------------------------------------------------------- mesh

@@ -43,7 +43,6 @@ from __future__ import annotations
 import ast
 import collections
 import concurrent.futures as cf
-import dataclasses
 import functools
 import json
 import re

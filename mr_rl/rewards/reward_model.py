@@ -9,16 +9,8 @@ Llama-3-8B backbone, a ``regression_layer`` Linear(hidden, 19, bias=False) appli
 final-normed hidden state of the LAST token of the chat-templated conversation, plus a
 gating network and a ``reward_transform_matrix`` that only form the overall preference
 score. We compute the 19 per-objective rewards (the model card's ``output.rewards``); the
-gating tensors are read past and ignored. Objective order (model card, ``attributes``):
-
-  0 helpsteer-helpfulness   1 helpsteer-correctness   2 helpsteer-coherence
-  3 helpsteer-complexity    4 helpsteer-verbosity     5 ultrafeedback-overall_score
-  6 ultrafeedback-instruction_following  7 ultrafeedback-truthfulness
-  8 ultrafeedback-honesty   9 ultrafeedback-helpfulness  10 beavertails-is_safe
-  11 prometheus-score       12 argilla-overall_quality  13 argilla-judge_lm
-  14 code-complexity        15 code-style             16 code-explanation
-  17 code-instruction-following  18 code-readability
-
+gating tensors are read past and ignored. Objective order: ``ARMORM_OBJECTIVES`` (the model
+card's ``attributes`` list; objectives 0-4 are the HelpSteer attributes),
 so AMRP's help / corr / coh are objectives 0 / 1 / 2. A plain ``score.weight`` head
 (transformers ``LlamaForSequenceClassification``, [num_labels, hidden], no bias) loads the
 same way; objectives are then its labels in order.
@@ -58,7 +50,7 @@ import math
 import os
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import flax.linen as nn
 import jax
@@ -72,14 +64,14 @@ from mr_rl.models.transformer import Transformer, abstract_params, positions_fro
 from mr_rl.rewards.runner import RewardChannel, register_reward
 
 ARMORM_HUB = "RLHFlow/ArmoRM-Llama3-8B-v0.1"
-ARMORM_OBJECTIVES = (
-    "helpsteer-helpfulness", "helpsteer-correctness", "helpsteer-coherence",
-    "helpsteer-complexity", "helpsteer-verbosity", "ultrafeedback-overall_score",
+ARMORM_OBJECTIVES = (  # model card order; AMRP's help / corr / coh are 0 / 1 / 2
+    "helpsteer-helpfulness", "helpsteer-correctness", "helpsteer-coherence",  # 0-2
+    "helpsteer-complexity", "helpsteer-verbosity", "ultrafeedback-overall_score",  # 3-5
     "ultrafeedback-instruction_following", "ultrafeedback-truthfulness",
     "ultrafeedback-honesty", "ultrafeedback-helpfulness", "beavertails-is_safe",
     "prometheus-score", "argilla-overall_quality", "argilla-judge_lm", "code-complexity",
     "code-style", "code-explanation", "code-instruction-following", "code-readability")
-HEAD_LAYOUTS = {"regression_layer": "regression_layer", "score": "score"}
+HEAD_LAYOUTS = ("regression_layer", "score")  # ArmoRM / LlamaForSequenceClassification
 HELPSTEER_RANGE = (0.1, 0.9)  # ArmoRM targets (r + 0.5) / 5 for HelpSteer ratings r in 0..4
 # Tensors of the ArmoRM checkpoint that only feed the overall preference score (or an LM
 # head a reward model does not use); read past.
@@ -88,6 +80,15 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 # ----------------------------------------------------------------------------- loading
+class LoadedRewardModel(NamedTuple):
+  model: Transformer
+  params: Any
+  w_DK: np.ndarray
+  b_K: np.ndarray
+  layout: str
+  objectives: tuple[str, ...]
+
+
 def _head_tensors(index: Mapping[str, str], head: str, read) -> tuple[np.ndarray, np.ndarray, str]:
   """Reads the regression head: (w_DK float32, b_K float32, layout)."""
   present = [h for h in HEAD_LAYOUTS if f"{h}.weight" in index]
@@ -127,7 +128,9 @@ def load_reward_model(path_or_hub_id: str, *, dtype=jnp.float32, mesh=None, rule
     **config_overrides: other ModelConfig fields (e.g. max_seq_len).
 
   Returns:
-    (Transformer, params, w_DK, b_K, layout).
+    LoadedRewardModel(model, params, w_DK, b_K, layout, objectives): objectives are
+    ARMORM_OBJECTIVES for a 19-output regression_layer, the config's id2label for a score
+    head, else ``objective_<k>``.
 
   Raises:
     ValueError / FileNotFoundError / TypeError naming the problem (missing or unexpected
@@ -186,7 +189,15 @@ def load_reward_model(path_or_hub_id: str, *, dtype=jnp.float32, mesh=None, rule
       value = jax.make_array_from_callback(arr.shape, hf_io._get(shardings, ours),  # pylint: disable=protected-access
                                            lambda idx, a=arr: a[idx])
     hf_io._set(params, ours, value)  # pylint: disable=protected-access
-  return model, params, w_DK, b_K, layout
+  K = w_DK.shape[1]
+  id2label = hf_cfg.get("id2label") or {}
+  if layout == "regression_layer" and K == len(ARMORM_OBJECTIVES):
+    objectives = ARMORM_OBJECTIVES
+  elif layout == "score" and len(id2label) == K and all(str(k) in id2label for k in range(K)):
+    objectives = tuple(str(id2label[str(k)]) for k in range(K))
+  else:
+    objectives = tuple(f"objective_{k}" for k in range(K))
+  return LoadedRewardModel(model, params, w_DK, b_K, layout, objectives)
 
 
 # ----------------------------------------------------------------------------- model
@@ -272,15 +283,12 @@ class MultiObjectiveRewardModel:
                       head: str = "auto", tokenizer: Any = True, **kwargs):
     """Loads an ArmoRM-style or LlamaForSequenceClassification checkpoint (+ its tokenizer
     when ``tokenizer`` is True; pass a tokenizer object or None otherwise)."""
-    model, params, w, b, layout = load_reward_model(path_or_hub_id, dtype=dtype, mesh=mesh,
-                                                    rules=rules, head=head)
+    loaded = load_reward_model(path_or_hub_id, dtype=dtype, mesh=mesh, rules=rules, head=head)
     if tokenizer is True:
       tokenizer = hf_io.load_tokenizer(path_or_hub_id)
-    objectives = kwargs.pop("objectives", None)
-    if objectives is None and layout == "score" and w.shape[1] != len(ARMORM_OBJECTIVES):
-      objectives = tuple(f"label_{k}" for k in range(w.shape[1]))
-    return cls(model, params, w, b, tokenizer=tokenizer, objectives=objectives, mesh=mesh,
-               rules=rules, **kwargs)
+    objectives = kwargs.pop("objectives", None) or loaded.objectives
+    return cls(loaded.model, loaded.params, loaded.w_DK, loaded.b_K, tokenizer=tokenizer,
+               objectives=objectives, mesh=mesh, rules=rules, **kwargs)
 
   def objective_index(self, objective: int | str) -> int:
     """Index of an objective given as an int, a full name or a HelpSteer short name."""
@@ -440,15 +448,21 @@ class RewardModelScorer:
         del self._cache[fut.key]
     fut.set_exception(e)
 
+  def _request(self, conversation, response) -> tuple[cf.Future, list[int] | None]:
+    """(future, token ids or None when cached / in flight) for one pair."""
+    fut, new = self._lookup(conversation, response)
+    if not new:
+      return fut, None
+    try:
+      return fut, self.model.encode(conversation, response)
+    except BaseException as e:
+      self._fail(fut, e)
+      raise
+
   def score(self, conversation, response: str) -> np.ndarray:
     """r_K (read-only float32) for one pair; blocks until its batch has run."""
-    fut, new = self._lookup(conversation, response)
-    if new:
-      try:
-        ids = self.model.encode(conversation, response)
-      except BaseException as e:
-        self._fail(fut, e)
-        raise
+    fut, ids = self._request(conversation, response)
+    if ids is not None:
       with self._cond:
         self._queue.append((ids, fut))
         self.num_requests += 1
@@ -485,31 +499,34 @@ class RewardModelScorer:
     cached (call it on a whole rollout before the runner so the channels only read)."""
     if len(conversations) != len(responses):
       raise ValueError(f"{len(conversations)} conversations but {len(responses)} responses")
-    futs, todo = [], []
-    for c, r in zip(conversations, responses):
-      fut, new = self._lookup(c, r)
-      futs.append(fut)
-      if new:
-        try:
-          todo.append((self.model.encode(c, r), fut))
-        except BaseException as e:
+    reqs = []
+    try:
+      for c, r in zip(conversations, responses):
+        reqs.append(self._request(c, r))
+    except BaseException as e:  # release the pairs registered so far
+      for fut, ids in reqs:
+        if ids is not None:
           self._fail(fut, e)
-          raise
+      raise
+    todo = [(ids, fut) for fut, ids in reqs if ids is not None]
     with self._cond:
       self.num_requests += len(todo)
     for i in range(0, len(todo), self.max_batch):
       self._run(todo[i:i + self.max_batch])
-    return np.stack([f.result() for f in futs])
+    return np.stack([fut.result() for fut, _ in reqs])
 
 
+_MODELS: dict[tuple, MultiObjectiveRewardModel] = {}
 _SCORERS: dict[tuple, RewardModelScorer] = {}
-_SCORERS_LOCK = threading.Lock()
+_CACHE_LOCK = threading.Lock()
 
 
 def get_scorer(path: str = ARMORM_HUB, *, dtype: str = "float32", head: str = "auto",
                mesh: Any = None, max_len: int | None = None, padding_side: str = "right",
                max_batch: int = 32, max_wait_ms: float = 10.0) -> RewardModelScorer:
-  """The process-wide scorer for a checkpoint (loaded once per argument set).
+  """The process-wide scorer for a checkpoint: the model is loaded once per (path, dtype,
+  head, mesh, max_len, padding_side), the scorer (cache + batcher) once per those and the
+  batching options.
 
   ``mesh``: None, a ``jax.sharding.Mesh`` or mesh axis sizes (``{'fsdp': -1, 'tensor': 2}``).
   """
@@ -520,16 +537,16 @@ def get_scorer(path: str = ARMORM_HUB, *, dtype: str = "float32", head: str = "a
   else:
     raise TypeError(f"mesh must be None, a Mesh or a dict of axis sizes, got {type(mesh).__name__}")
   real = os.path.realpath(path) if os.path.isdir(path) else path
-  key = (real, jnp.dtype(dtype).name, head, mesh_key, max_len, padding_side, max_batch,
-         float(max_wait_ms))
-  with _SCORERS_LOCK:
+  model_key = (real, jnp.dtype(dtype).name, head, mesh_key, max_len, padding_side)
+  key = model_key + (max_batch, float(max_wait_ms))
+  with _CACHE_LOCK:
     if key not in _SCORERS:
-      if isinstance(mesh, Mapping):
-        mesh = shd.make_mesh(mesh)
-      model = MultiObjectiveRewardModel.from_pretrained(
-          path, dtype=jnp.dtype(dtype), mesh=mesh, head=head, max_len=max_len,
-          padding_side=padding_side)
-      _SCORERS[key] = RewardModelScorer(model, max_batch=max_batch, max_wait_ms=max_wait_ms)
+      if model_key not in _MODELS:
+        _MODELS[model_key] = MultiObjectiveRewardModel.from_pretrained(
+            path, dtype=jnp.dtype(dtype), head=head, max_len=max_len, padding_side=padding_side,
+            mesh=shd.make_mesh(mesh) if isinstance(mesh, Mapping) else mesh)
+      _SCORERS[key] = RewardModelScorer(_MODELS[model_key], max_batch=max_batch,
+                                        max_wait_ms=max_wait_ms)
     return _SCORERS[key]
 
 

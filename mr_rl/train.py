@@ -223,27 +223,17 @@ def update_batch(ro: Rollout, A_BG) -> dict:
 # ---------------------------------------------------------------------------- evaluate
 def evaluate(comp: Components, params, examples, *, samples: int, temperature: float,
              key) -> dict[str, float]:
-  """Sampled evaluation: per-channel means, joint rates with the primary, lengths."""
-  names = comp.settings.rewards.channels
-  prim = comp.settings.rewards.primary
-  B = comp.settings.data.batch_prompts
-  rs, lens = [], []
-  for i in range(0, len(examples) - B + 1, B):
-    chunk = examples[i:i + B]
-    ro = rollout(comp, params, chunk, jax.random.fold_in(key, i), group_size=samples,
-                 temperature=temperature)
-    r, _ = score(comp, ro, chunk)
-    rs.append(r)
-    lens.append(ro.lengths)
-  if not rs:
-    raise ValueError(f"evaluation needs at least batch_prompts={B} examples, got {len(examples)}")
-  r = np.concatenate(rs).reshape(-1, len(names))
-  out = {f"eval/{n}": float(np.nanmean(r[:, k])) for k, n in enumerate(names)}
-  for k, n in enumerate(names):
-    if k != prim:
-      out[f"eval/{names[prim]}&{n}"] = float(np.nanmean(r[:, prim] * r[:, k]))
-  out["eval/length_mean"] = float(np.concatenate(lens).mean())
-  return out
+  """Sampled (temperature > 0) or greedy evaluation through mr_rl.evaluation (METHODS.md 8).
+
+  Returns the flat `eval/...` metrics: per-channel means, `eval/<primary>&<aux>` joint rates,
+  pass@k of the primary channel, lengths.
+  """
+  from mr_rl import evaluation
+  greedy = temperature == 0
+  cfg = evaluation.EvalConfig(mode="greedy" if greedy else "sampled",
+                              num_samples=None if greedy else samples,
+                              temperature=None if greedy else temperature)
+  return evaluation.evaluate(comp, params, examples, cfg, key).metrics("eval/")
 
 
 # ------------------------------------------------------------------------------- train

@@ -177,7 +177,8 @@ def test_channels_share_one_model_batch_and_rescale(armorm):
   chans = [get_reward(f"armorm_{n}", path=d, rescale="helpsteer", max_wait_ms=200.0)
            for n in ("helpfulness", "correctness", "coherence")]
   raw = get_reward("reward_model", objective="helpsteer-coherence", path=d, max_wait_ms=200.0)
-  assert raw.name == "rm_helpsteer-coherence"
+  assert raw.name == "reward_model"
+  assert rm.reward_model_channel(4, path=d, max_wait_ms=200.0).name == "rm_helpsteer-verbosity"
   scorer = rm.get_scorer(d, max_wait_ms=200.0)
   assert all(c.fn.keywords["scorer"] is scorer for c in chans + [raw])  # one model per path
   expected = scorer.model.score(CONVS, RESPONSES)

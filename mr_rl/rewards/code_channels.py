@@ -334,8 +334,8 @@ def code_channel(which: str, *, name: str | None = None, threshold_ms: float | N
     threshold_ms = _DEFAULT_MS[which] if threshold_ms is None else threshold_ms
     code._require_timeout("threshold_ms", threshold_ms)  # pylint: disable=protected-access
   code._require_timeout("timeout_s", timeout_s)  # pylint: disable=protected-access
-  if isinstance(sandbox, Mapping):
-    sandbox = code.SandboxConfig(**sandbox)
+  if sandbox is not None and hasattr(sandbox, "items"):  # a dict or ConfigDict of fields
+    sandbox = code.SandboxConfig(**dict(sandbox.items()))
   elif sandbox is not None and not isinstance(sandbox, code.SandboxConfig):
     raise TypeError(f"sandbox must be a SandboxConfig, a dict of its fields or None, got "
                     f"{type(sandbox).__name__}")

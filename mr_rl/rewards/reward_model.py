@@ -530,7 +530,8 @@ def get_scorer(path: str = ARMORM_HUB, *, dtype: str = "float32", head: str = "a
 
   ``mesh``: None, a ``jax.sharding.Mesh`` or mesh axis sizes (``{'fsdp': -1, 'tensor': 2}``).
   """
-  if isinstance(mesh, Mapping):
+  if mesh is not None and hasattr(mesh, "items"):  # a dict or ConfigDict of axis sizes
+    mesh = {str(k): int(v) for k, v in mesh.items()}
     mesh_key: Any = tuple(sorted(mesh.items()))
   elif mesh is None or isinstance(mesh, jax.sharding.Mesh):
     mesh_key = mesh
@@ -544,7 +545,7 @@ def get_scorer(path: str = ARMORM_HUB, *, dtype: str = "float32", head: str = "a
       if model_key not in _MODELS:
         _MODELS[model_key] = MultiObjectiveRewardModel.from_pretrained(
             path, dtype=jnp.dtype(dtype), head=head, max_len=max_len, padding_side=padding_side,
-            mesh=shd.make_mesh(mesh) if isinstance(mesh, Mapping) else mesh)
+            mesh=shd.make_mesh(mesh) if isinstance(mesh, dict) else mesh)
       _SCORERS[key] = RewardModelScorer(_MODELS[model_key], max_batch=max_batch,
                                         max_wait_ms=max_wait_ms)
     return _SCORERS[key]
@@ -554,7 +555,7 @@ def get_scorer(path: str = ARMORM_HUB, *, dtype: str = "float32", head: str = "a
 def _rescale_fn(rescale):
   if rescale is None:
     return None
-  if rescale == "helpsteer":
+  if isinstance(rescale, str) and rescale == "helpsteer":
     rescale = HELPSTEER_RANGE
   if (not isinstance(rescale, (tuple, list)) or len(rescale) != 2
       or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in rescale)
@@ -605,8 +606,9 @@ def reward_model_channel(objective: int | str, *, path: str = ARMORM_HUB,
 
 # Registered channels (AMRP alignment profile, objectives 0 / 1 / 2 of ArmoRM):
 #   armorm_helpfulness / armorm_correctness / armorm_coherence(path=ARMORM_HUB, rescale=None,
-#     dtype='float32', mesh=None, ...), reward_model(objective, path, ...).
+#     dtype='float32', mesh=None, ...), reward_model(objective, path, ...); each channel is
+#     named as registered.
 for _name, _idx in (("helpfulness", 0), ("correctness", 1), ("coherence", 2)):
   register_reward(f"armorm_{_name}", functools.partial(reward_model_channel, _idx,
                                                        name=f"armorm_{_name}"))
-register_reward("reward_model", reward_model_channel)
+register_reward("reward_model", functools.partial(reward_model_channel, name="reward_model"))

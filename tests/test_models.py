@@ -159,7 +159,7 @@ def test_sharded_files_roundtrip(ckpts, loaded, tmp_path):
   chex.assert_trees_all_equal(params, params2)
 
 
-def test_bf16_params_give_fp32_logits(ckpts):
+def test_bf16_params_give_fp32_logits(ckpts, tmp_path):
   d, ref = ckpts["qwen3"]
   model, params = M.load_pretrained(d, dtype=jnp.bfloat16)
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree_util.tree_leaves(params))
@@ -170,6 +170,12 @@ def test_bf16_params_give_fp32_logits(ckpts):
   real = mask.astype(bool)
   err = np.abs(out - ref)[real]
   assert err.max() < 0.1 * np.abs(ref[real]).max() and err.mean() < 0.02 * np.abs(ref).mean() + 0.02
+  M.save_pretrained(model, params, tmp_path)                     # bf16 checkpoint for serving
+  assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "bfloat16"
+  hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+  assert hf.model.embed_tokens.weight.dtype == torch.bfloat16
+  np.testing.assert_array_equal(hf.model.norm.weight.detach().float().numpy(),
+                                np.asarray(params["final_norm"]["scale"], np.float32))
 
 
 def test_llama3_inv_freq_matches_transformers():
@@ -304,3 +310,22 @@ def test_bad_config_values():
     M.ModelConfig(param_dtype=jnp.int32)
   with pytest.raises(ValueError, match="model_type"):
     M.config_from_hf({"model_type": "gpt2"})
+
+
+def test_load_tokenizer_and_source_files_copied(ckpts, loaded, tmp_path):
+  from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+  src = tmp_path / "src"
+  vocab = {w: i for i, w in enumerate(["<unk>", "<eos>", "two", "plus", "is", "four"])}
+  tk = Tokenizer(tok_models.WordLevel(vocab, unk_token="<unk>"))
+  tk.pre_tokenizer = pre_tokenizers.Whitespace()
+  fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>",
+                                              eos_token="<eos>")
+  d, _ = ckpts["qwen3"]
+  _copy_ckpt(d, src)
+  fast.save_pretrained(src)
+  assert M.load_tokenizer(str(src))("two plus two")["input_ids"] == [2, 3, 2]
+  model, params = loaded["qwen3"]
+  M.save_pretrained(model, params, tmp_path / "out", source=str(src))
+  tok = M.load_tokenizer(str(tmp_path / "out"))
+  assert tok("two plus two is four")["input_ids"] == [2, 3, 2, 4, 5]
+  assert tok.eos_token == "<eos>"

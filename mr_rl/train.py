@@ -200,7 +200,8 @@ def rollout(comp: Components, params, examples, key, *, group_size: int,
 
 
 def score(comp: Components, ro: Rollout, examples) -> tuple[np.ndarray, dict]:
-  ex_dicts = [{**dict(ex.metadata), "reference": ex.reference} for ex in examples]
+  # Everything a channel may need: metadata, reference, and the conversation (reward models).
+  ex_dicts = [{**ex.as_mapping(), "messages": ex.messages} for ex in examples]
   return comp.runner(ro.texts, ex_dicts, ro.lengths.astype(np.int64))
 
 

@@ -84,7 +84,15 @@ def encode_batch(tokenizer, prompts: list[str], responses: list[str] | None = No
   return p_tok, p_mask, r_tok, r_mask
 
 
-def train(cfg: WarmStartConfig, out_dir: str | None = None, log_every: int = 100):
+def _save(model, params, tokenizer, cfg, loss, out_dir):
+  models.save_pretrained(model, params, out_dir)
+  tokenizer.save_pretrained(out_dir)
+  with open(os.path.join(out_dir, "warmstart.json"), "w") as f:
+    json.dump(dataclasses.asdict(cfg) | {"final_loss": float(loss)}, f, indent=1)
+
+
+def train(cfg: WarmStartConfig, out_dir: str | None = None, log_every: int = 100,
+          save_every: int = 0):
   """Runs the supervised warm start; returns (model, params, tokenizer, final loss)."""
   tokenizer = task.make_tokenizer()
   vocab = int(np.ceil(len(tokenizer) / 8) * 8)
@@ -119,22 +127,22 @@ def train(cfg: WarmStartConfig, out_dir: str | None = None, log_every: int = 100
     params, opt_state, loss = step(params, opt_state, *batch)
     if log_every and (i % log_every == 0 or i == cfg.steps - 1):
       print(f"warmstart step {i:5d} loss {float(loss):.4f} ({time.time() - t0:.0f}s)", flush=True)
+    if out_dir is not None and save_every and (i + 1) % save_every == 0:
+      _save(model, params, tokenizer, cfg, loss, out_dir)  # progress, overwritten at the end
   if out_dir is not None:
-    models.save_pretrained(model, params, out_dir)
-    tokenizer.save_pretrained(out_dir)
-    with open(os.path.join(out_dir, "warmstart.json"), "w") as f:
-      json.dump(dataclasses.asdict(cfg) | {"final_loss": float(loss)}, f, indent=1)
+    _save(model, params, tokenizer, cfg, loss, out_dir)
   return model, params, tokenizer, float(loss)
 
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", required=True, help="checkpoint directory to write")
+  ap.add_argument("--save_every", type=int, default=0, help="also save every N steps")
   for f in dataclasses.fields(WarmStartConfig):
     ap.add_argument(f"--{f.name}", type=type(f.default), default=f.default)
   args = ap.parse_args(argv)
   cfg = WarmStartConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(WarmStartConfig)})
-  train(cfg, args.out)
+  train(cfg, args.out, save_every=args.save_every)
   print(f"wrote {args.out}")
 
 

@@ -36,6 +36,9 @@ def _np_policy_loss(logp, old, A, mask, agg, eps_low, eps_high, norm_len=None, b
   return np.sum(all_losses) / (N * (norm_len or T))
 
 
+_jit_policy_loss = jax.jit(losses.policy_loss, static_argnums=4)
+
+
 def _batch(seed=0, N=6, T=9):
   rng = np.random.default_rng(seed)
   logp = -rng.uniform(0.1, 3.0, size=(N, T))
@@ -55,9 +58,9 @@ def _batch(seed=0, N=6, T=9):
 def test_policy_loss_matches_numpy(agg, est, beta):
   logp, old, ref, mask, A = _batch()
   cfg = losses.PolicyLossConfig(loss_agg=agg, kl_coef=beta, kl_estimator=est, norm_len=12)
-  loss, metrics = losses.policy_loss(jnp.asarray(logp, jnp.float32), jnp.asarray(old, jnp.float32),
-                                     jnp.asarray(A, jnp.float32), jnp.asarray(mask), cfg,
-                                     ref_logp_BT=jnp.asarray(ref, jnp.float32))
+  loss, metrics = _jit_policy_loss(jnp.asarray(logp, jnp.float32), jnp.asarray(old, jnp.float32),
+                                   jnp.asarray(A, jnp.float32), jnp.asarray(mask), cfg,
+                                   ref_logp_BT=jnp.asarray(ref, jnp.float32))
   want = _np_policy_loss(logp, old, A, mask, agg, 0.2, 0.28, 12, beta, ref, est)
   np.testing.assert_allclose(float(loss), want, rtol=2e-5, atol=1e-6)
   m = mask.astype(bool)
@@ -74,8 +77,8 @@ def test_per_token_advantages_and_clip_higher():
   logp, old, _, mask, A = _batch(1)
   A_BT = np.random.default_rng(2).normal(size=logp.shape)
   cfg = losses.PolicyLossConfig(eps_low=0.1, eps_high=0.5)
-  loss, _ = losses.policy_loss(jnp.asarray(logp), jnp.asarray(old), jnp.asarray(A_BT),
-                               jnp.asarray(mask), cfg)
+  loss, _ = _jit_policy_loss(jnp.asarray(logp), jnp.asarray(old), jnp.asarray(A_BT),
+                             jnp.asarray(mask), cfg)
   want = _np_policy_loss(logp, old, A_BT, mask, 'token-mean', 0.1, 0.5)
   np.testing.assert_allclose(float(loss), want, rtol=2e-5)
 
@@ -99,8 +102,8 @@ def test_token_weights_and_logprobs():
   rng = np.random.default_rng(0)
   logits = rng.normal(size=(2, 5, 7))
   tokens = rng.integers(0, 7, size=(2, 5))
-  logp, ent = map(np.asarray, losses.token_logprobs_and_entropy(jnp.asarray(logits, jnp.float32),
-                                                                tokens))
+  logp, ent = map(np.asarray, jax.jit(losses.token_logprobs_and_entropy)(
+      jnp.asarray(logits, jnp.float32), tokens))
   z = logits - logits.max(-1, keepdims=True)
   ls = z - np.log(np.exp(z).sum(-1, keepdims=True))
   for b in range(2):
@@ -133,7 +136,8 @@ def test_value_loss_matches_numpy():
   v, old, ret = (rng.normal(size=(3, 5)) for _ in range(3))
   mask = (rng.uniform(size=(3, 5)) < 0.7).astype(np.int32)
   w = losses.token_weights(mask, 'token-mean')
-  loss, metrics = losses.value_loss(jnp.asarray(v), jnp.asarray(old), jnp.asarray(ret), w, 0.2)
+  vl = jax.jit(losses.value_loss, static_argnums=4)
+  loss, metrics = vl(jnp.asarray(v), jnp.asarray(old), jnp.asarray(ret), w, 0.2)
   terms, clipped = [], []
   for b in range(3):
     for t in range(5):
@@ -143,7 +147,7 @@ def test_value_loss_matches_numpy():
         clipped.append((vc - ret[b, t]) ** 2 > (v[b, t] - ret[b, t]) ** 2)
   np.testing.assert_allclose(float(loss), np.mean(terms), rtol=1e-5)
   np.testing.assert_allclose(float(metrics['vf_clip_frac']), np.mean(clipped), rtol=1e-5)
-  loss_nc, _ = losses.value_loss(jnp.asarray(v), jnp.asarray(old), jnp.asarray(ret), w, None)
+  loss_nc, _ = vl(jnp.asarray(v), jnp.asarray(old), jnp.asarray(ret), w, None)
   np.testing.assert_allclose(float(loss_nc), np.mean(0.5 * (v - ret)[mask > 0] ** 2), rtol=1e-5)
 
 
@@ -187,7 +191,8 @@ def test_outcome_rewards_whiten_and_ppo_advantages():
   np.testing.assert_allclose(w[mask > 0], (sel - sel.mean()) / sel.std(ddof=1), rtol=1e-5)
   assert np.all(w[mask == 0] == 0)
   v = np.random.default_rng(1).normal(size=(3, 4))
-  adv, ret = gae_lib.ppo_advantages(np.array([1.0, 0.0, 2.0]), v, mask, 1.0, 1.0)
+  adv, ret = jax.jit(gae_lib.ppo_advantages, static_argnums=(3, 4))(np.array([1.0, 0.0, 2.0]),
+                                                                     v, mask, 1.0, 1.0)
   raw, want_ret = _np_gae(np.asarray(gae_lib.outcome_rewards_to_tokens([1.0, 0.0, 2.0], mask)),
                           v, mask, 1.0, 1.0)
   np.testing.assert_allclose(ret, want_ret, rtol=1e-5, atol=1e-6)

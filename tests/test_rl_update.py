@@ -106,6 +106,9 @@ def test_linear_policy_adamw_step_matches_hand_gradient():
   want_W = W - 1e-2 * (gc / (np.abs(gc) + 1e-8) + 0.1 * W)
   np.testing.assert_allclose(np.asarray(new.params), want_W, rtol=1e-5, atol=1e-6)
   assert int(new.step) == 1
+  assert float(metrics['kl']) > 0
+  new2, _ = step(new, batch, jax.random.PRNGKey(1))  # same shapes: no retrace
+  assert int(new2.step) == 2 and step._cache_size() == 1
 
 
 @pytest.mark.parametrize('agg', losses.LOSS_AGG_MODES)

@@ -143,7 +143,8 @@ def policy_loss(logp_BT, old_logp_BT, advantages, response_mask_BT, config: Poli
     weights_BT: aggregation weights; None -> ``token_weights(mask, config.loss_agg, ...)``.
       Pass global weights when the batch is a micro-batch.
     metric_weights_BT: token-mean weights for metrics; None -> over this batch.
-    ref_logp_BT: reference-policy log-probs; required if ``config.kl_coef > 0``.
+    ref_logp_BT: reference-policy log-probs; required if ``config.kl_coef > 0`` (the kl
+      metric is reported whenever they are given).
     entropy_BT: per-token entropies; required if ``config.entropy_coef > 0``.
 
   Returns:
@@ -173,12 +174,13 @@ def policy_loss(logp_BT, old_logp_BT, advantages, response_mask_BT, config: Poli
   def wsum(weights, x):
     return jnp.sum(jnp.where(m, weights * x, 0.0))
 
-  if config.kl_coef > 0.0:
-    if ref_logp_BT is None:
-      raise ValueError('ref_logp_BT is required when kl_coef (beta) > 0.')
+  if config.kl_coef > 0.0 and ref_logp_BT is None:
+    raise ValueError('ref_logp_BT is required when kl_coef (beta) > 0.')
+  if ref_logp_BT is not None:  # logged whenever a reference is given, penalised if beta > 0
     kl_t = get_kl_estimator(config.kl_estimator)(jnp.where(m, logp_BT, 0.0),
                                                  jnp.where(m, ref_logp_BT, 0.0))
-    per_token = per_token + config.kl_coef * kl_t
+    if config.kl_coef > 0.0:
+      per_token = per_token + config.kl_coef * kl_t
     metrics['kl'] = wsum(mw, kl_t)
   if config.entropy_coef > 0.0 and entropy_BT is None:
     raise ValueError('entropy_BT is required when entropy_coef > 0.')

@@ -61,7 +61,9 @@ class UpdateConfig:
   """Optimisation settings of one learner step.
 
   Attributes:
-    loss: clipped-surrogate / KL / entropy settings (PolicyLossConfig).
+    loss: clipped-surrogate / KL / entropy settings (PolicyLossConfig). For
+      ``seq-mean-token-sum-norm`` set ``loss.norm_len`` to the maximum response length;
+      its default (None) is the batch's full T, prompt included.
     num_micro_batches: M, gradient-accumulation chunks; must divide the row count.
     lr: AdamW learning rate of the policy (papers: 1e-6).
     warmup_steps: linear warm-up steps from 0 to ``lr`` (0 = constant).
@@ -103,7 +105,8 @@ class UpdateConfig:
       raise ValueError(f'vf_clip must be > 0 or None, got {self.vf_clip}.')
 
 
-def make_optimizer(config: UpdateConfig, lr: Optional[float] = None) -> optax.GradientTransformation:
+def make_optimizer(config: UpdateConfig,
+                   lr: Optional[float] = None) -> optax.GradientTransformation:
   """Global-norm clipping then AdamW (``lr`` overrides ``config.lr``, e.g. for the critic)."""
   lr = config.lr if lr is None else lr
   sched = lr if config.warmup_steps == 0 else optax.linear_schedule(0.0, lr, config.warmup_steps)

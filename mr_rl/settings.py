@@ -158,7 +158,8 @@ def default_config():
   c.aggregator = ml_collections.ConfigDict(dict(
       name="additive",            # any mr_rl.aggregators.NAMES entry
       hp=ml_collections.ConfigDict()))  # its hyperparameters (lam, k_s, k_p, ...)
-  c.advantage = ml_collections.ConfigDict(dict(name="grpo"))  # grpo | dr_grpo | gdpo | mo_grpo | rloo
+  c.advantage = ml_collections.ConfigDict(dict(name="grpo"))  # grpo | dr_grpo | gdpo | mo_grpo | rloo | ppo
+  # (ppo also reads c.advantage.gamma / c.advantage.lam for GAE; value lr: c.optim.value_lr)
   c.loss = ml_collections.ConfigDict(dict(
       eps_low=0.2, eps_high=0.28,  # clip range (clip-higher)
       loss_agg="token-mean",      # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
@@ -167,7 +168,8 @@ def default_config():
       entropy_coef=0.0))
   c.optim = ml_collections.ConfigDict(dict(
       lr=1e-6, warmup_steps=0, weight_decay=0.01, b1=0.9, b2=0.999,
-      max_grad_norm=1.0, num_micro_batches=1))
+      max_grad_norm=1.0, num_micro_batches=1,
+      value_lr=1e-5))             # PPO critic learning rate
   c.anchor = ml_collections.ConfigDict(dict(
       probe_steps=300, probe_batch_prompts=4, held_out_prompts=256, samples_per_prompt=1,
       lam=1.0))
@@ -205,8 +207,11 @@ def from_config(cfg) -> RunSettings:
   advantage = _choice("advantage.name", c.advantage.name, ADVANTAGES)
   adv_hp = {k: v for k, v in _as_dict(c.advantage).items() if k != "name" and v is not None}
   if advantage == "ppo":
-    raise ValueError("config.advantage.name='ppo' (value head + GAE) is not wired into the "
-                     "trainer yet; use one of " + str(sorted(adv_lib.ADVANTAGE_NAMES)))
+    bad = set(adv_hp) - {"gamma", "lam"}
+    if bad:
+      raise ValueError(f"config.advantage: PPO takes gamma and lam (GAE), got {sorted(bad)}")
+  else:
+    adv_lib.get_advantage(advantage, **adv_hp)  # unknown hyperparameters fail here
 
   loss = PolicyLossConfig(
       eps_low=float(c.loss.eps_low), eps_high=float(c.loss.eps_high), loss_agg=c.loss.loss_agg,
@@ -217,7 +222,7 @@ def from_config(cfg) -> RunSettings:
   update = UpdateConfig(
       loss=loss, num_micro_batches=int(c.optim.num_micro_batches), lr=float(c.optim.lr),
       warmup_steps=int(c.optim.warmup_steps), weight_decay=float(c.optim.weight_decay),
-      b1=float(c.optim.b1), b2=float(c.optim.b2),
+      b1=float(c.optim.b1), b2=float(c.optim.b2), value_lr=float(c.optim.get("value_lr", 1e-5)),
       max_grad_norm=None if c.optim.max_grad_norm is None else float(c.optim.max_grad_norm))
 
   model = ModelSettings(path=c.model.path, preset=c.model.preset, dtype=c.model.dtype)

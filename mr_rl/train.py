@@ -113,6 +113,17 @@ def _policy_step(model, update_config: update_lib.UpdateConfig):
 
 
 @functools.lru_cache(maxsize=16)
+def _ppo_step(model, update_config: update_lib.UpdateConfig):
+  """PPO: policy + critic optimisers, the jitted step and the jitted critic forward."""
+  tx = update_lib.make_optimizer(update_config)
+  value_tx = update_lib.make_optimizer(update_config, lr=update_config.value_lr)
+  value_fn = update_lib.model_value_fn(model)
+  step = update_lib.make_ppo_step(update_lib.model_logits_fn(model), value_fn, update_config, tx,
+                                  value_tx)
+  return tx, value_tx, step, jax.jit(value_fn)
+
+
+@functools.lru_cache(maxsize=16)
 def _logprob_fn(model):
   return update_lib.make_logprob_fn(update_lib.model_logits_fn(model))
 
@@ -121,14 +132,17 @@ def _logprob_fn(model):
 def _aggregate_fn(name: str, hp_items: tuple, advantage: str, adv_hp_items: tuple):
   """Jitted aggregator + advantage: (agg_state, r_BGK, key) -> (R, A, new_state, metrics)."""
   agg = aggregators.get(name, **dict(hp_items))
-  adv_fn = adv_lib.get_advantage(advantage, **dict(adv_hp_items))
+  if advantage == "ppo":  # token-level GAE advantages are computed after the critic runs
+    adv_fn = lambda R_BG, r_BGK, weights: jnp.zeros_like(R_BG)
+  else:
+    adv_fn = adv_lib.get_advantage(advantage, **dict(adv_hp_items))
 
   @jax.jit
   def fn(agg_state, r_BGK, key):
     R_BG, new_state, m = agg.apply(agg_state, r_BGK, key)
     weights = m.get("weights") if adv_lib.uses_channels(advantage) else None
     A_BG = adv_fn(R_BG, r_BGK, weights)
-    m = dict(m, frac_zero_std=adv_lib.frac_zero_std(jnp.where(jnp.isnan(R_BG), 0.0, R_BG)),
+    m = dict(m, frac_zero_std=adv_lib.frac_zero_std(R_BG),
              frac_zero_std_channels=adv_lib.frac_zero_std_channels(r_BGK))
     return R_BG, A_BG, new_state, m
 
@@ -252,14 +266,23 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
   s = settings
   names, K, G = s.rewards.channels, s.num_channels, s.rollout.group_size
   params = comp.base_params if init_params is None else init_params
-  tx, policy_step = _policy_step(comp.model, s.update)
-  agg, agg_fn = _aggregate_fn(s.aggregator.name, _hashable(s.aggregator.hp), s.advantage,
-                              _hashable(s.advantage_hp))
+  ppo = s.advantage == "ppo"
+  agg, agg_fn = _aggregate_fn(s.aggregator.name, _hashable(s.aggregator.hp),
+                              "grpo" if ppo else s.advantage,
+                              () if ppo else _hashable(s.advantage_hp))
   logprob_fn = _logprob_fn(comp.model)
   root = jax.random.PRNGKey(s.seed)
   # Copy: the step donates its input state, and params may be pi_0 shared with other runs.
-  state = {"train": update_lib.init_train_state(jax.tree.map(jnp.array, params), tx),
-           "agg": agg.init(K), "key": root}
+  params = jax.tree.map(jnp.array, params)
+  if ppo:  # AMRP Table 4: policy and critic both start from the base checkpoint
+    tx, value_tx, policy_step, value_fn = _ppo_step(comp.model, s.update)
+    value_params = update_lib.init_value_params(comp.model, params,
+                                                jax.random.fold_in(root, 2**30))
+    train_state = update_lib.init_train_state(params, tx, value_params, value_tx)
+  else:
+    tx, policy_step = _policy_step(comp.model, s.update)
+    train_state = update_lib.init_train_state(params, tx)
+  state = {"train": train_state, "agg": agg.init(K), "key": root}
   data_iter = _iterator(comp, s)
   alarm = metrics_lib.ShortcutAlarm(s.alarm_window)
   start = 0
@@ -288,6 +311,9 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
     t2 = time.perf_counter()
     R_BG, A_BG, state["agg"], agg_m = agg_fn(state["agg"], jnp.asarray(r_BGK), k_agg)
     batch = update_batch(ro, A_BG)
+    if ppo:
+      _add_ppo_targets(batch, R_BG, value_fn(state["train"].value_params, batch["tokens_BT"],
+                                              batch["mask_BT"]), s.advantage_hp)
     if s.update.loss.kl_coef > 0:
       batch["ref_logp_BT"] = logprob_fn(comp.base_params, batch["tokens_BT"], batch["mask_BT"])
     ref_logp = batch.get("ref_logp_BT")
@@ -319,6 +345,16 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
   if writer:
     writer.close()
   return TrainResult(state["train"].params, state["agg"], history)
+
+
+def _add_ppo_targets(batch, R_BG, values_BT, hp) -> None:
+  """PPO (METHODS.md 3): outcome reward at the last response token, GAE, batch whitening."""
+  from mr_rl.rl import gae
+  R_B = jnp.nan_to_num(R_BG.reshape(-1), nan=0.0)
+  adv, ret = gae.ppo_advantages(R_B, values_BT, batch["response_mask_BT"],
+                                gamma=float(hp.get("gamma", 1.0)), lam=float(hp.get("lam", 1.0)))
+  del batch["advantages_BG"]
+  batch.update(advantages_BT=adv, returns_BT=ret, old_values_BT=values_BT)
 
 
 def _iterator(comp: Components, s: RunSettings):

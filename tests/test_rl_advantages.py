@@ -176,3 +176,15 @@ def test_registry_uniform_signature_and_errors():
     adv.grpo(np.ones(4))
   with pytest.raises(ValueError, match='eps'):
     adv.grpo(R, eps=-1.0)
+
+
+def test_grpo_gradient_is_finite_with_constant_groups():
+  """A constant group must not turn gradients w.r.t. the rewards into NaN (guarded sqrt)."""
+  import jax
+  import jax.numpy as jnp
+  from mr_rl import rl
+  R = jnp.array([[0., 0, 0, 0], [1, 0, 1, 0]])
+  g = jax.grad(lambda s: jnp.sum(rl.grpo(R * s) * jnp.arange(8.).reshape(2, 4)))(1.0)
+  assert jnp.isfinite(g)
+  # Only the non-constant group contributes; grpo is scale-invariant there, so d/ds ~ 0.
+  assert abs(float(g)) < 1e-3

@@ -171,3 +171,18 @@ def test_cli_rejects_unknown_config_field(tmp_path):
       cwd=REPO, capture_output=True, text=True, timeout=300)
   assert out.returncode != 0
   assert "no_such_field" in out.stderr
+
+
+def test_ppo_trains_a_critic_through_the_trainer(base_policy, tmp_path):
+  c = _config(base_policy, 2, aggregator="amrp")
+  c.advantage.name = "ppo"
+  c.advantage.gamma = 1.0
+  c.advantage.lam = 0.95
+  c.checkpoint_every = 0
+  res = train_lib.train(settings_lib.from_config(c), str(tmp_path), log=None)
+  last = res.history[-1]
+  assert np.isfinite(last["loss/policy"]) and np.isfinite(last["update/vf_loss"])
+  assert "update/value_grad_norm" in last and last["update/value_grad_norm"] > 0
+  with pytest.raises(ValueError, match="PPO takes gamma and lam"):
+    c.advantage.bogus = 1.0
+    settings_lib.from_config(c)

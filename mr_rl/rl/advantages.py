@@ -55,10 +55,12 @@ def _stats_last(x: Array):
   mean = x0.sum(-1, keepdims=True) / jnp.maximum(n, 1)
   dev = jnp.where(valid, x - mean, 0.0)
   var = (dev * dev).sum(-1, keepdims=True) / jnp.maximum(n - 1, 1)
-  std = jnp.sqrt(var)
   hi = jnp.where(valid, x, -jnp.inf).max(-1, keepdims=True)
   lo = jnp.where(valid, x, jnp.inf).min(-1, keepdims=True)
   const = (n < 2) | (hi == lo)
+  # Guarded sqrt: d sqrt(var)/d var is infinite at var = 0, and the outer jnp.where would turn
+  # 0 * inf into NaN gradients (w.r.t. rewards or aggregator hyperparameters) for constant groups.
+  std = jnp.where(const, 0.0, jnp.sqrt(jnp.where(const, 1.0, var)))
   return valid, n, mean, std, const
 
 

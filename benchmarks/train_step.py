@@ -1,0 +1,331 @@
+"""Trainer throughput: the jitted GRPO policy step, and where a demo training step's time goes.
+
+Part 1, update throughput. The jitted policy step of the trainer (`train._policy_step`:
+forward + backward of the clipped surrogate, global-norm clip, AdamW; METHODS.md 3-5) on a
+GRPO-shaped batch: left-padded prompts of random length, right-padded responses of random
+length, old log-probs from the model itself (ratio 1), group-normal advantages. Two models:
+
+  * demo:       the demo's base policy (configs/demo.py), on its real batch shape
+                B*G = 16*8 = 128 rows x (16 prompt + 48 response) = 64 tokens;
+  * qwen3_tiny: a random Qwen3 of the FACTS.md calibration shape (4 layers, d=256,
+                8 heads / 4 KV heads, head_dim 32, d_ff 768, vocab 1024, tied; 3.4M params),
+                on `--rows` x `--seq` (default 128 x 64).
+
+tokens/s counts every position of the [rows, T] batch (padding included: the step computes
+on it). FLOPs per step come from XLA (`compiled.cost_analysis()['flops']` of the very
+executable timed) and, for comparison, from the analytic count
+6 * matmul params * tokens + 12 * L * H * head_dim * T^2 per row (full T x T attention, as
+computed under masking). The achieved rate is divided by a large fp32 matmul's rate
+measured in the same run (the best of the measurements at start and after part 1).
+
+Part 2, time shares. `train.train(settings, workdir=None)` of configs/demo.py for one task
+and method (default `negative`, `additive`) for 1 + `--steps` GRPO steps; the first
+(compiling) step is dropped, and the mean of `time/rollout`, `time/reward`, `time/update`
+and their shares of the three's sum are reported, with the whole step's wall time (the gap
+between the trainer's per-step log calls) for the remainder (metrics, data). Note that
+`time/update` covers more than the policy step: aggregation + advantages, batch assembly,
+the reference-policy forward pass (always run, for the `kl_ref/*` metrics) and the
+metrics' device_get.
+
+  python benchmarks/train_step.py --quick --json /tmp/train_step.json   # ~1-2 min, idle 2 cores
+  python benchmarks/train_step.py                                       # more repeats / steps
+
+The load average (os.getloadavg) is printed and stored at start and end: on a shared CPU
+every figure here scales with it. If the demo's base policy
+(mr_rl/demo/assets/base_policy) is missing, a 3-step warm start is written to a temporary
+directory and used instead (`--base-policy` points elsewhere); then part 1's shapes are
+the same, but part 2's responses are those of an untrained model (mostly truncated at 48).
+
+JSON: the top-level `update_tokens_per_s` / `update_flops_fraction` are qwen3_tiny's
+(`*_demo` the demo model's); `rollout_share`, `reward_share`, `update_share` are part 2's.
+Everything else is under `update` and `shares`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _ROOT)
+
+from mr_rl import models, settings as settings_lib, train as train_lib  # noqa: E402
+from mr_rl.rl import update as update_lib  # noqa: E402
+
+QWEN3_TINY = models.ModelConfig(
+    family="qwen3", vocab_size=1024, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4,
+    head_dim=32, d_ff=768, qk_norm=True, tie_embeddings=True, max_seq_len=4096)
+DEMO_CONFIG = os.path.join(_ROOT, "configs", "demo.py")
+
+
+# ------------------------------------------------------------------------------ helpers
+def load_avg() -> list[float]:
+  return [round(x, 2) for x in os.getloadavg()]
+
+
+def matmul_flops_per_s(n: int = 2048, reps: int = 8) -> float:
+  """FLOP/s of a large fp32 matmul under jax (best of `reps`; the CPU roofline reference)."""
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    f(a).block_until_ready()
+    times.append(time.perf_counter() - t0)
+  return 2 * n ** 3 / min(times)
+
+
+def analytic_train_flops(cfg: models.ModelConfig, rows: int, T: int) -> float:
+  """6 * matmul params * tokens (fwd + bwd) plus full T x T attention (QK^T and AV, x3)."""
+  d, h, k, hd, f, L, V = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff,
+                          cfg.n_layers, cfg.vocab_size)
+  matmul_params = L * (d * h * hd * 2 + d * k * hd * 2 + 3 * d * f) + d * V
+  attention = 3 * L * 4 * h * hd * T * T  # per row: 2 matmuls of 2*T*T*hd per head, fwd+2 bwd
+  return 6 * matmul_params * rows * T + rows * attention
+
+
+def _xla_flops(compiled) -> float | None:
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):  # older jax returns one dict per computation
+    cost = cost[0] if cost else None
+  if not cost or "flops" not in cost:
+    return None
+  return float(cost["flops"])
+
+
+def grpo_batch(model, params, rows: int, prompt_len: int, resp_len: int, group_size: int,
+               seed: int = 0) -> dict:
+  """A batch shaped like `train.update_batch` output, with the model's own old log-probs."""
+  if rows % group_size:
+    raise ValueError(f"rows={rows} must be a multiple of group_size={group_size}")
+  rng = np.random.default_rng(seed)
+  V, T = model.config.vocab_size, prompt_len + resp_len
+  tokens = rng.integers(1, V, size=(rows, T), dtype=np.int32)
+  p_len = rng.integers(max(1, prompt_len // 2), prompt_len + 1, size=rows)
+  r_len = rng.integers(max(1, resp_len // 4), resp_len + 1, size=rows)
+  col = np.arange(T)[None]
+  prompt = (col >= prompt_len - p_len[:, None]) & (col < prompt_len)
+  resp = (col >= prompt_len) & (col < prompt_len + r_len[:, None])
+  mask = (prompt | resp).astype(np.int32)
+  tokens = np.where(mask == 1, tokens, 0).astype(np.int32)
+  logp_fn = train_lib._logprob_fn(model)
+  old_logp = logp_fn(params, jnp.asarray(tokens), jnp.asarray(mask))
+  resp_mask = jnp.asarray(resp.astype(np.int32))
+  return {"tokens_BT": jnp.asarray(tokens), "mask_BT": jnp.asarray(mask),
+          "response_mask_BT": resp_mask,
+          "old_logp_BT": jnp.where(resp_mask == 1, old_logp, 0.0),
+          "advantages_BG": jnp.asarray(
+              rng.standard_normal((rows // group_size, group_size)).astype(np.float32))}
+
+
+def time_policy_step(name: str, model, params, update_config, batch: dict, repeats: int) -> dict:
+  """Compiles the trainer's policy step for `batch`, then times `repeats` steps."""
+  tx, step = train_lib._policy_step(model, update_config)
+  state = update_lib.init_train_state(jax.tree.map(jnp.array, params), tx)
+  key = jax.random.PRNGKey(0)
+  t0 = time.perf_counter()
+  compiled = step.lower(state, batch, key).compile()
+  compile_s = time.perf_counter() - t0
+  state, m = compiled(state, batch, key)  # warm-up run
+  jax.block_until_ready((state, m))
+  times = []
+  for i in range(repeats):
+    t0 = time.perf_counter()
+    state, m = compiled(state, batch, jax.random.fold_in(key, i + 1))
+    jax.block_until_ready((state, m))
+    times.append(time.perf_counter() - t0)
+  if not np.isfinite(float(m["policy_loss"])):
+    raise FloatingPointError(f"{name}: non-finite policy loss {float(m['policy_loss'])}")
+  fwd = train_lib._logprob_fn(model)  # the trainer's reference forward (compiled by grpo_batch)
+  fwd_times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fwd(params, batch["tokens_BT"], batch["mask_BT"]))
+    fwd_times.append(time.perf_counter() - t0)
+  rows, T = batch["tokens_BT"].shape
+  sec = statistics.median(times)
+  return dict(model=name, params=models.count_params(model.config), rows=int(rows), T=int(T),
+              response_tokens=int(np.asarray(batch["response_mask_BT"]).sum()),
+              compile_s=compile_s, times_s=times, median_s=sec,
+              forward_times_s=fwd_times, forward_median_s=statistics.median(fwd_times),
+              tokens_per_s=rows * T / sec,
+              flops_xla=_xla_flops(compiled),
+              flops_analytic=analytic_train_flops(model.config, rows, T))
+
+
+# -------------------------------------------------------------------------------- demo
+def demo_settings(task: str, method: str, steps: int, base_policy: str):
+  """configs/demo.py settings for one (task, method) run of 1 + `steps` GRPO steps."""
+  from mr_rl.config_lib.args import load_config_module
+  from mr_rl.demo import run as demo_run
+  cfg = load_config_module(DEMO_CONFIG).get_config()
+  cfg.model.path = base_policy
+  base = settings_lib.from_config(cfg)
+  ts = demo_run.task_settings(base, cfg.demo, task)
+  name, hp = demo_run.method_aggregator(method, len(ts.rewards.channels))
+  return dataclasses.replace(ts, aggregator=settings_lib.AggregatorSettings(name, hp),
+                             total_steps=steps + 1, log_every=1)
+
+
+def time_shares(settings, comp) -> dict:
+  """Runs train.train without a workdir; per-step means and shares, first step excluded."""
+  stamps = []
+  t0 = time.perf_counter()
+  res = train_lib.train(settings, None, comp=comp,
+                        log=lambda _: stamps.append(time.perf_counter()))
+  total_s = time.perf_counter() - t0
+  hist = res.history[1:]
+  if not hist:
+    raise ValueError("need at least 2 steps (the first one compiles)")
+  mean = {k: float(np.mean([h[f"time/{k}"] for h in hist])) for k in ("rollout", "reward", "update")}
+  parts = sum(mean.values())
+  wall = float(np.mean(np.diff(stamps))) if len(stamps) == len(res.history) else float("nan")
+  return dict(steps_timed=len(hist), first_step_s=stamps[0] - t0 if stamps else float("nan"),
+              total_s=total_s, mean_s=mean, step_wall_s=wall,
+              other_s=wall - parts,
+              shares={k: v / parts for k, v in mean.items()},
+              response_length_mean=float(np.mean([h["response/length_mean"] for h in hist])),
+              truncated_frac=float(np.mean([h["response/truncated_frac"] for h in hist])))
+
+
+def ensure_base_policy(path: str | None, tmp: str) -> tuple[str, bool]:
+  """(checkpoint path, whether it is a throw-away 3-step warm start made here)."""
+  path = path or os.path.join(_ROOT, "mr_rl", "demo", "assets", "base_policy")
+  if os.path.isfile(os.path.join(path, "config.json")):
+    return path, False
+  from mr_rl.demo import warmstart
+  out = os.path.join(tmp, "base_policy")
+  print(f"no base policy at {path}; writing a 3-step warm start to {out}", flush=True)
+  warmstart.train(warmstart.WarmStartConfig(steps=3), out, log_every=0)
+  return out, True
+
+
+# -------------------------------------------------------------------------------- main
+def _fmt_update(r: dict, peak: float) -> str:
+  flops = r["flops_xla"] if r["flops_xla"] is not None else r["flops_analytic"]
+  return (f"{r['model']:<11s} {r['params'] / 1e6:6.2f}M {r['rows']:4d}x{r['T']:<4d} "
+          f"{r['median_s'] * 1e3:9.1f} {r['tokens_per_s']:10.0f} "
+          f"{flops / r['median_s'] / 1e9:8.1f} {100 * flops / r['median_s'] / peak:6.1f}% "
+          f"{r['flops_analytic'] / r['median_s'] / 1e9:9.1f} {r['forward_median_s'] * 1e3:8.1f} "
+          f"{r['median_s'] / r['forward_median_s']:8.1f} {r['compile_s']:8.1f}")
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--quick", action="store_true", help="3 repeats, 3 timed demo steps")
+  p.add_argument("--repeats", type=int, default=10, help="timed policy steps per model")
+  p.add_argument("--steps", type=int, default=10, help="timed demo GRPO steps (after 1 compiling)")
+  p.add_argument("--rows", type=int, default=128, help="qwen3_tiny batch rows (multiple of 8)")
+  p.add_argument("--seq", type=int, default=64, help="qwen3_tiny tokens per row (1/4 prompt)")
+  p.add_argument("--task", default="negative", help="demo task for the time shares")
+  p.add_argument("--method", default="additive", help="demo method for the time shares")
+  p.add_argument("--base-policy", default=None, help="demo base policy checkpoint directory")
+  p.add_argument("--json", default=None, help="write the results here")
+  a = p.parse_args(argv)
+  if a.quick:
+    a.repeats, a.steps = 3, 3
+  for name in ("repeats", "steps", "rows", "seq"):
+    if getattr(a, name) < 1:
+      raise ValueError(f"--{name} must be >= 1, got {getattr(a, name)}")
+  res = dict(backend=jax.default_backend(), devices=str(jax.devices()), cpu_count=os.cpu_count(),
+             quick=a.quick, load_avg_start=load_avg())
+  print(f"backend {res['backend']} ({res['cpu_count']} CPUs), "
+        f"load average (1/5/15 min) {res['load_avg_start']}", flush=True)
+  t_start = time.perf_counter()
+
+  with tempfile.TemporaryDirectory() as tmp:
+    base_policy, throwaway = ensure_base_policy(a.base_policy, tmp)
+    res["base_policy"] = "3-step warm start (temporary)" if throwaway else base_policy
+    settings = demo_settings(a.task, a.method, a.steps, base_policy)
+    comp = train_lib.build(settings)
+
+    peak0 = matmul_flops_per_s()
+    print(f"large fp32 matmul: {peak0 / 1e9:.1f} GFLOP/s", flush=True)
+
+    # Part 1: the policy step alone.
+    G = settings.rollout.group_size
+    demo_batch = grpo_batch(comp.model, comp.base_params,
+                            settings.data.batch_prompts * G, settings.data.max_prompt_len,
+                            settings.rollout.max_new_tokens, G)
+    upd = {"demo": time_policy_step("demo", comp.model, comp.base_params, settings.update,
+                                    demo_batch, a.repeats)}
+    print(f"  demo policy step: {upd['demo']['median_s'] * 1e3:.1f} ms", flush=True)
+    tiny = models.Transformer(QWEN3_TINY)
+    tiny_params = models.init_params(tiny, jax.random.PRNGKey(0))
+    tiny_batch = grpo_batch(tiny, tiny_params, a.rows, a.seq // 4, a.seq - a.seq // 4, G)
+    upd["qwen3_tiny"] = time_policy_step("qwen3_tiny", tiny, tiny_params, settings.update,
+                                         tiny_batch, a.repeats)
+    print(f"  qwen3_tiny policy step: {upd['qwen3_tiny']['median_s'] * 1e3:.1f} ms", flush=True)
+    peak1 = matmul_flops_per_s()
+    peak = max(peak0, peak1)
+    res["matmul_gflops"] = [peak0 / 1e9, peak1 / 1e9]
+    for r in upd.values():
+      flops = r["flops_xla"] if r["flops_xla"] is not None else r["flops_analytic"]
+      r["flops_source"] = "xla cost_analysis" if r["flops_xla"] is not None else "analytic"
+      r["gflops_per_s"] = flops / r["median_s"] / 1e9
+      r["flops_fraction"] = flops / r["median_s"] / peak
+    res["update"] = upd
+    res["load_avg_after_update"] = load_avg()
+
+    # Part 2: the trainer's time shares.
+    print(f"demo {a.task}/{a.method}: {a.steps + 1} GRPO steps through train.train ...",
+          flush=True)
+    sh = time_shares(settings, comp)
+    res["shares"] = dict(task=a.task, method=a.method, **sh)
+  res["load_avg_end"] = load_avg()
+  res["seconds"] = time.perf_counter() - t_start
+
+  t, d = upd["qwen3_tiny"], upd["demo"]
+  res.update(update_tokens_per_s=t["tokens_per_s"], update_flops_fraction=t["flops_fraction"],
+             update_tokens_per_s_demo=d["tokens_per_s"],
+             update_flops_fraction_demo=d["flops_fraction"],
+             rollout_share=sh["shares"]["rollout"], reward_share=sh["shares"]["reward"],
+             update_share=sh["shares"]["update"])
+
+  print()
+  print(f"Policy step (fwd + bwd + AdamW), median of {a.repeats}; large matmul "
+        f"{peak0 / 1e9:.1f} / {peak1 / 1e9:.1f} GFLOP/s (start / after), best used as peak")
+  print(f"{'model':<11s} {'params':>7s} {'batch':>9s} {'ms/step':>9s} {'tokens/s':>10s} "
+        f"{'GFLOP/s':>8s} {'of mm':>7s} {'analytic':>9s} {'fwd ms':>8s} {'step/fwd':>8s} "
+        f"{'compile':>8s}")
+  for r in upd.values():
+    print(_fmt_update(r, peak))
+  print("  (GFLOP/s from XLA cost_analysis of the timed executable; 'analytic' = "
+        "6*params*tokens + attention; tokens include padding;\n   fwd = the trainer's jitted "
+        "log-prob forward on the same batch, as for the reference policy; compile in s)")
+  print()
+  print(f"Demo {a.task}/{a.method} ({res['base_policy']}): mean of {sh['steps_timed']} "
+        f"steps after the first ({sh['first_step_s']:.1f} s, compiling)")
+  print(f"{'part':<10s} {'s/step':>8s} {'share':>7s}")
+  for k in ("rollout", "reward", "update"):
+    print(f"{k:<10s} {sh['mean_s'][k]:8.3f} {100 * sh['shares'][k]:6.1f}%")
+  print(f"{'(other)':<10s} {sh['other_s']:8.3f}   (step wall {sh['step_wall_s']:.3f} s; "
+        "shares are of rollout + reward + update)")
+  print(f"  part 1's policy step + forward = "
+        f"{100 * (d['median_s'] + d['forward_median_s']) / sh['mean_s']['update']:.0f}% "
+        f"of time/update; responses: mean length {sh['response_length_mean']:.1f}, "
+        f"{100 * sh['truncated_frac']:.0f}% truncated")
+  print()
+  print(f"load average start {res['load_avg_start']}, after part 1 "
+        f"{res['load_avg_after_update']}, end {res['load_avg_end']}; total {res['seconds']:.0f} s")
+  if a.json:
+    with open(a.json, "w") as f:
+      json.dump(res, f, indent=1)
+    print(f"wrote {a.json}")
+  return res
+
+
+if __name__ == "__main__":
+  main()

@@ -37,13 +37,13 @@ def get_config(arg=None):
   c = settings.default_config()
   c.pipeline = "demo"
   c.seed = int(args.get("seed", 0))
-  c.total_steps = 40                # GRPO steps per (task, method)
+  c.total_steps = 30                # GRPO steps per (task, method)
   c.checkpoint_every = 0            # the demo's sub-runs are short; no checkpoints
   c.log_every = 10
   c.alarm_window = 10
   c.model.path = _BASE_POLICY
   c.data.name = "arithmetic"
-  c.data.batch_prompts = 16         # B; rollout batch B * G = 128
+  c.data.batch_prompts = 8          # B; rollout batch B * G = 64
   c.data.max_prompt_len = 16
   c.data.options = ml_collections.ConfigDict(dict(num_train=20000, num_eval=512))
   c.rollout.group_size = 8
@@ -52,12 +52,12 @@ def get_config(arg=None):
   c.optim.weight_decay = 0.0
   c.rewards.channels = "arith_acc"  # set per task by the demo driver
   c.rewards.timeout_s = 5.0
-  c.anchor.probe_steps = 20         # T (TAG: 300)
-  c.anchor.probe_batch_prompts = 16
-  c.anchor.held_out_prompts = 128
+  c.anchor.probe_steps = 10         # T (TAG: 300)
+  c.anchor.probe_batch_prompts = 8
+  c.anchor.held_out_prompts = 64
   c.anchor.samples_per_prompt = 2
   c.anchor.lam = 1.0
-  c.eval.num_prompts = 256
+  c.eval.num_prompts = 128
   c.eval.samples_per_prompt = 4
   c.eval.temperature = 1.0
   c.demo = ml_collections.ConfigDict(dict(

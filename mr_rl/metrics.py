@@ -127,8 +127,8 @@ class MetricsWriter:
       os.fsync(f.fileno())
     if self._tb is not None:
       for k, v in rec.items():
-        if k != "step" and isinstance(v, float):
-          self._tb.add_scalar(k, v, step)
+        if k != "step" and isinstance(v, float):  # TensorBoard tags allow no '=' or ','
+          self._tb.add_scalar(k.replace("=", "").replace(",", "_"), v, step)
 
   def close(self) -> None:
     if self._tb is not None:

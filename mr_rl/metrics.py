@@ -32,23 +32,18 @@ def channel_summaries(r_BGK: np.ndarray, names: Sequence[str]) -> dict[str, floa
 def profile_distribution(r_BGK: np.ndarray, names: Sequence[str]) -> dict[str, float]:
   """Share of samples per binary reward profile, e.g. `profile/acc=0,fmt=1,len=1`.
 
-  Only channels whose values are all in {0, 1} (NaN ignored) enter the profile (AMRP's
-  shortcut ratio SR is the share of `(acc, fmt, len) = (0, 1, 1)`); samples with a NaN in
-  one of those channels are counted under `profile/nan`.
+  A channel's bit is 1 iff it is fully satisfied (r >= 1), so soft channels such as AMRP's length
+  reward count as 1 only at full reward, as in AMRP's shortcut ratio SR (the share of
+  `(acc, fmt, len) = (0, 1, 1)`). Samples with a NaN channel are counted under `profile/nan`.
   """
   flat = r_BGK.reshape(-1, r_BGK.shape[-1])
-  binary = [k for k in range(flat.shape[1])
-            if np.all(np.isin(flat[~np.isnan(flat[:, k]), k], (0.0, 1.0)))]
-  if not binary:
-    return {}
-  sub = flat[:, binary]
-  bad = np.isnan(sub).any(axis=1)
-  counts = collections.Counter(tuple(int(v) for v in row) for row in sub[~bad])
+  bad = np.isnan(flat).any(axis=1)
+  bits = (flat[~bad] >= 1.0).astype(int)
+  counts = collections.Counter(tuple(row) for row in bits)
   n = flat.shape[0]
   out = {"profile/nan": float(bad.sum() / n)}
   for combo, c in counts.items():
-    key = ",".join(f"{names[k]}={v}" for k, v in zip(binary, combo))
-    out[f"profile/{key}"] = c / n
+    out["profile/" + ",".join(f"{names[k]}={v}" for k, v in enumerate(combo))] = c / n
   return out
 
 

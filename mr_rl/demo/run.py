@@ -153,23 +153,28 @@ def markdown(report: dict, drift_tables: dict) -> str:
 
 
 def _plot_profiles(histories: dict, path: str, task: str) -> None:
+  """One panel per method: the share of each reward profile over steps (same colour per profile)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   methods = list(histories)
-  fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 3), sharey=True,
+  keys = sorted({k for hist in histories.values() for h in hist for k in h
+                 if k.startswith("profile/") and k != "profile/nan"})
+  colors = {k: plt.cm.tab10(i % 10) for i, k in enumerate(keys)}
+  fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 3.2), sharey=True,
                            squeeze=False)
   for ax, method in zip(axes[0], methods):
     hist = histories[method]
-    keys = sorted({k for h in hist for k in h if k.startswith("profile/") and k != "profile/nan"})
     steps = [h["step"] for h in hist]
     for k in keys:
-      ax.plot(steps, [h.get(k, 0.0) for h in hist], label=k[len("profile/"):])
+      ax.plot(steps, [h.get(k, 0.0) for h in hist], color=colors[k], lw=1.2)
     ax.set_title(method)
     ax.set_xlabel("step")
   axes[0][0].set_ylabel("share of rollouts")
-  axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+  handles = [plt.Line2D([], [], color=colors[k]) for k in keys]
+  fig.legend(handles, [k[len("profile/"):] for k in keys], loc="lower center",
+             ncol=min(4, max(1, len(keys))), fontsize=7)
   fig.suptitle(f"reward profiles: {task}")
-  fig.tight_layout()
+  fig.tight_layout(rect=(0, 0.08 + 0.04 * (len(keys) // 4), 1, 1))
   fig.savefig(path, dpi=80)
   plt.close(fig)

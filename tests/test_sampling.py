@@ -200,11 +200,12 @@ def test_sample_frequencies_match_reference():
   n = 100_000
 
   @jax.jit
-  def draw(key):  # same key for every setting: XLA shares one batch of Gumbel noise
-    x = jnp.broadcast_to(logits, (n, logits.size))
-    return [sample_tokens(x, key, SamplingParams(*s)) for s in SETTINGS]
+  def draw(x_V, key):  # x_V is an argument: a constant would be folded slowly at compile time
+    x = jnp.broadcast_to(x_V, (n, x_V.size))
+    return [sample_tokens(x, jax.random.fold_in(key, i), SamplingParams(*s))
+            for i, s in enumerate(SETTINGS)]
 
-  for s, tokens in zip(SETTINGS, draw(jax.random.PRNGKey(1))):
+  for s, tokens in zip(SETTINGS, draw(logits, jax.random.PRNGKey(1))):
     _assert_frequencies(tokens, _ref_probs(logits, *s))
 
 

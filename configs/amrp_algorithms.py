@@ -1,0 +1,43 @@
+r"""AMRP Table 4: AMRP with GRPO, GDPO and PPO on Qwen3-4B-Instruct math reasoning (paper 001).
+
+    python -m mr_rl.main --config=configs/amrp_algorithms.py:algorithm=gdpo,method=amrp \
+        --workdir=$WORKDIR_ROOT/amrp_algorithms/algorithm-gdpo/method-amrp
+    launch/pod.sh $TPU $ZONE configs/amrp_algorithms.py:algorithm=gdpo,method=amrp $WORKDIR
+    python -m mr_rl.config_lib list configs/amrp_algorithms.py  # all 12 runs
+
+Arguments: algorithm = grpo | gdpo | ppo; method = static | drbo_inverse | drbo_delta | amrp;
+runlocal. The Table 1 set-up (amrp_math) with the advantage estimator swapped. GDPO multiplies
+the per-channel normalised advantages by the aggregator's weights (AMRP's w^(t-1)), then
+normalises over the batch (METHODS.md 3). PPO scalarises with the aggregator, puts the outcome
+reward on the last response token and uses GAE (gamma = lambda = 1, whitened) with a critic
+initialised from the same checkpoint (critic lr 1e-5: project choice, the paper gives none).
+The GRPO rows are the Table 1 runs. The text does not list Table 4's baselines beyond static /
+AMRP; the sweep covers all four methods.
+TPU slice: v5p-8 (PPO: the critic doubles the train state; check with launch/check.py).
+Estimate: 48 v5p chip-hours for the default point (algorithm=gdpo,method=amrp); whole table
+659 (PPO points include the critic; configs/README.md).
+"""
+
+from mr_rl import config_lib as cl
+
+CHOICES = {"algorithm": ("grpo", "gdpo", "ppo"),
+           "method": ("static", "drbo_inverse", "drbo_delta", "amrp")}
+DEFAULTS = {"algorithm": "gdpo", "method": "amrp"}
+
+
+def get_config(arg=None):
+  a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/amrp_algorithms.py")
+  c = cl.amrp_math_base("qwen3_4b")
+  cl.amrp_method(c, a["method"])
+  c.advantage.name = a["algorithm"]                  # grpo | gdpo | ppo (advantage estimator)
+  if a["algorithm"] == "ppo":
+    c.advantage.gamma = 1.0                          # GAE discount (outcome reward at the end)
+    c.advantage.lam = 1.0                            # GAE lambda
+    c.optim.value_lr = 1e-5                          # critic AdamW lr (project choice)
+  if a["runlocal"]:
+    cl.runlocal(c, "qwen3_4b")
+  return c
+
+
+def sweep(arg=None):
+  return cl.restrict(cl.grid(**CHOICES), arg, CHOICES, "configs/amrp_algorithms.py")

@@ -1,0 +1,46 @@
+r"""TAG Table 1 (and Sec. C.3): math with a compatible (brief) or incompatible (negative) auxiliary.
+
+    python -m mr_rl.main --config=configs/tag_math.py:model=qwen3_1_7b,task=negative,method=tag \
+        --workdir=$WORKDIR_ROOT/tag_math/model-qwen3_1_7b/task-negative/method-tag
+    launch/pod.sh $TPU $ZONE configs/tag_math.py:model=qwen3_4b,task=brief,method=additive $WORKDIR
+    python -m mr_rl.config_lib list configs/tag_math.py        # all 102 runs
+
+Arguments: model = qwen3_1_7b | qwen3_4b (Instruct-2507) | llama3_2_3b | llama3_1_8b;
+task = brief (accuracy + length < 200 Qwen / 128 Llama tokens) | negative (accuracy + final
+answer < 0); method = rp_only | additive ((RP+RA)/2) | weighted (0.9 RP + 0.1 RA) | min |
+lagrangian | pg_ot | mo_grpo | dr_grpo | rubric_dropout | lsc | additive_kl (beta 0.1) | tag
+(pipeline 'tag': probe each channel 300 steps, elect the anchor by per-token reverse KL, train
+TAG from pi_0); subset = auto (Qwen: Big-Math hard; Llama: Llama-calibrated) | hard |
+llama_calibrated; runlocal.
+The sweep is the 4 x 2 x 12 grid plus Sec. C.3's control (Llama-3.2-3B on the hard split:
+rp_only, additive, tag on both tasks). GRPO 500 steps x 256 rollouts, lr 1e-6, clip 0.2/0.28,
+completions up to 4,096 tokens; eval: 4 samples on each test problem (pass@1 / pass@4).
+Values the summary leaves open (project choices, METHODS.md): Lagrangian threshold 0.5 and dual
+lr 0.1, LSC tau 0.1, Rubric Dropout p 0.5, Additive+KL beta 0.1 (k3), TAG lambda 1.
+TPU slice: v5p-8 (1.7B, 4B, 3B), v5p-16 (Llama-3.1-8B).
+Estimate: 74 v5p chip-hours for the default point (model=qwen3_1_7b,task=negative,method=tag,
+probes included); whole table 9302.
+"""
+
+from mr_rl import config_lib as cl
+
+CHOICES = {"model": ("qwen3_1_7b", "qwen3_4b", "llama3_2_3b", "llama3_1_8b"),
+           "task": ("brief", "negative"), "method": cl.TAG_METHODS,
+           "subset": ("auto", "hard", "llama_calibrated")}
+DEFAULTS = {"model": "qwen3_1_7b", "task": "negative", "method": "tag", "subset": "auto"}
+
+
+def get_config(arg=None):
+  a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/tag_math.py")
+  c = cl.tag_math_base(a["model"], a["task"], a["subset"])
+  cl.tag_method(c, a["method"], 2)
+  if a["runlocal"]:
+    cl.runlocal(c, a["model"])
+  return c
+
+
+def sweep(arg=None):
+  main = cl.grid(model=CHOICES["model"][:4], task=CHOICES["task"], method=CHOICES["method"])
+  control = cl.grid(model=("llama3_2_3b",), task=CHOICES["task"],
+                    method=("rp_only", "additive", "tag"), subset=("hard",))
+  return cl.restrict(main + control, arg, CHOICES, "configs/tag_math.py")

@@ -1,0 +1,209 @@
+r"""Compile a paper config's device programs ahead of time on fake CPU devices; report memory.
+
+    python launch/check.py --config=configs/tag_math.py:model=qwen3_4b --devices=4
+    python launch/check.py --config=configs/tag_moe.py --devices=16 --chip=v5p
+    python launch/check.py --config=configs/tag_math.py --preset=tiny_qwen3 --devices=8 \
+        --mesh=data=2,fsdp=2,tensor=2,expert=1 --rows=16 --prompt_len=32 --new_tokens=32
+
+Validates a pod-size config before booking it: XLA_FLAGS=--xla_force_host_platform_device_count
+gives N CPU devices, the config's mesh is built on them, parameters are abstract
+(`jax.eval_shape`, nothing is allocated), and each program the trainer runs per step is
+lowered with the shardings of `mr_rl.models.sharding` / `mr_rl.rl.update.state_shardings` and
+compiled (`jax.jit(...).lower(...).compile()`):
+
+  * `policy_step`: the GRPO update (`update.make_policy_step` with mesh, rules, state and batch
+    shardings; optimizer state included, the state donated);
+  * `ref_logprob`: the reference log-prob pass over the whole rollout batch (the trainer runs it
+    every step, un-micro-batched; `--ref_chunks M` compiles it on rows / M rows instead);
+  * `sampler`: the KV-cache rollout of B*G rows (`mr_rl.sampling.Sampler` on the mesh).
+
+For each it prints XLA's per-device memory (`compiled.memory_analysis()`: arguments, outputs,
+temporaries, aliasing) against the chip's HBM, and it lists the largest arrays of the train
+state with their sharding and per-device size. `--remat` rematerialises each decoder block
+(ModelConfig.remat) to show what activation memory that saves. CPU compilation of a 30-layer model takes
+minutes; the CPU backend's buffer assignment approximates the TPU one (same sharded shapes, a
+different scheduler), so keep 10-20% headroom. Exit status 1 if a program does not fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+
+def _parse_mesh(text: str) -> dict[str, int]:
+  out = {}
+  for part in filter(None, text.split(",")):
+    k, sep, v = part.partition("=")
+    if not sep:
+      raise ValueError(f"--mesh: expected axis=size pairs, got {part!r}")
+    out[k.strip()] = int(v)
+  return out
+
+
+def _args(argv):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--config", required=True, help="configs/<file>.py[:key=value,...]")
+  p.add_argument("--devices", type=int, required=True, help="number of (fake) devices = chips")
+  p.add_argument("--chip", default="v5p", help="HBM budget per device from config_lib.CHIPS")
+  p.add_argument("--preset", default="", help="model preset instead of the config's model")
+  p.add_argument("--mesh", default="", help="override config.mesh, e.g. data=1,fsdp=4")
+  p.add_argument("--rows", type=int, default=0, help="override B*G rows")
+  p.add_argument("--prompt_len", type=int, default=0, help="override data.max_prompt_len")
+  p.add_argument("--new_tokens", type=int, default=0, help="override rollout.max_new_tokens")
+  p.add_argument("--micro_batches", type=int, default=0, help="override optim.num_micro_batches")
+  p.add_argument("--programs", default="policy_step,ref_logprob,sampler")
+  p.add_argument("--remat", action="store_true",
+                 help="rematerialise decoder blocks (ModelConfig.remat) to see its effect")
+  p.add_argument("--ref_chunks", type=int, default=1,
+                 help="compile the reference pass on rows/ref_chunks rows (a chunked pass)")
+  p.add_argument("--top", type=int, default=8, help="largest state arrays to list")
+  return p.parse_args(argv)
+
+
+def _gb(x: float) -> str:
+  """Bytes in GB, or MB below 0.1 GB (tiny models)."""
+  return f"{x / 1e9:8.2f} GB" if x >= 1e8 else f"{x / 1e6:8.2f} MB"
+
+
+def main(argv=None) -> int:
+  a = _args(sys.argv[1:] if argv is None else argv)
+  # Must happen before jax is imported anywhere.
+  flags = os.environ.get("XLA_FLAGS", "")
+  os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={a.devices}".strip()
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from mr_rl import config_lib, models
+  from mr_rl.models import sharding as shd
+  from mr_rl.rl import update as update_lib
+  from mr_rl.rl.losses import PolicyLossConfig
+  from mr_rl.sampling import Sampler
+
+  if jax.device_count() != a.devices:
+    raise RuntimeError(f"jax sees {jax.device_count()} devices, expected {a.devices}; was jax "
+                       "imported before XLA_FLAGS was set?")
+  path, sep, arg = a.config.partition(":")
+  c = config_lib.load_config_module(path).get_config(arg if sep else None)
+  preset = a.preset or next((m.preset for m in config_lib.MODELS.values()
+                             if m.hub == c.model.path), "")
+  if not preset:
+    raise ValueError(f"config.model.path={c.model.path!r} is not a paper model; pass --preset")
+  if a.chip not in config_lib.CHIPS:
+    raise ValueError(f"--chip={a.chip!r}; valid: {sorted(config_lib.CHIPS)}")
+  hbm = config_lib.CHIPS[a.chip].hbm_bytes
+  dtype = jnp.dtype(c.model.dtype)
+  cfg = models.get_preset(preset).replace(param_dtype=dtype, dtype=dtype, remat=bool(a.remat))
+  model = models.Transformer(cfg)
+  mesh_sizes = _parse_mesh(a.mesh) if a.mesh else {k: int(c.mesh[k]) for k in c.mesh}
+  mesh = shd.make_mesh(mesh_sizes)
+  rules = shd.DEFAULT_RULES
+  rows = a.rows or int(c.data.batch_prompts) * int(c.rollout.group_size)
+  group = int(c.rollout.group_size) if rows % int(c.rollout.group_size) == 0 else 1
+  P_len = a.prompt_len or int(c.data.max_prompt_len)
+  N_new = a.new_tokens or int(c.rollout.max_new_tokens)
+  T = P_len + N_new
+  micro = a.micro_batches or int(c.optim.num_micro_batches)
+  if rows % micro:
+    raise ValueError(f"micro-batches {micro} must divide rows {rows}; pass --micro_batches")
+  norm_len = N_new if c.loss.loss_agg == "seq-mean-token-sum-norm" else None
+  loss = PolicyLossConfig(eps_low=float(c.loss.eps_low), eps_high=float(c.loss.eps_high),
+                          loss_agg=c.loss.loss_agg, norm_len=norm_len,
+                          kl_coef=float(c.loss.kl_coef), kl_estimator=c.loss.kl_estimator,
+                          entropy_coef=float(c.loss.entropy_coef))
+  ucfg = update_lib.UpdateConfig(loss=loss, num_micro_batches=micro, lr=float(c.optim.lr),
+                                 weight_decay=float(c.optim.weight_decay))
+  if rows % a.ref_chunks:
+    raise ValueError(f"--ref_chunks={a.ref_chunks} must divide rows {rows}")
+  print(f"config   {a.config}\nmodel    {preset} ({config_lib.model_sizes(preset)['total'] / 1e9:.2f}B"
+        f" params, {dtype.name}{', remat' if a.remat else ''})\nmesh     {dict(mesh.shape)} on {a.devices} fake devices\n"
+        f"batch    rows={rows} (G={group}), T={P_len}+{N_new}, micro_batches={micro}\n"
+        f"budget   {_gb(hbm)} per device ({a.chip})")
+
+  p_sh = shd.param_shardings(model, mesh, rules)
+  params_abs = models.abstract_params(model)
+  tx = update_lib.make_optimizer(ucfg)
+  state_abs = jax.eval_shape(lambda p: update_lib.init_train_state(p, tx), params_abs)
+  st_sh = update_lib.state_shardings(state_abs, tx, p_sh, mesh)
+  with_sh = lambda tree, sh: jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh)
+  state_in = with_sh(state_abs, st_sh)
+  params_in = with_sh(params_abs, p_sh)
+  i32, f32 = jnp.int32, jnp.float32
+  batch_abs = {"tokens_BT": jax.ShapeDtypeStruct((rows, T), i32),
+               "mask_BT": jax.ShapeDtypeStruct((rows, T), i32),
+               "response_mask_BT": jax.ShapeDtypeStruct((rows, T), i32),
+               "old_logp_BT": jax.ShapeDtypeStruct((rows, T), f32),
+               "advantages_BG": jax.ShapeDtypeStruct((rows // group, group), f32)}
+  if loss.kl_coef > 0:
+    batch_abs["ref_logp_BT"] = jax.ShapeDtypeStruct((rows, T), f32)
+  repl = NamedSharding(mesh, P())
+  key_in = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl)
+
+  # Largest arrays of the train state, with their shardings.
+  leaves = []
+  for (path, x), (_, s) in zip(jax.tree_util.tree_leaves_with_path(state_abs),
+                               jax.tree_util.tree_leaves_with_path(st_sh)):
+    nbytes = math.prod(x.shape) * x.dtype.itemsize
+    per_dev = math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize
+    leaves.append((nbytes, per_dev, jax.tree_util.keystr(path), x.shape, s.spec))
+  leaves.sort(key=lambda t: -t[0])
+  print(f"\ntrain state: {_gb(sum(l[0] for l in leaves))} total, "
+        f"{_gb(sum(l[1] for l in leaves))} per device; largest arrays:")
+  for nbytes, per_dev, name, shape, spec in leaves[:a.top]:
+    print(f"  {name:60s} {str(shape):22s} {str(spec):40s} {_gb(per_dev)}/device")
+
+  def lower_step():
+    step = update_lib.make_policy_step(update_lib.model_logits_fn(model), ucfg, tx, mesh=mesh,
+                                       rules=rules, state_sharding=st_sh, batch_example=batch_abs)
+    b_sh = update_lib._batch_shardings(batch_abs, mesh, update_lib.data_axes(mesh))  # pylint: disable=protected-access
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      return step.jitted.lower(state_in, with_sh(batch_abs, b_sh), key_in)
+
+  def lower_ref():
+    fn = update_lib.make_logprob_fn(update_lib.model_logits_fn(model))
+    n = rows // a.ref_chunks
+    tok = jax.ShapeDtypeStruct((n, T), i32, sharding=shd.batch_sharding(mesh, (n, T)))
+    with shd.activation_sharding(mesh, rules):
+      return fn.lower(params_in, tok, tok)
+
+  def lower_sampler():
+    sampler = Sampler(model, max_new_tokens=N_new, temperature=1.0, eos_id=0, pad_id=0,
+                      mesh=mesh, rules=rules)
+    tok = jax.ShapeDtypeStruct((rows, P_len), i32,
+                               sharding=shd.batch_sharding(mesh, (rows, P_len)))
+    with shd.activation_sharding(mesh, rules):
+      return sampler._jitted.lower(params_in, tok, tok, key_in)  # pylint: disable=protected-access
+
+  programs = {"policy_step": lower_step, "ref_logprob": lower_ref, "sampler": lower_sampler}
+  wanted = [p.strip() for p in a.programs.split(",") if p.strip()]
+  unknown = sorted(set(wanted) - set(programs))
+  if unknown:
+    raise ValueError(f"--programs: unknown {unknown}; valid: {sorted(programs)}")
+  ok = True
+  print("\nper-device memory (XLA memory_analysis):")
+  for name in wanted:
+    t0 = time.time()
+    compiled = programs[name]().compile()
+    m = compiled.memory_analysis()
+    peak = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+            + m.temp_size_in_bytes)
+    fits = peak <= hbm
+    ok &= fits
+    print(f"  {name:12s} args {_gb(m.argument_size_in_bytes)}  out {_gb(m.output_size_in_bytes)}"
+          f"  alias {_gb(m.alias_size_in_bytes)}  temp {_gb(m.temp_size_in_bytes)}"
+          f"  => peak {_gb(peak)} {'fits' if fits else 'DOES NOT FIT'}"
+          f"  (compiled in {time.time() - t0:.0f} s)")
+  print("\nresult: " + ("every program fits" if ok else "some program does not fit: change the "
+                        "mesh, slice, micro-batches or lengths"))
+  return 0 if ok else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Run one paper config on a single multi-GPU node (one process drives all local GPUs).
+#
+#   launch/gpu_node.sh CONFIG WORKDIR [extra mr_rl.main flags]
+#   CUDA_VISIBLE_DEVICES=0,1,2,3 launch/gpu_node.sh configs/amrp_math.py:method=amrp /data/runs/x
+#
+# The config's mesh uses every visible GPU (its fsdp axis is -1); check the memory first with
+#   python launch/check.py --config=CONFIG --devices=<number of GPUs> --chip=h100
+# Environment: MR_RL_VENV (default ~/mr_rl_venv_gpu), MR_RL_JAX_SPEC (default "jax[cuda12]"),
+# MR_RL_SKIP_INSTALL=1 (reuse the venv), HF_HOME, MR_RL_CACHE. The log goes to WORKDIR/run.log
+# when WORKDIR is a local path (and to stdout).
+set -euo pipefail
+
+if [ "$#" -lt 2 ]; then
+  echo "usage: $0 CONFIG WORKDIR [extra mr_rl.main flags]" >&2
+  exit 2
+fi
+CONFIG=$1
+WORKDIR=$2
+shift 2
+
+cd "$(dirname "$0")/.."
+VENV=${MR_RL_VENV:-$HOME/mr_rl_venv_gpu}
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+# shellcheck disable=SC1091
+source "$VENV/bin/activate"
+if [ "${MR_RL_SKIP_INSTALL:-0}" != "1" ]; then
+  python -m pip install --quiet --upgrade pip
+  python -m pip install --quiet "${MR_RL_JAX_SPEC:-jax[cuda12]}" -e .
+fi
+
+export PYTHONUNBUFFERED=1
+export TOKENIZERS_PARALLELISM=false
+export HF_HOME=${HF_HOME:-$HOME/.cache/huggingface}
+export MR_RL_CACHE=${MR_RL_CACHE:-$HOME/.cache/mr_rl}
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$HOME/.cache/jax_compilation}
+# Let XLA take most of each GPU (the KV cache of the rollout batch is large).
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
+
+LOG=/dev/null
+case "$WORKDIR" in
+  gs://*) ;;
+  *) mkdir -p "$WORKDIR"; LOG="$WORKDIR/run.log" ;;
+esac
+echo "[gpu_node] $(hostname) gpus=${CUDA_VISIBLE_DEVICES:-all} config=$CONFIG workdir=$WORKDIR" >&2
+python -m mr_rl.main --config="$CONFIG" --workdir="$WORKDIR" "$@" 2>&1 | tee -a "$LOG"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Per-worker set-up and launch on one TPU VM worker (pod.sh runs this on every worker).
+#
+#   launch/run_tpu.sh CONFIG WORKDIR [extra mr_rl.main flags, e.g. --config.total_steps=10]
+#
+# CONFIG is configs/<file>.py[:key=value,...]; WORKDIR must be shared by all workers
+# (gs://bucket/path or a shared file system): orbax writes one checkpoint for the whole pod.
+# Environment (all optional):
+#   MR_RL_VENV       virtual environment directory           (default ~/mr_rl_venv)
+#   MR_RL_JAX_SPEC   pip spec of jax for TPU                  (default "jax[tpu]")
+#   MR_RL_PIP_EXTRA  extra pip arguments (e.g. -f <libtpu wheel index>)
+#   HF_HOME          Hugging Face cache (model and data downloads, per worker)
+#   MR_RL_CACHE      mr_rl cache (tiny runlocal assets)
+#   MR_RL_SKIP_INSTALL=1  reuse the venv as it is (faster restarts)
+# The process id goes to ~/mr_rl_run.pid so pod.sh can stop this worker's run precisely.
+set -euo pipefail
+
+if [ "$#" -lt 2 ]; then
+  echo "usage: $0 CONFIG WORKDIR [extra mr_rl.main flags]" >&2
+  exit 2
+fi
+CONFIG=$1
+WORKDIR=$2
+shift 2
+
+cd "$(dirname "$0")/.."
+VENV=${MR_RL_VENV:-$HOME/mr_rl_venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+# shellcheck disable=SC1091
+source "$VENV/bin/activate"
+if [ "${MR_RL_SKIP_INSTALL:-0}" != "1" ]; then
+  python -m pip install --quiet --upgrade pip
+  # shellcheck disable=SC2086
+  python -m pip install --quiet ${MR_RL_PIP_EXTRA:-} "${MR_RL_JAX_SPEC:-jax[tpu]}" -e .
+fi
+
+export PYTHONUNBUFFERED=1
+export TOKENIZERS_PARALLELISM=false
+export HF_HOME=${HF_HOME:-$HOME/.cache/huggingface}
+export MR_RL_CACHE=${MR_RL_CACHE:-$HOME/.cache/mr_rl}
+# Persistent XLA compilation cache: restarts of the same config skip compilation.
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$HOME/.cache/jax_compilation}
+# The sampler keeps the KV cache of the whole rollout batch on device.
+export TPU_PREMAPPED_BUFFER_SIZE=${TPU_PREMAPPED_BUFFER_SIZE:-4294967296}
+
+echo "[run_tpu] $(hostname) worker=${TPU_WORKER_ID:-?} config=$CONFIG workdir=$WORKDIR" >&2
+python -m mr_rl.main --multihost --config="$CONFIG" --workdir="$WORKDIR" "$@" &
+PID=$!
+echo "$PID" > "$HOME/mr_rl_run.pid"
+wait "$PID"

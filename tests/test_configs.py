@@ -225,22 +225,6 @@ def _check_run(name, c, workdir):
   return nan_channels
 
 
-def _process_channels_cannot_pickle_messages():
-  """True while mr_rl.train.score hands Example.messages (read-only mappings) to the runner:
-  "process" channels (accuracy, negative) then fail to pickle their example and score NaN."""
-  import inspect
-  import pickle
-  from mr_rl import train
-  from mr_rl.data import Example
-  if '"messages": ex.messages' not in inspect.getsource(train.score):
-    return False
-  try:
-    pickle.dumps(Example.single_turn("u/1", "u", "q").messages)
-    return False
-  except TypeError:
-    return True
-
-
 # Compile-time flags for the CPU runs below: XLA's CPU backend at optimisation level 0
 # compiles the tiny programs about 2x faster; they run equally fast at this size.
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
@@ -276,10 +260,6 @@ def test_one_step_per_config_file(tmp_path):
       failures.append(f"{target}: {type(e).__name__}: {e}")
   assert not failures, "\n".join(failures)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  if nans and _process_channels_cannot_pickle_messages():
-    pytest.xfail("known trainer bug: mr_rl.train.score passes Example.messages (mappingproxy) to "
-                 "process reward channels, which cannot pickle them; NaN rewards in: "
-                 + "; ".join(nans))
   assert not nans, "reward channels returned NaN: " + "; ".join(nans)
 
 

@@ -24,9 +24,9 @@ class PaperModel:
     preset: mr_rl.models preset with the same architecture (for launch/check.py, estimates).
     family: tiny stand-in family for runlocal.
     slice: TPU slice the configs target (validate with launch/check.py before booking).
-    mesh: config.mesh (fsdp fills the slice; MoE adds an expert axis).
-    micro_batches: config.optim.num_micro_batches for B*G = 256 rows (one row per chip per
-      micro-batch, so the [rows, T, V] logits of a micro-batch stay a few GB per chip).
+    mesh: config.mesh (tensor parallel over the slice; the MoE adds an expert axis).
+    micro_batches: config.optim.num_micro_batches for B*G = 256 rows (one row per
+      data-parallel group per micro-batch).
   """
   hub: str
   preset: str
@@ -36,25 +36,33 @@ class PaperModel:
   micro_batches: int
 
 
-_FSDP = {"data": 1, "fsdp": -1, "tensor": 1, "expert": 1}
+def _tp(chips: int, expert: int = 1) -> dict:
+  return {"data": 1, "fsdp": 1, "tensor": chips // expert, "expert": expert}
+
+
+# Tensor parallelism over the slice (heads, MLP and vocabulary split over the chips) and one
+# row per micro-batch and data-parallel group: at the papers' lengths (T = P + N up to 4.6K)
+# one row's activations and [T, V] logits are what fills a chip (launch/check.py: Qwen3-1.7B,
+# T = 4,608 on v5p-8 needs 136 GB/chip with FSDP and 4 rows per micro-batch, 42 GB with this).
 MODELS: dict[str, PaperModel] = {
     # TAG (base / instruct as the summary names them)
-    "qwen3_1_7b": PaperModel("Qwen/Qwen3-1.7B", "qwen3_1_7b", "qwen3", "v5p-8", _FSDP, 64),
-    "qwen3_4b": PaperModel("Qwen/Qwen3-4B-Instruct-2507", "qwen3_4b", "qwen3", "v5p-8", _FSDP, 64),
-    "llama3_2_3b": PaperModel("meta-llama/Llama-3.2-3B", "llama3_2_3b", "llama", "v5p-8", _FSDP,
-                              64),
-    "llama3_1_8b": PaperModel("meta-llama/Llama-3.1-8B", "llama3_1_8b", "llama", "v5p-16", _FSDP,
-                              32),
+    "qwen3_1_7b": PaperModel("Qwen/Qwen3-1.7B", "qwen3_1_7b", "qwen3", "v5p-8", _tp(4), 256),
+    "qwen3_4b": PaperModel("Qwen/Qwen3-4B-Instruct-2507", "qwen3_4b", "qwen3", "v5p-8", _tp(4),
+                           256),
+    "llama3_2_3b": PaperModel("meta-llama/Llama-3.2-3B", "llama3_2_3b", "llama", "v5p-8", _tp(4),
+                              256),
+    "llama3_1_8b": PaperModel("meta-llama/Llama-3.1-8B", "llama3_1_8b", "llama", "v5p-16", _tp(8),
+                              256),
+    # 4 KV heads: tensor <= 4; experts split 4 ways (the expert axis also splits the batch).
     "qwen3_30b_a3b": PaperModel("Qwen/Qwen3-30B-A3B-Instruct-2507", "qwen3_30b_a3b", "qwen3_moe",
-                                "v5p-32", {"data": 1, "fsdp": -1, "tensor": 1, "expert": 4}, 16),
+                                "v5p-32", _tp(16, expert=4), 64),
     # AMRP
     "llama3_1_8b_instruct": PaperModel("meta-llama/Llama-3.1-8B-Instruct", "llama3_1_8b", "llama",
-                                       "v5p-16", _FSDP, 32),
-    # MHA: its fp32 KV cache for 256 x 4K tokens is ~1 TB, hence the larger slice.
+                                       "v5p-16", _tp(8), 256),
+    # MHA (32 KV heads): its fp32 KV cache for 256 x 4K tokens is ~1 TB, hence 16 chips.
     "deepseek_math_7b": PaperModel("deepseek-ai/deepseek-math-7b-base", "deepseek_math_7b",
-                                   "llama", "v5p-32", _FSDP, 16),
+                                   "llama", "v5p-32", _tp(16), 256),
 }
-
 MODELS_BY_HUB = {m.hub: m.slice for m in MODELS.values()}
 
 
@@ -63,8 +71,8 @@ def set_model(c, key: str) -> None:
   m = MODELS[key]
   c.model.path = m.hub                                 # hub id (a local copy works too)
   c.model.dtype = "float32"                            # fp32 params: lr 1e-6 steps vanish in bf16
-  c.mesh = ml_collections.ConfigDict(dict(m.mesh))     # FSDP over the slice (MoE: + expert axis)
-  c.optim.num_micro_batches = m.micro_batches          # one row per chip per micro-batch
+  c.mesh = ml_collections.ConfigDict(dict(m.mesh))     # tensor parallel (MoE: + expert axis)
+  c.optim.num_micro_batches = m.micro_batches          # one row per micro-batch and data group
 
 
 # ------------------------------------------------------------------------------ common base

@@ -16,6 +16,10 @@
 # Before booking a slice, check memory with launch/check.py (see configs/README.md).
 set -euo pipefail
 
+if ((BASH_VERSINFO[0] < 5 || (BASH_VERSINFO[0] == 5 && BASH_VERSINFO[1] < 1))); then
+  echo "$0 needs bash >= 5.1 (wait -n -p)" >&2
+  exit 2
+fi
 if [ "$#" -lt 4 ]; then
   echo "usage: $0 TPU_NAME ZONE CONFIG WORKDIR [extra mr_rl.main flags]" >&2
   exit 2
@@ -38,9 +42,8 @@ GC=(gcloud compute tpus tpu-vm)
 mkdir -p "$LOGDIR"
 
 # Number of workers = number of network endpoints of the slice.
-ENDPOINTS=$("${GC[@]}" describe "$TPU" --zone "$ZONE" "${PROJECT_FLAG[@]}" \
-  --format='value(networkEndpoints[].ipAddress)')
-NUM_WORKERS=$(echo "$ENDPOINTS" | tr ';,' '\n\n' | grep -c .)
+NUM_WORKERS=$("${GC[@]}" describe "$TPU" --zone "$ZONE" "${PROJECT_FLAG[@]}" --format=json \
+  | python3 -c 'import json, sys; print(len(json.load(sys.stdin).get("networkEndpoints", [])))')
 if [ "$NUM_WORKERS" -lt 1 ]; then
   echo "[pod] could not read the workers of $TPU in $ZONE" >&2
   exit 1

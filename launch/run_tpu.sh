@@ -42,7 +42,7 @@ export HF_HOME=${HF_HOME:-$HOME/.cache/huggingface}
 export MR_RL_CACHE=${MR_RL_CACHE:-$HOME/.cache/mr_rl}
 # Persistent XLA compilation cache: restarts of the same config skip compilation.
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$HOME/.cache/jax_compilation}
-# The sampler keeps the KV cache of the whole rollout batch on device.
+# Larger host<->device staging buffer: every step moves the rollout batch to the host (rewards).
 export TPU_PREMAPPED_BUFFER_SIZE=${TPU_PREMAPPED_BUFFER_SIZE:-4294967296}
 
 echo "[run_tpu] $(hostname) worker=${TPU_WORKER_ID:-?} config=$CONFIG workdir=$WORKDIR" >&2

@@ -291,6 +291,75 @@ def test_launch_scripts_parse():
   assert usage.returncode == 2 and "usage:" in usage.stderr
 
 
+_FAKE_GCLOUD = r"""#!/usr/bin/env bash
+# Stand-in for `gcloud compute tpus tpu-vm ...`: records its arguments; describe reports two
+# workers; scp keeps the shipped tarball; ssh --worker=i sleeps FAKE_SLEEP_i seconds (exec, so
+# a kill stops it) or exits with FAKE_EXIT_i; --worker=all succeeds.
+echo "$*" >> "$FAKE_DIR/calls.log"
+case "$4" in
+  describe) echo '{"networkEndpoints": [{"ipAddress": "10.0.0.1"}, {"ipAddress": "10.0.0.2"}]}' ;;
+  scp) cp "$5" "$FAKE_DIR/shipped.tgz" ;;
+  ssh)
+    for a in "$@"; do case "$a" in --worker=*) w=${a#--worker=} ;; esac; done
+    [ "$w" = all ] && exit 0
+    echo "worker $w: $*"
+    s=FAKE_SLEEP_$w; e=FAKE_EXIT_$w
+    [ -n "${!s:-}" ] && exec sleep "${!s}"
+    exit "${!e:-0}" ;;
+esac
+"""
+
+
+def _run_pod(tmp_path, **worker_env):
+  fake = tmp_path / "bin"
+  fake.mkdir(parents=True, exist_ok=True)
+  (fake / "gcloud").write_text(_FAKE_GCLOUD)
+  (fake / "gcloud").chmod(0o755)
+  env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", FAKE_DIR=str(fake),
+             LOGDIR=str(tmp_path / "logs"), **worker_env)
+  return subprocess.run(["bash", os.path.join(REPO, "launch", "pod.sh"), "my-tpu", "zone-a",
+                         "configs/tag_math.py:method=tag", "gs://bucket/run"], env=env,
+                        capture_output=True, text=True, timeout=120), fake
+
+
+def test_pod_sh_ships_starts_every_worker_and_stops_at_the_first_failure(tmp_path):
+  import tarfile
+  ok, fake = _run_pod(tmp_path / "ok")
+  assert ok.returncode == 0, ok.stderr
+  names = tarfile.open(fake / "shipped.tgz").getnames()
+  assert "launch/run_tpu.sh" in names and "configs/tag_math.py" in names
+  for w in (0, 1):
+    log = (tmp_path / "ok" / "logs" / f"worker-{w}.log").read_text()
+    assert f"--worker={w}" in log and "launch/run_tpu.sh configs/tag_math.py:method=tag" in log
+  bad, fake = _run_pod(tmp_path / "bad", FAKE_SLEEP_0="60", FAKE_EXIT_1="3")
+  assert bad.returncode == 3, bad.stderr          # the failing worker's status, not after 60 s
+  assert "worker 1 failed (exit 3)" in bad.stderr
+  calls = (fake / "calls.log").read_text()
+  assert "--worker=all" in calls and "mr_rl_run.pid" in calls  # runs stopped on every worker
+
+
+def test_gpu_node_and_run_tpu_scripts_run_main_and_propagate_its_status(tmp_path):
+  """Both scripts activate the venv, export the environment and run mr_rl.main; a bad config
+  argument fails inside main and its status comes back (run.log / pid file written)."""
+  venv = tmp_path / "venv" / "bin"
+  venv.mkdir(parents=True)
+  (venv / "python").symlink_to(sys.executable)
+  (venv / "activate").write_text(f'export PATH="{venv}:$PATH"\n')
+  env = dict(os.environ, HOME=str(tmp_path), MR_RL_VENV=str(venv.parent), MR_RL_SKIP_INSTALL="1",
+             JAX_PLATFORMS="cpu")
+  target = "configs/tag_math.py:bogus=1"
+  gpu = subprocess.run(["bash", os.path.join(REPO, "launch", "gpu_node.sh"), target,
+                        str(tmp_path / "wd")], env=env, capture_output=True, text=True,
+                       timeout=300)
+  assert gpu.returncode != 0
+  assert "unknown argument 'bogus'" in (tmp_path / "wd" / "run.log").read_text()
+  tpu = subprocess.run(["bash", os.path.join(REPO, "launch", "run_tpu.sh"), target,
+                        str(tmp_path / "wd2")], env=env, capture_output=True, text=True,
+                       timeout=300)
+  assert tpu.returncode != 0 and "unknown argument 'bogus'" in tpu.stderr
+  assert (tmp_path / "mr_rl_run.pid").read_text().strip().isdigit()
+
+
 _FLAGS_SCRIPT = """
 from absl import app
 from ml_collections import config_flags

@@ -23,30 +23,30 @@ def runlocal(c, model_key: str) -> None:
   """
   from mr_rl import tiny
   m = MODELS[model_key]
-  c.model.path = tiny.tiny_checkpoint_for(m.hub.split("/")[-1], m.family)
+  c.model.path = tiny.tiny_checkpoint_for(m.hub.split("/")[-1], m.family)  # 1 layer, d = 32
   c.model.dtype = "float32"
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
-  c.optim.num_micro_batches = 1
-  c.data.path = tiny.runlocal_data(c.data.name)
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))  # any devices
+  c.optim.num_micro_batches = 1                      # 4 rows: no accumulation needed
+  c.data.path = tiny.runlocal_data(c.data.name)      # a few records in the hub schema
   opts = dict(c.data.options.to_dict())
   opts.update(tiny.RUNLOCAL_DATA_OPTIONS.get(c.data.name, {}))
-  c.data.options = ml_collections.ConfigDict(opts)
-  c.data.batch_prompts = RUNLOCAL["batch_prompts"]
-  c.data.max_prompt_len = RUNLOCAL["max_prompt_len"]
-  c.rollout.group_size = RUNLOCAL["group_size"]
-  c.rollout.max_new_tokens = RUNLOCAL["max_new_tokens"]
+  c.data.options = ml_collections.ConfigDict(opts)   # loader options sized for the tiny file
+  c.data.batch_prompts = RUNLOCAL["batch_prompts"]   # B = 2
+  c.data.max_prompt_len = RUNLOCAL["max_prompt_len"]  # one padded length for every config
+  c.rollout.group_size = RUNLOCAL["group_size"]      # G = 2
+  c.rollout.max_new_tokens = RUNLOCAL["max_new_tokens"]  # 8 new tokens
   c.rollout.temperature = 1.0
-  c.total_steps = min(int(c.total_steps), 1)
-  c.checkpoint_every = 0
+  c.total_steps = min(int(c.total_steps), 1)         # one step (0 stays 0: eval / election only)
+  c.checkpoint_every = 0                             # no orbax checkpoints
   c.log_every = 1
-  c.anchor.probe_steps = 1
+  c.anchor.probe_steps = 1                           # TAG: one probe step per channel
   c.anchor.probe_batch_prompts = RUNLOCAL["batch_prompts"]
-  c.anchor.held_out_prompts = RUNLOCAL["batch_prompts"]
-  c.anchor.samples_per_prompt = RUNLOCAL["group_size"]
+  c.anchor.held_out_prompts = RUNLOCAL["batch_prompts"]  # drift on 2 held-out prompts
+  c.anchor.samples_per_prompt = RUNLOCAL["group_size"]   # same sampler shapes as the rollouts
   c.eval.every = 0
-  c.eval.num_prompts = RUNLOCAL["batch_prompts"]
+  c.eval.num_prompts = RUNLOCAL["batch_prompts"]     # final eval: 2 prompts x 2 samples
   c.eval.samples_per_prompt = RUNLOCAL["group_size"]
-  c.eval.temperature = 1.0
+  c.eval.temperature = 1.0                           # sampled, sharing the rollout sampler
   params = c.rewards.params.to_dict()
   for ch in ("alce_correctness", "alce_citation"):
     if ch in str(c.rewards.channels):

@@ -15,7 +15,6 @@ import json
 import os
 
 import jax
-import numpy as np
 
 from mr_rl import settings as settings_lib
 from mr_rl import train as train_lib
@@ -33,9 +32,10 @@ def run(config, workdir: str):
 
 
 def final_eval(comp, s, params, key_offset: int = 0) -> dict:
-  return train_lib.evaluate(comp, params, list(comp.eval_examples[:s.eval.num_prompts]),
-                            samples=s.eval.samples_per_prompt, temperature=s.eval.temperature,
-                            key=jax.random.fold_in(jax.random.PRNGKey(s.seed), 7_000_000 + key_offset))
+  """The end-of-run evaluation (`train.run_evaluation`: eval split or `data.eval_sets`)."""
+  return train_lib.run_evaluation(
+      comp, params, jax.random.fold_in(jax.random.PRNGKey(s.seed), 7_000_000 + key_offset),
+      s.eval)
 
 
 def run_train(s, workdir: str, comp=None):
@@ -79,7 +79,7 @@ def elect_anchor(s, comp, directory: str | None, log=print) -> tuple[int, list]:
         jax.random.fold_in(jax.random.PRNGKey(s.seed), 5_000_000 + k),
         samples=s.anchor.samples_per_prompt, rollout_fn=train_lib.rollout,
         batch_fn=train_lib.update_batch)
-    table.append(anchor_lib.Drift(channel=name, probe_reward=float(np.nanmean(tail)), **d))
+    table.append(anchor_lib.Drift(channel=name, probe_reward=anchor_lib.probe_reward(tail), **d))
     if log:
       log(f"probe {name}: KLrev/token {d['rev_kl_per_token']:.4g} "
           f"(exact {d['rev_kl_exact_per_token']:.4g}), KLfwd/token {d['fwd_kl_per_token']:.4g}, "

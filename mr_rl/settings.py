@@ -32,6 +32,35 @@ def _positive(field: str, value, allow_zero: bool = False):
   return value
 
 
+def _int(field: str, value) -> int:
+  if isinstance(value, bool) or not isinstance(value, int):
+    raise ValueError(f"config.{field} must be an int, got {value!r}")
+  return value
+
+
+def _eval_sets(d) -> tuple[tuple[str, ...], dict]:
+  """config.data.eval_sets (comma-separated registry names) and their per-set loader options."""
+  from mr_rl import data as data_lib
+  names = tuple(n.strip() for n in str(d.eval_sets).split(",") if n.strip())
+  for n in names:
+    _choice("data.eval_sets", n, data_lib.DATASET_NAMES)
+  if len(set(names)) != len(names):
+    raise ValueError(f"config.data.eval_sets has duplicates: {names}")
+  opts = _as_dict(d.get("eval_set_options"))
+  for n, o in opts.items():
+    if n not in names:
+      raise ValueError(f"config.data.eval_set_options names {n!r}, which is not among "
+                       f"config.data.eval_sets {names}")
+    if not isinstance(o, dict):
+      raise ValueError(f"config.data.eval_set_options.{n} must be a mapping of loader options, "
+                       f"got {o!r}")
+    bad = sorted(set(o) - {"path", "split"} - set(data_lib.options(n)))
+    if bad:
+      raise ValueError(f"config.data.eval_set_options.{n} has unknown option(s) {bad}; valid: "
+                       f"{['path', 'split', *data_lib.options(n)]}")
+  return names, opts
+
+
 def _as_dict(x) -> dict:
   if x is None:
     return {}
@@ -56,6 +85,12 @@ class DataSettings:
   max_prompt_len: int = 16
   template: str = ""       # prompt template task ('' = the data set's own prompt)
   options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  # Benchmark sets evaluated instead of `eval_split` (AMRP Table 1: math500, amc, aime), each
+  # loaded with mr_rl.data.load_dataset at its default split; per-set loader options
+  # (`path` for a local copy, `split`, loader options) in eval_set_options[name].
+  eval_sets: tuple[str, ...] = ()
+  eval_set_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+  skip_long_prompts: bool = False  # drop prompts over max_prompt_len at load (False: error)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +141,7 @@ class RunSettings:
   checkpoint_every: int
   log_every: int
   alarm_window: int
+  kl_ref_every: int  # kl_ref/* metrics every N steps (0 = never unless kl_coef > 0)
   model: ModelSettings
   mesh: Mapping[str, int]
   data: DataSettings
@@ -132,6 +168,8 @@ def default_config():
   c.total_steps = 500             # GRPO steps (papers: 500)
   c.checkpoint_every = 50         # orbax checkpoint interval in steps (0 = never)
   c.log_every = 1                 # console line interval
+  c.kl_ref_every = 1              # reference forward for the kl_ref/k1,k3 metrics every N steps
+                                  # (0 = never; with loss.kl_coef > 0 it runs every step anyway)
   c.alarm_window = 10             # steps over which the shortcut alarm compares trends
   c.model = ml_collections.ConfigDict(dict(
       path="",                    # HF checkpoint dir or hub id
@@ -145,7 +183,10 @@ def default_config():
       batch_prompts=32,           # B prompts per step; rollout batch = B * G (papers: 256)
       max_prompt_len=512,         # prompts are left-padded to this (longer ones are an error)
       template="",                # prompt template task for mr_rl.data.make_template
-      options=ml_collections.ConfigDict()))  # loader options (thresholds, subset sizes)
+      options=ml_collections.ConfigDict(),  # loader options (thresholds, subset sizes)
+      eval_sets="",               # comma-separated benchmark sets evaluated instead of eval_split
+      eval_set_options=ml_collections.ConfigDict(),  # {set: {path=..., split=..., options}}
+      skip_long_prompts=False))   # drop (and log) prompts over max_prompt_len instead of failing
   c.rollout = ml_collections.ConfigDict(dict(
       group_size=8,               # G (papers: 8)
       max_new_tokens=3000,        # max response length
@@ -235,11 +276,17 @@ def from_config(cfg) -> RunSettings:
     _choice("model.preset", model.preset, models.PRESETS)
 
   mesh = {k: int(c.mesh[k]) for k in ("data", "fsdp", "tensor", "expert")}
+  eval_sets, eval_set_options = _eval_sets(c.data)
+  if not isinstance(c.data.skip_long_prompts, bool):
+    raise ValueError("config.data.skip_long_prompts must be True or False, got "
+                     f"{c.data.skip_long_prompts!r}")
   data = DataSettings(
       name=c.data.name, path=c.data.path, split=c.data.split, eval_split=c.data.eval_split,
       batch_prompts=_positive("data.batch_prompts", int(c.data.batch_prompts)),
       max_prompt_len=_positive("data.max_prompt_len", int(c.data.max_prompt_len)),
-      template=c.data.template, options=_as_dict(c.data.get("options")))
+      template=c.data.template, options=_as_dict(c.data.get("options")),
+      eval_sets=eval_sets, eval_set_options=eval_set_options,
+      skip_long_prompts=c.data.skip_long_prompts)
   rollout = RolloutSettings(
       group_size=_positive("rollout.group_size", int(c.rollout.group_size)),
       max_new_tokens=_positive("rollout.max_new_tokens", int(c.rollout.max_new_tokens)),
@@ -254,6 +301,7 @@ def from_config(cfg) -> RunSettings:
       checkpoint_every=_positive("checkpoint_every", int(c.checkpoint_every), True),
       log_every=_positive("log_every", int(c.log_every)),
       alarm_window=_positive("alarm_window", int(c.alarm_window)),
+      kl_ref_every=_positive("kl_ref_every", _int("kl_ref_every", c.kl_ref_every), True),
       model=model, mesh=mesh, data=data, rollout=rollout,
       rewards=RewardSettings(channels=channels, primary=primary, params=reward_params,
                              timeout_s=_positive("rewards.timeout_s", float(c.rewards.timeout_s))),

@@ -10,6 +10,13 @@
 orbax checkpoints under `workdir` (or nothing, with workdir=None: the pipelines use that for
 probes). Re-running with the same workdir resumes from the latest checkpoint and reproduces
 the uninterrupted run's metrics exactly (all randomness is `fold_in(root, step)`).
+
+Scale: with more than one device, `build` makes the `settings.mesh` mesh and every program
+(sampler, reference / critic forward, update step) runs sharded on it (parameters and
+optimizer state by `mr_rl.models.sharding` / `mr_rl.rl.update.state_shardings`, rows over the
+data axes). The reference log-prob and critic forwards run in `num_micro_batches` row chunks
+(`mr_rl.rl.update.chunked_forward`), the split the update step uses for gradient
+accumulation, so no program holds the activations of more than B*G / M rows.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import json
 import logging
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +56,7 @@ class Components:
   render: Callable[[Any], str]  # example -> prompt text
   runner: RewardRunner
   mesh: Any = None
+  eval_sets: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
 
 
 def load_policy(settings: RunSettings, mesh=None):
@@ -61,6 +69,9 @@ def load_policy(settings: RunSettings, mesh=None):
     cfg = models.get_preset(settings.model.preset).replace(param_dtype=dtype, dtype=dtype)
     model = models.Transformer(cfg)
     params = models.init_params(model, jax.random.PRNGKey(settings.seed))
+    if mesh is not None:
+      from mr_rl.models import sharding
+      params = sharding.shard_params(params, model, mesh)
     tokenizer = None
   return model, params, tokenizer
 
@@ -82,6 +93,46 @@ def load_examples(settings: RunSettings):
   return train, evals
 
 
+def load_eval_sets(settings: RunSettings) -> dict[str, list]:
+  """{name: examples} for `data.eval_sets` (each at its loader's default split, or the `split`
+  / `path` / loader options given in `data.eval_set_options[name]`)."""
+  from mr_rl import data
+  out = {}
+  for name in settings.data.eval_sets:
+    opts = dict(settings.data.eval_set_options.get(name, {}))
+    path, split = opts.pop("path", None) or None, opts.pop("split", None) or None
+    try:
+      examples = data.load_dataset(name, path=path, split=split, **opts)
+    except data.DatasetUnavailableError as e:
+      raise data.DatasetUnavailableError(
+          f"{e} For config.data.eval_sets, give the local copy as "
+          f"config.data.eval_set_options.{name}.path.") from e
+    if not examples:
+      raise ValueError(f"config.data.eval_sets: data set {name!r} loaded no examples")
+    other = sorted({ex.dataset for ex in examples} - {name})
+    if other:  # per-set metrics group by Example.dataset
+      raise ValueError(f"config.data.eval_sets: loader of {name!r} labelled examples {other}")
+    out[name] = examples
+  return out
+
+
+def drop_long_prompts(comp: Components, examples, what: str) -> list:
+  """`examples` without those whose prompt exceeds `data.max_prompt_len` (data.skip_long_prompts).
+
+  Logs how many were dropped; raises ValueError if none is left.
+  """
+  P = comp.settings.data.max_prompt_len
+  kept = [ex for ex in examples if len(prompt_ids(comp, ex)) <= P]
+  dropped = len(examples) - len(kept)
+  if dropped:
+    _LOG.warning("data.skip_long_prompts: dropped %d of %d %s examples longer than "
+                 "data.max_prompt_len=%d tokens", dropped, len(examples), what, P)
+  if not kept:
+    raise ValueError(f"every one of the {len(examples)} {what} examples is longer than "
+                     f"config.data.max_prompt_len={P} tokens; raise it")
+  return kept
+
+
 def build(settings: RunSettings) -> Components:
   mesh = None
   if jax.device_count() > 1:
@@ -101,25 +152,76 @@ def build(settings: RunSettings) -> Components:
   channels = [get_reward(n, **settings.rewards.params.get(n, {}))
               for n in settings.rewards.channels]
   runner = RewardRunner(channels, timeout_s=settings.rewards.timeout_s)
-  return Components(settings, model, tokenizer, params, train_ex, eval_ex, render, runner, mesh)
+  comp = Components(settings, model, tokenizer, params, train_ex, eval_ex, render, runner, mesh,
+                    load_eval_sets(settings))
+  if settings.data.skip_long_prompts:
+    comp = dataclasses.replace(
+        comp, train_examples=drop_long_prompts(comp, comp.train_examples, "train"),
+        eval_examples=drop_long_prompts(comp, comp.eval_examples, "eval split"),
+        eval_sets={n: drop_long_prompts(comp, ex, f"eval set {n}")
+                   for n, ex in comp.eval_sets.items()})
+  return comp
 
 
 # ------------------------------------------------------------------------ jitted pieces
+def _batch_example(update_config: update_lib.UpdateConfig, ppo: bool) -> dict:
+  """The keys (and ranks) of the batch `train` feeds the step (for its batch shardings)."""
+  x = jax.ShapeDtypeStruct((1, 1), jnp.float32)
+  keys = ["tokens_BT", "mask_BT", "response_mask_BT", "old_logp_BT"]
+  keys += ["advantages_BT", "returns_BT", "old_values_BT"] if ppo else ["advantages_BG"]
+  if update_config.loss.kl_coef > 0:
+    keys.append("ref_logp_BT")
+  return {k: x for k in keys}
+
+
 @functools.lru_cache(maxsize=16)
-def _policy_step(model, update_config: update_lib.UpdateConfig):
-  """One compiled update step per (model, settings), shared by the pipelines' sub-runs."""
+def _state_shardings(model, update_config: update_lib.UpdateConfig, mesh, ppo: bool):
+  """(param shardings, TrainState shardings, batch shardings) of a run on `mesh`."""
+  from mr_rl.models import sharding
+  rules = sharding.DEFAULT_RULES
+  p_sh = sharding.param_shardings(model, mesh, rules)
   tx = update_lib.make_optimizer(update_config)
-  return tx, update_lib.make_policy_step(update_lib.model_logits_fn(model), update_config, tx)
+  params_abs = models.abstract_params(model)
+  if ppo:
+    value_tx = update_lib.make_optimizer(update_config, lr=update_config.value_lr)
+    v_sh = update_lib.value_param_shardings(model, mesh, rules)
+    state_abs = jax.eval_shape(lambda p: update_lib.init_train_state(
+        p, tx, update_lib.init_value_params(model, p, jax.random.PRNGKey(0)), value_tx),
+                               params_abs)
+    st_sh = update_lib.state_shardings(state_abs, tx, p_sh, mesh, value_tx, v_sh)
+  else:
+    state_abs = jax.eval_shape(lambda p: update_lib.init_train_state(p, tx), params_abs)
+    st_sh = update_lib.state_shardings(state_abs, tx, p_sh, mesh)
+  b_sh = update_lib._batch_shardings(  # pylint: disable=protected-access
+      _batch_example(update_config, ppo), mesh, update_lib.data_axes(mesh))
+  return p_sh, st_sh, b_sh
+
+
+def _mesh_kwargs(model, update_config, mesh, ppo: bool) -> dict:
+  if mesh is None:
+    return {}
+  from mr_rl.models import sharding
+  return dict(mesh=mesh, rules=sharding.DEFAULT_RULES,
+              state_sharding=_state_shardings(model, update_config, mesh, ppo)[1],
+              batch_example=_batch_example(update_config, ppo))
 
 
 @functools.lru_cache(maxsize=16)
-def _ppo_step(model, update_config: update_lib.UpdateConfig):
+def _policy_step(model, update_config: update_lib.UpdateConfig, mesh=None):
+  """One compiled update step per (model, settings, mesh), shared by the pipelines' sub-runs."""
+  tx = update_lib.make_optimizer(update_config)
+  return tx, update_lib.make_policy_step(update_lib.model_logits_fn(model), update_config, tx,
+                                         **_mesh_kwargs(model, update_config, mesh, False))
+
+
+@functools.lru_cache(maxsize=16)
+def _ppo_step(model, update_config: update_lib.UpdateConfig, mesh=None):
   """PPO: policy + critic optimisers, the jitted step and the jitted critic forward."""
   tx = update_lib.make_optimizer(update_config)
   value_tx = update_lib.make_optimizer(update_config, lr=update_config.value_lr)
   value_fn = update_lib.model_value_fn(model)
   step = update_lib.make_ppo_step(update_lib.model_logits_fn(model), value_fn, update_config, tx,
-                                  value_tx)
+                                  value_tx, **_mesh_kwargs(model, update_config, mesh, True))
   return tx, value_tx, step, jax.jit(value_fn)
 
 
@@ -154,20 +256,26 @@ def _hashable(d) -> tuple:
 
 
 # ----------------------------------------------------------------------------- rollout
+def prompt_ids(comp: Components, ex) -> list[int]:
+  """The prompt token ids of one example (rendered; BOS added for untemplated prompts)."""
+  tok = comp.tokenizer
+  ids = tok(comp.render(ex), add_special_tokens=False)["input_ids"]
+  if comp.settings.data.name == "arithmetic" or not comp.settings.data.template:
+    if tok.bos_token_id is not None:
+      ids = [tok.bos_token_id] + ids
+  return ids
+
+
 def encode_prompts(comp: Components, examples) -> tuple[np.ndarray, np.ndarray]:
   """Left-padded prompt tokens and mask [B, max_prompt_len]."""
   tok, P = comp.tokenizer, comp.settings.data.max_prompt_len
   pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
   ids_B = []
   for ex in examples:
-    text = comp.render(ex)
-    ids = tok(text, add_special_tokens=False)["input_ids"]
-    if comp.settings.data.name == "arithmetic" or not comp.settings.data.template:
-      if tok.bos_token_id is not None:
-        ids = [tok.bos_token_id] + ids
+    ids = prompt_ids(comp, ex)
     if len(ids) > P:
       raise ValueError(f"prompt of {getattr(ex, 'uid', ex)} has {len(ids)} tokens > "
-                       f"config.data.max_prompt_len={P}")
+                       f"config.data.max_prompt_len={P} (or set config.data.skip_long_prompts)")
     ids_B.append(ids)
   out = np.full((len(ids_B), P), pad, np.int32)
   mask = np.zeros((len(ids_B), P), np.int32)
@@ -199,7 +307,8 @@ def rollout(comp: Components, params, examples, key, *, group_size: int,
       max_new_tokens=s.rollout.max_new_tokens,
       temperature=s.rollout.temperature if temperature is None else temperature,
       top_k=s.rollout.top_k, top_p=s.rollout.top_p, eos_id=tok.eos_token_id,
-      pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+      pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+      mesh=getattr(comp, "mesh", None))  # evaluation passes a view without a mesh
   out = jax.device_get(out)
   B = len(examples)
   texts = []
@@ -252,6 +361,30 @@ def evaluate(comp: Components, params, examples, *, samples: int, temperature: f
   return evaluation.evaluate(comp, params, examples, cfg, key).metrics("eval/")
 
 
+def evaluation_examples(comp: Components, num_prompts: int) -> list:
+  """What evaluation runs on: the first `num_prompts` examples of each `data.eval_sets` set
+  (pooled), or of the eval split when no sets are configured."""
+  if comp.eval_sets:
+    return [ex for examples in comp.eval_sets.values() for ex in examples[:num_prompts]]
+  return list(comp.eval_examples[:num_prompts])
+
+
+def run_evaluation(comp: Components, params, key, eval_settings=None) -> dict[str, float]:
+  """The configured evaluation: `eval_settings` (default `comp.settings.eval`) on
+  `evaluation_examples`.
+
+  With `data.eval_sets`, `eval/<metric>` pools every record and `eval/<set>/<metric>` is per
+  set (several sets also give `eval/macro/<metric>`, mr_rl.evaluation).
+  """
+  e = comp.settings.eval if eval_settings is None else eval_settings
+  m = evaluate(comp, params, evaluation_examples(comp, e.num_prompts),
+               samples=e.samples_per_prompt, temperature=e.temperature, key=key)
+  if len(comp.eval_sets) == 1:  # the evaluator only splits out sets when there are several
+    (name,) = comp.eval_sets
+    m.update({f"eval/{name}/{k[len('eval/'):]}": v for k, v in list(m.items())})
+  return m
+
+
 # ------------------------------------------------------------------------------- train
 @dataclasses.dataclass
 class TrainResult:
@@ -272,17 +405,26 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
                               "grpo" if ppo else s.advantage,
                               () if ppo else _hashable(s.advantage_hp))
   logprob_fn = _logprob_fn(comp.model)
+  mesh, M = comp.mesh, s.update.num_micro_batches
+  if (s.data.batch_prompts * G) % M:
+    raise ValueError(f"config.optim.num_micro_batches={M} must divide the rollout rows "
+                     f"data.batch_prompts x rollout.group_size = {s.data.batch_prompts * G}")
   root = jax.random.PRNGKey(s.seed)
   # Copy: the step donates its input state, and params may be pi_0 shared with other runs.
-  params = jax.tree.map(jnp.array, params)
+  params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
   if ppo:  # AMRP Table 4: policy and critic both start from the base checkpoint
-    tx, value_tx, policy_step, value_fn = _ppo_step(comp.model, s.update)
+    tx, value_tx, policy_step, value_fn = _ppo_step(comp.model, s.update, mesh)
     value_params = update_lib.init_value_params(comp.model, params,
                                                 jax.random.fold_in(root, 2**30))
     train_state = update_lib.init_train_state(params, tx, value_params, value_tx)
   else:
-    tx, policy_step = _policy_step(comp.model, s.update)
+    tx, policy_step = _policy_step(comp.model, s.update, mesh)
     train_state = update_lib.init_train_state(params, tx)
+  place = lambda state: state
+  if mesh is not None:  # the step's in/out shardings (the state is donated, so placed exactly)
+    _, state_sh, batch_sh = _state_shardings(comp.model, s.update, mesh, ppo)
+    place = lambda state: jax.device_put(state, state_sh)
+    train_state = place(train_state)
   state = {"train": train_state, "agg": agg.init(K), "key": root}
   data_iter = _iterator(comp, s)
   alarm = metrics_lib.ShortcutAlarm(s.alarm_window)
@@ -294,6 +436,7 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
     latest = ckpt.latest_step() if ckpt else None
     if latest is not None:
       state, meta = ckpt.restore(latest, state)
+      state["train"] = place(state["train"])
       start = int(meta["step"])
       data_iter.restore(meta["data"])
       alarm.restore(meta["alarm"])
@@ -312,14 +455,18 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
     t2 = time.perf_counter()
     R_BG, A_BG, state["agg"], agg_m = agg_fn(state["agg"], jnp.asarray(r_BGK), k_agg)
     batch = update_batch(ro, A_BG)
+    forward = lambda fn, p: update_lib.chunked_forward(fn, p, batch["tokens_BT"],
+                                                       batch["mask_BT"], M, mesh)
     if ppo:
-      _add_ppo_targets(batch, R_BG, value_fn(state["train"].value_params, batch["tokens_BT"],
-                                              batch["mask_BT"]), s.advantage_hp)
+      _add_ppo_targets(batch, np.asarray(R_BG), forward(value_fn, state["train"].value_params),
+                       s.advantage_hp)
+    ref_logp = None  # log pi_0: the KL penalty needs it; else only the kl_ref/* metrics do
+    if s.update.loss.kl_coef > 0 or (s.kl_ref_every and step % s.kl_ref_every == 0):
+      ref_logp = forward(logprob_fn, comp.base_params)
     if s.update.loss.kl_coef > 0:
-      batch["ref_logp_BT"] = logprob_fn(comp.base_params, batch["tokens_BT"], batch["mask_BT"])
-    ref_logp = batch.get("ref_logp_BT")
-    if ref_logp is None:
-      ref_logp = logprob_fn(comp.base_params, batch["tokens_BT"], batch["mask_BT"])
+      batch["ref_logp_BT"] = ref_logp
+    if mesh is not None:
+      batch = jax.device_put(batch, {k: batch_sh[k] for k in batch})
     state["train"], upd_m = policy_step(state["train"], batch, k_upd)
     upd_m = jax.device_get(upd_m)
     t3 = time.perf_counter()
@@ -327,9 +474,8 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
     m.update(alarm.update(m["reward/scalar/mean"], m[f"reward/{names[s.rewards.primary]}/mean"]))
     m.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/update": t3 - t2})
     if s.eval.every and (step + 1) % s.eval.every == 0:
-      m.update(evaluate(comp, state["train"].params, comp.eval_examples[:s.eval.num_prompts],
-                        samples=s.eval.samples_per_prompt, temperature=s.eval.temperature,
-                        key=jax.random.fold_in(root, 10**9 + step)))
+      m.update(run_evaluation(comp, state["train"].params,
+                              key=jax.random.fold_in(root, 10**9 + step)))
     if not np.isfinite(m.get("loss/policy", 0.0)):
       raise FloatingPointError(f"non-finite policy loss at step {step}: {m.get('loss/policy')}")
     history.append({"step": step, **m})
@@ -388,6 +534,8 @@ def _step_metrics(s, r_BGK, R_BG, agg_m, upd_m, reward_m, ro, batch, ref_logp) -
   m.update({k.replace("rewards/", "reward_runner/"): float(v) for k, v in reward_m.items()})
   m["response/length_mean"] = float(ro.lengths.mean())
   m["response/truncated_frac"] = float(ro.truncated.mean())
+  if ref_logp is None:  # not measured this step (kl_ref_every)
+    return m
   resp = np.asarray(batch["response_mask_BT"], np.float32)
   x = np.asarray(ref_logp) - np.asarray(batch["old_logp_BT"])  # log pi_ref - log pi
   x = np.clip(x, -20, 20)

@@ -9,6 +9,11 @@ with the sequence KL estimated two ways on y ~ pi_{T,k}: the sampled log-ratio
 `sum_t log pi_{T,k}(y_t) - log pi_0(y_t)` and the exact per-position full-vocabulary KL summed
 over t. Forward drift uses y ~ pi_0 and KL(pi_0 || pi_{T,k}). The anchor is argmin_k KLrev_k;
 the probe policies are discarded and joint training restarts from pi_0.
+
+A probe whose channel never produced a reward (every sample NaN: failed or not applicable,
+METHODS.md 1) had no learning signal; its drift (only weight decay) would be the smallest and
+say nothing about the channel, so such a channel (probe_reward NaN) is never elected, and
+neither is one with a non-finite drift.
 """
 
 from __future__ import annotations
@@ -35,6 +40,20 @@ class Drift:
   mean_len_probe: float
   mean_len_base: float
   probe_reward: float            # the probed channel's mean reward over the last probe steps
+                                 # (NaN: every reward was NaN; never elected)
+
+
+def probe_reward(step_means: Sequence[float]) -> float:
+  """Mean of a probe's per-step channel means, ignoring NaN steps; NaN if all are NaN."""
+  vals = np.asarray(step_means, np.float64)
+  ok = vals[np.isfinite(vals)]
+  return float(ok.mean()) if ok.size else float("nan")
+
+
+def eligible(d: Drift, use_exact: bool = False) -> bool:
+  """Whether channel `d` may be elected (finite drift, a defined probe reward)."""
+  drift = d.rev_kl_exact_per_token if use_exact else d.rev_kl_per_token
+  return bool(np.isfinite(drift) and np.isfinite(d.probe_reward))
 
 
 def _seq_kl(model, p_params, q_params, tokens, mask, resp_mask, logp_p):
@@ -85,11 +104,20 @@ def measure_drift(comp, probe_params, base_params, examples, key, *, samples: in
 
 
 def elect(table: Sequence[Drift], use_exact: bool = False) -> int:
-  """Index of the channel with the smallest per-token reverse drift."""
+  """Index of the channel with the smallest per-token reverse drift among `eligible` ones.
+
+  Raises:
+    ValueError: empty table, or no channel is eligible (every probe reward NaN or drift
+      non-finite).
+  """
   if not table:
     raise ValueError("empty drift table")
+  ok = [i for i, d in enumerate(table) if eligible(d, use_exact)]
+  if not ok:
+    raise ValueError("no channel can be elected anchor: every probe's rewards were all NaN or "
+                     f"its drift is not finite: {[dataclasses.asdict(d) for d in table]}")
   vals = [d.rev_kl_exact_per_token if use_exact else d.rev_kl_per_token for d in table]
-  return int(np.argmin(vals))
+  return min(ok, key=lambda i: vals[i])
 
 
 def write_table(table: Sequence[Drift], anchor: int, directory: str) -> None:
@@ -98,11 +126,11 @@ def write_table(table: Sequence[Drift], anchor: int, directory: str) -> None:
   rows = [dataclasses.asdict(d) for d in table]
   with open(os.path.join(directory, "drift.json"), "w") as f:
     json.dump({"anchor": table[anchor].channel, "channels": rows}, f, indent=1)
-  base = min(d.rev_kl_per_token for d in table)
+  base = min((d.rev_kl_per_token for d in table if eligible(d)), default=float("nan"))
   lines = ["| channel | KLrev/token | KLrev exact | ratio to min | KLfwd/token | KLfwd exact "
            "| len probe | probe reward |", "|---|---|---|---|---|---|---|---|"]
   for i, d in enumerate(table):
-    mark = " (anchor)" if i == anchor else ""
+    mark = " (anchor)" if i == anchor else ("" if eligible(d) else " (not eligible)")
     ratio = d.rev_kl_per_token / base if base > 0 else float("nan")
     lines.append(f"| {d.channel}{mark} | {d.rev_kl_per_token:.4g} | "
                  f"{d.rev_kl_exact_per_token:.4g} | {ratio:.2f}x | {d.fwd_kl_per_token:.4g} | "

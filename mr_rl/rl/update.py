@@ -388,3 +388,34 @@ def make_logprob_fn(logits_fn: LogitsFn):
     return token_logprobs_and_entropy(logits_fn(params, tokens_BT, mask_BT), tokens_BT)[0]
 
   return fn
+
+
+def chunked_forward(fn: Callable, params, tokens_BT, mask_BT, num_chunks: int, mesh=None):
+  """`fn(params, tokens, mask)` over `num_chunks` consecutive row chunks, concatenated.
+
+  The reference log-prob and critic forwards of `mr_rl.train` (one chunk per policy-step
+  micro-batch, ``UpdateConfig.num_micro_batches``): equal to one call on all rows, with the
+  activations of rows / num_chunks rows at a time. With a `mesh`, each chunk's rows are
+  sharded over the data axes and the model's activation constraints bind to the mesh.
+
+  Raises:
+    ValueError: num_chunks is not a positive divisor of the row count.
+  """
+  N = tokens_BT.shape[0]
+  if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
+    raise ValueError(f'num_chunks must be a positive int, got {num_chunks!r}')
+  if N % num_chunks:
+    raise ValueError(f'num_chunks={num_chunks} (config.optim.num_micro_batches) must divide the '
+                     f'{N} rollout rows (data.batch_prompts x rollout.group_size)')
+  n = N // num_chunks
+  outs = []
+  for i in range(num_chunks):
+    tok, mask = tokens_BT[i * n:(i + 1) * n], mask_BT[i * n:(i + 1) * n]
+    if mesh is None:
+      outs.append(fn(params, tok, mask))
+      continue
+    from mr_rl.models import sharding  # local import: rl math does not need the model package
+    tok, mask = jax.device_put((tok, mask), sharding.batch_sharding(mesh, tok.shape))
+    with sharding.activation_sharding(mesh):
+      outs.append(fn(params, tok, mask))
+  return outs[0] if num_chunks == 1 else jnp.concatenate(outs, axis=0)

@@ -1,0 +1,311 @@
+"""The trainer at paper scale, on tiny models: chunked reference / critic forwards, the
+`kl_ref_every` switch, sharded training on a mesh of 8 fake CPU devices (equal to one device),
+benchmark evaluation sets (`data.eval_sets`), `data.skip_long_prompts`, and an anchor
+election that never elects a probe whose rewards were all NaN.
+
+The mesh test runs this file as a script in a subprocess (XLA_FLAGS set before jax is
+imported) and compares the sharded run's metrics with a single-device run of the same
+settings in that process.
+"""
+
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+import warnings
+
+if __name__ == "__main__":
+  os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
+                             "--xla_backend_optimization_level=0 "
+                             "--xla_llvm_disable_expensive_passes=true")
+  os.environ["JAX_PLATFORMS"] = "cpu"
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from mr_rl import models  # noqa: E402
+from mr_rl import settings as settings_lib  # noqa: E402
+from mr_rl import train as train_lib  # noqa: E402
+from mr_rl.rl import anchor as anchor_lib  # noqa: E402
+from mr_rl.rl import update as update_lib  # noqa: E402
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ------------------------------------------------------------------------------ fixtures
+def write_random_policy(out: str) -> str:
+  """The demo policy's architecture (4 heads, 2 KV heads, d 32, vocab a multiple of 8, so
+  every dimension splits over tensor = fsdp = 2) with random weights and its tokenizer."""
+  from mr_rl.demo import task, warmstart
+  tokenizer = task.make_tokenizer()
+  vocab = int(np.ceil(len(tokenizer) / 8) * 8)
+  model = models.Transformer(warmstart.model_config(
+      vocab, warmstart.WarmStartConfig(d_model=32, n_layers=1)))
+  rng = np.random.default_rng(0)  # host-drawn (init_params compiles for ~10 s on 2 cores)
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: (np.ones(x.shape) if jax.tree_util.keystr(path).endswith("['scale']")
+                       else rng.normal(0.0, 0.05, x.shape)).astype(np.float32),
+      models.abstract_params(model))
+  models.save_pretrained(model, params, out)
+  tokenizer.save_pretrained(out)
+  return out
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+  return write_random_policy(str(tmp_path_factory.mktemp("policy")))
+
+
+def arith_config(policy_path: str, total_steps: int):
+  c = settings_lib.default_config()
+  c.model.path = policy_path
+  c.data.batch_prompts = 4
+  c.data.max_prompt_len = 16
+  c.data.options.num_train = 32
+  c.data.options.num_eval = 8
+  c.rollout.group_size = 4
+  c.rollout.max_new_tokens = 12
+  # Length-based channels: a random policy's responses vary in length, so rewards (and the
+  # policy gradient) are not all zero.
+  c.rewards.channels = "arith_len,arith_brief"
+  c.rewards.params.arith_len = dict(full_until=4, zero_at=12)
+  c.rewards.params.arith_brief = dict(threshold=9)
+  c.aggregator.name = "additive"
+  c.total_steps = total_steps
+  c.checkpoint_every = 0
+  c.optim.lr = 1e-3
+  return c
+
+
+# ------------------------------------------------------------------ chunked forwards
+def test_chunked_forward_equals_one_call(policy):
+  model, params = models.load_pretrained(policy)
+  rng = np.random.default_rng(0)
+  N, T = 8, 10
+  tokens = jnp.asarray(rng.integers(3, model.config.vocab_size, (N, T)), jnp.int32)
+  mask = jnp.asarray(np.arange(T)[None, :] >= (np.arange(N) % 3)[:, None], jnp.int32)
+  logp_fn = train_lib._logprob_fn(model)
+  value_fn = jax.jit(update_lib.model_value_fn(model))
+  vparams = update_lib.init_value_params(model, params, jax.random.PRNGKey(1))
+  for fn, p, splits in ((logp_fn, params, (2, 4)), (value_fn, vparams, (4,))):
+    whole = np.asarray(fn(p, tokens, mask))
+    for m in splits:
+      chunked = np.asarray(update_lib.chunked_forward(fn, p, tokens, mask, m))
+      assert chunked.shape == whole.shape
+      np.testing.assert_allclose(chunked, whole, rtol=0, atol=1e-6)
+  with pytest.raises(ValueError, match="num_chunks=3 .* must divide the 8 rollout rows"):
+    update_lib.chunked_forward(logp_fn, params, tokens, mask, 3)
+  # The trainer checks the split before its first rollout.
+  c = arith_config(policy, 1)
+  c.optim.num_micro_batches = 3
+  with pytest.raises(ValueError, match="num_micro_batches=3 must divide the rollout rows"):
+    train_lib.train(settings_lib.from_config(c), None, log=None)
+
+
+# ---------------------------------------------------------------------- kl_ref_every
+def _strip(h):
+  return {k: v for k, v in h.items()
+          if not k.startswith(("time/", "kl_ref/")) and k != "reward_runner/seconds"}
+
+
+def test_kl_ref_every(policy):
+  c = arith_config(policy, 3)
+  comp = train_lib.build(settings_lib.from_config(c))
+  every_step = train_lib.train(settings_lib.from_config(c), None, comp=comp, log=None).history
+  c.kl_ref_every = 2
+  sparse = train_lib.train(settings_lib.from_config(c), None, comp=comp, log=None).history
+  assert [("kl_ref/k3" in h) for h in every_step] == [True, True, True]
+  assert [("kl_ref/k3" in h, "kl_ref/k1" in h) for h in sparse] == [(True, True), (False, False),
+                                                                    (True, True)]
+  # Skipping the reference forward changes nothing else.
+  assert [_strip(h) for h in sparse] == [_strip(h) for h in every_step]
+  assert sparse[2]["kl_ref/k3"] == every_step[2]["kl_ref/k3"]
+  c.kl_ref_every = 0
+  c.total_steps = 2
+  never = train_lib.train(settings_lib.from_config(c), None, comp=comp, log=None).history
+  assert not any(k.startswith("kl_ref/") for h in never for k in h)
+  # (With loss.kl_coef > 0 they are logged every step even so: the mesh test runs that.)
+  c.kl_ref_every = -1
+  with pytest.raises(ValueError, match="config.kl_ref_every must be >= 0"):
+    settings_lib.from_config(c)
+
+
+# --------------------------------------------------------------------- mesh training
+MESH = dict(data=2, fsdp=2, tensor=2, expert=1)
+
+
+def _mesh_worker(policy_path: str) -> dict:
+  assert jax.device_count() == 8, jax.devices()
+  c = arith_config(policy_path, 2)
+  c.mesh = MESH
+  c.optim.num_micro_batches = 2      # 16 rows: chunks of 8 rows, 2 per data shard
+  c.loss.kl_coef = 0.05              # ref log-probs go into the step's batch too
+  c.kl_ref_every = 0                 # ... and so kl_ref/* is logged every step regardless
+  s = settings_lib.from_config(c)
+  comp = train_lib.build(s)
+  assert dict(comp.mesh.shape) == MESH
+  q = comp.base_params["layers_0"]["attn"]["q_proj"]
+  sharded = train_lib.train(s, None, comp=comp, log=None)
+  # pi_0 as host arrays: uncommitted, as a single-device build loads it.
+  single = dataclasses.replace(comp, mesh=None, base_params=jax.tree.map(
+      jnp.asarray, jax.device_get(comp.base_params)))
+  ref = train_lib.train(s, None, comp=single, log=None)
+  leaf = sharded.params["layers_0"]["attn"]["q_proj"]
+  ref_leaf = ref.params["layers_0"]["attn"]["q_proj"]
+  return dict(sharded=sharded.history, single=ref.history,
+              base_spec=str(q.sharding.spec), param_devices=len(leaf.sharding.device_set),
+              param_diff=float(np.abs(np.asarray(leaf) - np.asarray(ref_leaf)).max()))
+
+
+def test_sharded_training_matches_one_device(policy):
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+  env.pop("XLA_FLAGS", None)
+  out = subprocess.run([sys.executable, os.path.abspath(__file__), policy], capture_output=True,
+                       text=True, env=env, cwd=REPO, timeout=600)
+  assert out.returncode == 0, out.stderr[-5000:]
+  res = json.loads(out.stdout.strip().splitlines()[-1])
+  assert res["param_devices"] == 8
+  assert "tensor" in res["base_spec"] or "fsdp" in res["base_spec"], res["base_spec"]
+  a, b = res["sharded"], res["single"]
+  assert [h["step"] for h in a] == [h["step"] for h in b] == [0, 1]
+  for x, y in zip(a, b):
+    assert np.isfinite(x["kl_ref/k3"]) and np.isfinite(x["loss/kl"])  # kl_ref_every = 0
+    for k in ("reward/arith_len/mean", "reward/arith_brief/mean", "reward/scalar/mean",
+              "response/length_mean"):
+      assert x[k] == y[k], (x["step"], k, x[k], y[k])
+    for k in ("loss/policy", "loss/kl", "kl_ref/k3", "policy/entropy", "update/grad_norm"):
+      np.testing.assert_allclose(x[k], y[k], rtol=1e-4, atol=1e-6, err_msg=k)
+  assert res["param_diff"] < 1e-5
+
+
+# ------------------------------------------------------------ eval sets, long prompts
+@pytest.fixture(scope="module")
+def math_files(tmp_path_factory):
+  """A tiny Qwen3-layout checkpoint (byte-level BPE, chat template; mr_rl.tiny) and tiny
+  NuminaMath / MATH-500 / AMC files in their hub schemas."""
+  from mr_rl import tiny
+  root = tmp_path_factory.mktemp("math")
+  ckpt = tiny.make_tiny_checkpoint(str(root / "Qwen3-4B-Instruct-2507"), "qwen3")
+  files = {n: tiny.make_tiny_data(n, str(root / "data")) for n in ("numina_math", "math500", "amc")}
+  return ckpt, files
+
+
+def math_config(math_files):
+  ckpt, files = math_files
+  c = settings_lib.default_config()
+  c.model.path = ckpt
+  c.data.name = "numina_math"
+  c.data.path = files["numina_math"]
+  c.data.eval_split = "train"
+  c.data.options.num_examples = 8
+  c.data.template = "amrp_math"
+  c.data.max_prompt_len = 512
+  c.data.batch_prompts = 2
+  c.rollout.group_size = 2
+  c.rollout.max_new_tokens = 8
+  c.rewards.channels = "accuracy,format"
+  c.total_steps = 0
+  c.checkpoint_every = 0
+  c.eval.num_prompts = 3
+  c.eval.samples_per_prompt = 1
+  c.eval.temperature = 0.0
+  return c
+
+
+def test_eval_sets_report_per_set_and_overall(math_files, tmp_path):
+  from mr_rl import pipelines
+  c = math_config(math_files)
+  c.data.eval_sets = "math500,amc"
+  c.data.eval_set_options = dict(math500=dict(path=math_files[1]["math500"]),
+                                 amc=dict(path=math_files[1]["amc"], replicas=2))
+  s = settings_lib.from_config(c)
+  assert s.data.eval_sets == ("math500", "amc")
+  comp = train_lib.build(s)
+  assert list(comp.eval_sets) == ["math500", "amc"]
+  assert len(comp.eval_sets["amc"]) == 2 * len(comp.eval_sets["math500"])  # replicas=2
+  examples = train_lib.evaluation_examples(comp, s.eval.num_prompts)
+  assert [ex.dataset for ex in examples] == ["math500"] * 3 + ["amc"] * 3
+  pipelines.run_train(s, str(tmp_path), comp=comp)
+  with open(tmp_path / "eval.json") as f:
+    ev = json.load(f)
+  for group in ("", "math500/", "amc/", "macro/"):
+    assert f"eval/{group}accuracy" in ev and f"eval/{group}format" in ev, (group, sorted(ev))
+  assert ev["eval/math500/num_examples"] == ev["eval/amc/num_examples"] == 3
+  assert ev["eval/num_examples"] == 6
+  np.testing.assert_allclose(ev["eval/format"],
+                             (ev["eval/math500/format"] + ev["eval/amc/format"]) / 2)
+  # One set: per-set keys as well (the evaluator itself only splits several sets).
+  one = dataclasses.replace(comp, eval_sets={"math500": comp.eval_sets["math500"]})
+  m = train_lib.run_evaluation(one, comp.base_params, jax.random.PRNGKey(0))
+  assert m["eval/math500/format"] == m["eval/format"] == ev["eval/math500/format"]
+  # Bad names and options fail at start-up.
+  for field, value, needle in (("eval_sets", "math500,bogus", "data.eval_sets='bogus'"),
+                               ("eval_sets", "amc,amc", "duplicates"),
+                               ("eval_set_options", dict(aime=dict(path="x")), "not among"),
+                               ("eval_set_options", dict(amc=dict(bogus=1)), "unknown option")):
+    bad = math_config(math_files)
+    bad.data.eval_sets = "amc"
+    bad.data[field] = value
+    with pytest.raises(ValueError, match=needle):
+      settings_lib.from_config(bad)
+
+
+def test_skip_long_prompts(math_files, caplog):
+  c = math_config(math_files)
+  comp = train_lib.build(settings_lib.from_config(c))
+  lengths = sorted(len(train_lib.prompt_ids(comp, ex)) for ex in comp.train_examples)
+  cut = lengths[len(lengths) // 2]
+  n_ok = sum(n <= cut for n in lengths)
+  assert 0 < n_ok < len(lengths)
+  c.data.max_prompt_len = cut
+  strict = train_lib.build(settings_lib.from_config(c))  # default: kept, and an error on use
+  assert len(strict.train_examples) == len(lengths)
+  too_long = [ex for ex in strict.train_examples if len(train_lib.prompt_ids(strict, ex)) > cut]
+  with pytest.raises(ValueError, match="max_prompt_len.*skip_long_prompts"):
+    train_lib.encode_prompts(strict, too_long[:1])
+  c.data.skip_long_prompts = True
+  with caplog.at_level(logging.WARNING, logger="mr_rl.train"):
+    skipping = train_lib.build(settings_lib.from_config(c))
+  assert len(skipping.train_examples) == n_ok
+  assert all(len(train_lib.prompt_ids(skipping, ex)) <= cut for ex in skipping.train_examples)
+  assert f"dropped {len(lengths) - n_ok} of {len(lengths)} train examples" in caplog.text
+  tok, mask = train_lib.encode_prompts(skipping, skipping.train_examples)
+  assert tok.shape == (n_ok, cut) and mask[:, -1].all()
+  c.data.max_prompt_len = lengths[0] - 1
+  with pytest.raises(ValueError, match="every one of the 8 train examples is longer"):
+    train_lib.build(settings_lib.from_config(c))
+
+
+# ------------------------------------------------------------------------- anchor
+def _drift(channel, rev, reward):
+  return anchor_lib.Drift(channel=channel, rev_kl_per_token=rev, rev_kl_exact_per_token=rev,
+                          fwd_kl_per_token=rev, fwd_kl_exact_per_token=rev, mean_len_probe=5.0,
+                          mean_len_base=5.0, probe_reward=reward)
+
+
+def test_probe_with_all_nan_rewards_is_never_elected(tmp_path):
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # no "Mean of empty slice"
+    assert np.isnan(anchor_lib.probe_reward([float("nan")] * 3))
+    assert anchor_lib.probe_reward([float("nan"), 0.5, 1.0]) == 0.75
+    # The NaN-reward probe drifted least (weight decay only) but cannot be the anchor.
+    table = [_drift("accuracy", 0.3, 0.6), _drift("broken", 0.001, float("nan")),
+             _drift("brief", 0.1, 0.9), _drift("diverged", float("nan"), 0.5)]
+    assert anchor_lib.elect(table) == 2
+    anchor_lib.write_table(table, 2, str(tmp_path))
+  md = (tmp_path / "drift.md").read_text()
+  assert "broken (not eligible)" in md and "brief (anchor)" in md and "3.00x" in md
+  saved = json.loads((tmp_path / "drift.json").read_text())
+  assert saved["anchor"] == "brief" and np.isnan(saved["channels"][1]["probe_reward"])
+  with pytest.raises(ValueError, match="no channel can be elected"):
+    anchor_lib.elect([_drift("broken", 0.001, float("nan"))])
+
+
+if __name__ == "__main__":
+  print(json.dumps(_mesh_worker(sys.argv[1])))

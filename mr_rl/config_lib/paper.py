@@ -172,6 +172,13 @@ def _cd(**kw):
   return ml_collections.ConfigDict(kw)
 
 
+# AMRP Table 1's benchmarks (mr_rl.data names): MATH-500 (500), AMC (83 x 32 replicas) and
+# AIME 2024 (30 x 32), each evaluated whole with one greedy response per record (App. B.1).
+# For config.data.eval_sets of amrp_math_base (with eval.num_prompts = 2656, AMC's size) once
+# runlocal points the sets at tiny local files (configs/README.md, "AMRP Table 1").
+AMRP_MATH_EVAL_SETS = "math500,amc,aime"
+
+
 def amrp_math_base(model_key: str):
   """AMRP math reasoning (Sec. 5.1, App. B): NuminaMath-1.5 10K, [accuracy, format, length]."""
   c = paper_base()

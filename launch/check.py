@@ -13,8 +13,9 @@ compiled (`jax.jit(...).lower(...).compile()`):
 
   * `policy_step`: the GRPO update (`update.make_policy_step` with mesh, rules, state and batch
     shardings; optimizer state included, the state donated);
-  * `ref_logprob`: the reference log-prob pass over the whole rollout batch (the trainer runs it
-    every step, un-micro-batched; `--ref_chunks M` compiles it on rows / M rows instead);
+  * `ref_logprob`: one chunk of the reference log-prob pass (the trainer runs it in
+    `optim.num_micro_batches` row chunks, `mr_rl.rl.update.chunked_forward`; `--ref_chunks M`
+    compiles a chunk of rows / M rows instead, 1 = the whole rollout batch in one call);
   * `sampler`: the KV-cache rollout of B*G rows (`mr_rl.sampling.Sampler` on the mesh).
 
 For each it prints XLA's per-device memory (`compiled.memory_analysis()`: arguments, outputs,
@@ -58,8 +59,9 @@ def _args(argv):
   p.add_argument("--programs", default="policy_step,ref_logprob,sampler")
   p.add_argument("--remat", action="store_true",
                  help="rematerialise decoder blocks (ModelConfig.remat) to see its effect")
-  p.add_argument("--ref_chunks", type=int, default=1,
-                 help="compile the reference pass on rows/ref_chunks rows (a chunked pass)")
+  p.add_argument("--ref_chunks", type=int, default=0,
+                 help="compile the reference pass on rows/ref_chunks rows (0: the micro-batch "
+                      "count, as the trainer runs it; 1: all rows in one call)")
   p.add_argument("--top", type=int, default=8, help="largest state arrays to list")
   return p.parse_args(argv)
 
@@ -119,11 +121,13 @@ def main(argv=None) -> int:
                           entropy_coef=float(c.loss.entropy_coef))
   ucfg = update_lib.UpdateConfig(loss=loss, num_micro_batches=micro, lr=float(c.optim.lr),
                                  weight_decay=float(c.optim.weight_decay))
-  if rows % a.ref_chunks:
-    raise ValueError(f"--ref_chunks={a.ref_chunks} must divide rows {rows}")
+  ref_chunks = a.ref_chunks or micro
+  if rows % ref_chunks:
+    raise ValueError(f"--ref_chunks={ref_chunks} must divide rows {rows}")
   print(f"config   {a.config}\nmodel    {preset} ({config_lib.model_sizes(preset)['total'] / 1e9:.2f}B"
         f" params, {dtype.name}{', remat' if a.remat else ''})\nmesh     {dict(mesh.shape)} on {a.devices} fake devices\n"
-        f"batch    rows={rows} (G={group}), T={P_len}+{N_new}, micro_batches={micro}\n"
+        f"batch    rows={rows} (G={group}), T={P_len}+{N_new}, micro_batches={micro}, "
+        f"reference pass in {ref_chunks} chunk(s)\n"
         f"budget   {_gb(hbm)} per device ({a.chip})")
 
   p_sh = shd.param_shardings(model, mesh, rules)
@@ -168,7 +172,7 @@ def main(argv=None) -> int:
 
   def lower_ref():
     fn = update_lib.make_logprob_fn(update_lib.model_logits_fn(model))
-    n = rows // a.ref_chunks
+    n = rows // ref_chunks
     tok = jax.ShapeDtypeStruct((n, T), i32, sharding=shd.batch_sharding(mesh, (n, T)))
     with shd.activation_sharding(mesh, rules):
       return fn.lower(params_in, tok, tok)

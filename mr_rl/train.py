@@ -160,6 +160,14 @@ def build(settings: RunSettings) -> Components:
         eval_examples=drop_long_prompts(comp, comp.eval_examples, "eval split"),
         eval_sets={n: drop_long_prompts(comp, ex, f"eval set {n}")
                    for n, ex in comp.eval_sets.items()})
+  else:  # benchmark prompts are only encoded at the end of a run: check them now
+    P = settings.data.max_prompt_len
+    for name, examples in comp.eval_sets.items():
+      n_long = sum(len(prompt_ids(comp, ex)) > P for ex in examples)
+      if n_long:
+        raise ValueError(f"{n_long} of the {len(examples)} prompts of eval set {name!r} are "
+                         f"longer than config.data.max_prompt_len={P} tokens; raise it or set "
+                         "config.data.skip_long_prompts")
   return comp
 
 

@@ -269,10 +269,17 @@ def test_skip_long_prompts(math_files, caplog):
   too_long = [ex for ex in strict.train_examples if len(train_lib.prompt_ids(strict, ex)) > cut]
   with pytest.raises(ValueError, match="max_prompt_len.*skip_long_prompts"):
     train_lib.encode_prompts(strict, too_long[:1])
+  # Benchmark sets are checked at start-up (they are only encoded at the end of a run).
+  c.data.eval_sets = "math500"
+  c.data.eval_set_options = dict(math500=dict(path=math_files[1]["math500"]))
+  with pytest.raises(ValueError, match="prompts of eval set 'math500' are longer"):
+    train_lib.build(settings_lib.from_config(c))
   c.data.skip_long_prompts = True
   with caplog.at_level(logging.WARNING, logger="mr_rl.train"):
     skipping = train_lib.build(settings_lib.from_config(c))
   assert len(skipping.train_examples) == n_ok
+  assert 0 < len(skipping.eval_sets["math500"]) < 8
+  assert "examples longer than" in caplog.text and "eval set math500" in caplog.text
   assert all(len(train_lib.prompt_ids(skipping, ex)) <= cut for ex in skipping.train_examples)
   assert f"dropped {len(lengths) - n_ok} of {len(lengths)} train examples" in caplog.text
   tok, mask = train_lib.encode_prompts(skipping, skipping.train_examples)

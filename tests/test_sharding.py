@@ -110,7 +110,8 @@ def _worker(tmpdir):
     lg, new_cache = jax.jit(two_steps, in_shardings=(p_sh, c_sh),
                             out_shardings=(shd.batch_sharding(mesh, (B, 1, 256)), c_sh))(
                                 params, cache)
-  res["cache_spec"] = _spec(new_cache[0].k)
+  res["cache_spec"] = _spec(new_cache[0].v)
+  res["cache_k_spec"] = _spec(new_cache[0].k)
   res["decode_diff"] = float(np.abs(np.asarray(lg) - np.asarray(ref_lg)).max())
 
   # --- Qwen3-MoE under (1, 2, 1, 4): experts over the expert axis, both implementations
@@ -169,7 +170,8 @@ def test_load_pretrained_into_shards(worker_results):
 
 
 def test_sharded_cache_decode_matches(worker_results):
-  assert worker_results["cache_spec"] == [["data", "fsdp", "expert"], None, "tensor", None]
+  assert worker_results["cache_spec"] == [["data", "fsdp", "expert"], "tensor", None, None]
+  assert worker_results["cache_k_spec"] == [["data", "fsdp", "expert"], "tensor", None, None]
   assert worker_results["decode_diff"] < 1e-5
 
 

@@ -37,18 +37,27 @@ def param_with_axes(module: nn.Module, name: str, init_fn, shape, axes, dtype):
 
 @flax.struct.dataclass
 class LayerCache:
-  """KV cache of one layer. k, v: [B, S_max, n_kv_heads, head_dim]."""
+  """KV cache of one layer: keys k [B, n_kv_heads, head_dim, S_max] (stored transposed) and
+  values v [B, n_kv_heads, S_max, head_dim].
+
+  Both layouts make decode attention two plain batched matmuls over (batch, kv head) whose
+  operands are read in place: scores q[B,K,G,Dh] @ k[B,K,Dh,S] and outputs p[B,K,G,S] @
+  v[B,K,S,Dh]. With keys stored [.., S, Dh], XLA:CPU repacks the whole key cache for the
+  scores matmul on every step and layer (measured: 2x slower attention; BUILD_NOTES.md).
+  """
   k: jax.Array
   v: jax.Array
 
 
 Cache = tuple  # tuple[LayerCache, ...] over layers
 
-CACHE_AXES = ("cache_batch", "cache_length", "kv_heads", "kv")
+CACHE_K_AXES = ("cache_batch", "kv_heads", "kv", "cache_length")
+CACHE_V_AXES = ("cache_batch", "kv_heads", "cache_length", "kv")
 
 
 def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -> Cache:
-  """Zero KV cache: a tuple over layers of LayerCache(k, v), each [B, max_len, K, head_dim].
+  """Zero KV cache: a tuple over layers of LayerCache(k [B, K, head_dim, max_len],
+  v [B, K, max_len, head_dim]).
 
   Args:
     config: model config.
@@ -67,9 +76,26 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -
     raise ValueError(f"init_cache: max_len={max_len} exceeds the model's max_seq_len="
                      f"{config.max_seq_len}")
   dtype = config.dtype if dtype is None else jnp.dtype(dtype)
-  shape = (int(batch_size), int(max_len), config.n_kv_heads, config.head_dim)
-  return tuple(LayerCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+  k_shape, v_shape = cache_shapes(config, int(batch_size), int(max_len))
+  return tuple(LayerCache(k=jnp.zeros(k_shape, dtype), v=jnp.zeros(v_shape, dtype))
                for _ in range(config.n_layers))
+
+
+def cache_shapes(config: ModelConfig, batch_size: int, max_len: int):
+  """(k_shape, v_shape) of one layer's cache (see LayerCache)."""
+  K, Dh = config.n_kv_heads, config.head_dim
+  return (batch_size, K, Dh, max_len), (batch_size, K, max_len, Dh)
+
+
+def cache_length(cache: Cache) -> int:
+  """S_max, the number of slots of a cache."""
+  return cache[0].v.shape[2]
+
+
+def grow_cache(cache: Cache, extra: int) -> Cache:
+  """Appends `extra` zero slots to every layer's cache (one copy; the sampler's segments)."""
+  pad = lambda a, axis: jnp.pad(a, [(0, extra) if i == axis else (0, 0) for i in range(a.ndim)])
+  return tuple(LayerCache(k=pad(c.k, 3), v=pad(c.v, 2)) for c in cache)
 
 
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:
@@ -157,38 +183,37 @@ class Attention(nn.Module):
     B, T = x.shape[:2]
 
     if layer_cache is None:
-      keys, values, new_cache, index = k, v, None, 0
-    else:
-      ck = jax.lax.dynamic_update_slice(layer_cache.k, k.astype(layer_cache.k.dtype),
-                                        (0, cache_index, 0, 0))
-      cv = jax.lax.dynamic_update_slice(layer_cache.v, v.astype(layer_cache.v.dtype),
-                                        (0, cache_index, 0, 0))
-      new_cache = LayerCache(k=ck, v=cv)
-      keys, values, index = ck.astype(dt), cv.astype(dt), cache_index
-    S = keys.shape[1]
-    mask_BTS = attention_mask(kv_mask_BS, T, S, index)
+      # Training / scoring: keys and values are this call's own [B, T, K, Dh].
+      mask_BTS = attention_mask(kv_mask_BS, T, T, 0)
+      q = q.reshape(B, T, K, G, Dh)
+      scores = jnp.einsum("btkgd,bskd->bkgts", q, k, precision=prec,
+                          preferred_element_type=jnp.float32) * (Dh ** -0.5)
+      scores = jnp.where(mask_BTS[:, None, None], scores, _MASK_VALUE)
+      probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+      out = jnp.einsum("bkgts,bskd->btkgd", probs, v, precision=prec).reshape(B, T, H, Dh)
+      return jnp.einsum("bthk,hkd->btd", out, wo.astype(dt), precision=prec), None
 
-    if T == 1 and layer_cache is not None:
-      # Single-token decode path (added for mr_rl.sampling, see BUILD_NOTES / FACTS.md). The
-      # einsum form below makes XLA:CPU transpose the whole [B, S, K, Dh] cache to
-      # [B, K, S, Dh] on every step and layer (batch dims must lead for its dot), which made
-      # cache reads dominate decode time. Multiply-and-reduce reads the cache in place:
-      # same math, float32 accumulation, about 2x faster decode on CPU.
-      q1 = q.reshape(B, 1, K, G, Dh).astype(jnp.float32)
-      scores = jnp.sum(q1 * keys[:, :, :, None, :].astype(jnp.float32), axis=-1)  # [B, S, K, G]
-      scores = jnp.where(mask_BTS[:, 0, :, None, None], scores * (Dh ** -0.5), _MASK_VALUE)
-      probs = jax.nn.softmax(scores, axis=1)
-      out = jnp.sum(probs[..., None] * values[:, :, :, None, :].astype(jnp.float32), axis=1)
-      out = out.astype(dt).reshape(B, 1, H, Dh)
-      y = jnp.einsum("bthk,hkd->btd", out, wo.astype(dt), precision=prec)
-      return y, new_cache
-
-    q = q.reshape(B, T, K, G, Dh)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, keys, precision=prec,
+    # With a cache (see LayerCache for the layouts): write the T new entries at slots
+    # [cache_index, cache_index + T).
+    ck = jax.lax.dynamic_update_slice(
+        layer_cache.k, jnp.transpose(k, (0, 2, 3, 1)).astype(layer_cache.k.dtype),
+        (0, 0, 0, cache_index))
+    cv = jax.lax.dynamic_update_slice(
+        layer_cache.v, jnp.swapaxes(v, 1, 2).astype(layer_cache.v.dtype), (0, 0, cache_index, 0))
+    new_cache = LayerCache(k=ck, v=cv)
+    keys_BKDS, values_BKSD = ck.astype(dt), cv.astype(dt)
+    S = values_BKSD.shape[2]
+    mask_BTS = attention_mask(kv_mask_BS, T, S, cache_index)
+    # Queries grouped per KV head, [B, K, G*T, Dh] (row g*T + t), so both products are batched
+    # matmuls over (batch, kv head) reading the cache in place.
+    q_BKMD = jnp.transpose(q.reshape(B, T, K, G, Dh), (0, 2, 3, 1, 4)).reshape(B, K, G * T, Dh)
+    scores = jnp.einsum("bkmd,bkds->bkms", q_BKMD, keys_BKDS, precision=prec,
                         preferred_element_type=jnp.float32) * (Dh ** -0.5)
-    scores = jnp.where(mask_BTS[:, None, None], scores, _MASK_VALUE)
+    mask_BMS = jnp.tile(mask_BTS, (1, G, 1))  # row g*T + t uses query t's mask
+    scores = jnp.where(mask_BMS[:, None], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, values, precision=prec).reshape(B, T, H, Dh)
+    out = jnp.einsum("bkms,bksd->bkmd", probs, values_BKSD, precision=prec)
+    out = jnp.transpose(out.reshape(B, K, G, T, Dh), (0, 3, 1, 2, 4)).reshape(B, T, H, Dh)
     y = jnp.einsum("bthk,hkd->btd", out, wo.astype(dt), precision=prec)
     return y, new_cache
 

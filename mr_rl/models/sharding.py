@@ -30,7 +30,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from mr_rl.models.config import ModelConfig
-from mr_rl.models.layers import CACHE_AXES, LayerCache
+from mr_rl.models.layers import CACHE_K_AXES, CACHE_V_AXES, LayerCache, cache_shapes
 from mr_rl.models.transformer import Transformer, abstract_params
 
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
@@ -181,9 +181,10 @@ def batch_sharding(mesh: Mesh, shape=None, rules=None) -> NamedSharding:
 def cache_shardings(config: ModelConfig, mesh: Mesh, batch_size: int, max_len: int,
                     rules=None) -> tuple:
   """Shardings of `init_cache(config, batch_size, max_len)` (tuple of LayerCache)."""
-  shape = (batch_size, max_len, config.n_kv_heads, config.head_dim)
-  s = logical_sharding(mesh, CACHE_AXES, shape, rules)
-  return tuple(LayerCache(k=s, v=s) for _ in range(config.n_layers))
+  k_shape, v_shape = cache_shapes(config, batch_size, max_len)
+  k = logical_sharding(mesh, CACHE_K_AXES, k_shape, rules)
+  v = logical_sharding(mesh, CACHE_V_AXES, v_shape, rules)
+  return tuple(LayerCache(k=k, v=v) for _ in range(config.n_layers))
 
 
 @contextlib.contextmanager

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from mr_rl.models.config import ModelConfig
-from mr_rl.models.layers import (MLP, Attention, LayerCache, RMSNorm, param_with_axes,
-                                 precision_of)
+from mr_rl.models.layers import (MLP, Attention, LayerCache, RMSNorm, cache_length,
+                                 param_with_axes, precision_of)
 from mr_rl.models.moe import MoEBlock
 
 _RESID_AXES = ("activation_batch", "activation_length", "activation_embed")
@@ -50,7 +50,7 @@ class Transformer(nn.Module):
   * cache None (training / scoring): causal attention over the T tokens; kv_mask_BS ([B, T],
     default all ones) is 1 on real tokens, 0 on padding; padded keys are never attended to.
     new_cache is None.
-  * cache given (a tuple of LayerCache, k/v [B, S_max, K, head_dim]): the T new K/V are written
+  * cache given (a tuple of LayerCache, see `layers.LayerCache`): the T new K/V are written
     at slots [cache_index, cache_index + T); query t attends to slot s iff kv_mask_BS[b, s]
     ([B, S_max], set by the caller for the new slots) and s <= cache_index + t.
   hidden_BTD is the final-normed hidden state (input of the lm head).
@@ -74,7 +74,7 @@ class Transformer(nn.Module):
         raise ValueError(f"cache has {len(cache)} layers, model has {cfg.n_layers}")
       if cache_index is None:
         raise ValueError("cache given without cache_index")
-      S = cache[0].k.shape[1]
+      S = cache_length(cache)
       if cache[0].k.shape[0] != B:
         raise ValueError(f"cache batch {cache[0].k.shape[0]} != tokens batch {B}")
       if T > S:

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mr_rl.models import init_cache, positions_from_mask
+from mr_rl.models.layers import cache_length, grow_cache
 from mr_rl.sampling import processing
 
 EosIds = Union[None, int, Sequence[int]]
@@ -109,10 +110,8 @@ def _normalize_eos(eos_id: EosIds) -> tuple[int, ...]:
 
 
 def _pad_seq_axis(x: jax.Array, extra: int) -> jax.Array:
-  """Zero-pads axis 1 (the cache / key sequence axis) by `extra` slots."""
-  widths = [(0, 0)] * x.ndim
-  widths[1] = (0, extra)
-  return jnp.pad(x, widths)
+  """Zero-pads axis 1 (the key mask's sequence axis) by `extra` slots."""
+  return jnp.pad(x, [(0, 0), (0, extra)] + [(0, 0)] * (x.ndim - 2))
 
 
 class Sampler:
@@ -219,7 +218,7 @@ class Sampler:
     if self.mesh is None:
       return cache
     from mr_rl.models import sharding as shd
-    batch, length = cache[0].k.shape[:2]
+    batch, length = cache[0].v.shape[0], cache_length(cache)
     return jax.lax.with_sharding_constraint(
         cache, shd.cache_shardings(self.model.config, self.mesh, batch, length, self.rules))
 
@@ -283,7 +282,7 @@ class Sampler:
         # Grow the cache (and its key mask) to this segment's window: one copy per segment.
         extra = end - prev_end
         state["cache"] = self._constrain_cache(
-            jax.tree.map(lambda a: _pad_seq_axis(a, extra), state["cache"]))
+            grow_cache(state["cache"], extra))
         state["kv_mask"] = _pad_seq_axis(state["kv_mask"], extra)
       state = jax.lax.while_loop(
           lambda s, end=end: (s["t"] < end) & ~jnp.all(s["done"]), body, state)

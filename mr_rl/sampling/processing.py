@@ -14,6 +14,7 @@ Two log-probabilities exist for a sampled token:
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -111,12 +112,34 @@ def sample_tokens(logits_BV: jax.Array, key: jax.Array, params: SamplingParams) 
   return inverse_cdf_sample(filtered_logits(logits_BV, params), key)
 
 
+def _block_size(vocab: int) -> int:
+  """Block width of the two-level inverse CDF: a power of two near sqrt(V), at least 16."""
+  return max(16, 1 << (max(1, math.isqrt(vocab - 1) + 1) - 1).bit_length())
+
+
+def _last_positive(x_BN: jax.Array) -> jax.Array:
+  """Index of the last entry > 0 along the last axis (0 if none)."""
+  n = x_BN.shape[-1]
+  return (n - 1 - jnp.argmax(jnp.flip(x_BN > 0, axis=-1), axis=-1)).astype(jnp.int32)
+
+
+def _invert(cdf_BN: jax.Array, u_B: jax.Array, weights_BN: jax.Array) -> jax.Array:
+  """Smallest i with cdf[i] > u, never past the last entry of positive weight."""
+  idx_B = jnp.sum(cdf_BN <= u_B[..., None], axis=-1, dtype=jnp.int32)
+  return jnp.minimum(idx_B, _last_positive(weights_BN))
+
+
 def inverse_cdf_sample(x_BV: jax.Array, key: jax.Array) -> jax.Array:
   """Draws token ~ softmax(x) per row by inverting the CDF with one uniform per row.
 
-  Exact up to float32 rounding of the cumulative sum. On CPU this is about 3x cheaper than
-  Gumbel-max (`jax.random.categorical`), which needs V random numbers and two logarithms per
-  row; -inf (filtered) entries have probability 0 and are never drawn.
+  Two levels, so no length-V cumulative sum is ever formed: the vocabulary is cut into
+  blocks of about sqrt(V) tokens; a block is drawn by inverting the CDF of the block masses,
+  then a token inside it by inverting the block's own CDF with the leftover of the same
+  uniform. P(token i in block j) = (m_j / M) (e_i / m_j) = e_i / M: exact up to float32
+  rounding. On CPU this is about 3x cheaper than Gumbel-max (`jax.random.categorical`,
+  which needs V random numbers and two logarithms per row) and avoids the long sequential
+  scan of a full cumulative sum. -inf (filtered) entries have probability 0 and are never
+  drawn.
 
   Args:
     x_BV: float32 logits [..., V] with at least one finite entry per row.
@@ -125,14 +148,19 @@ def inverse_cdf_sample(x_BV: jax.Array, key: jax.Array) -> jax.Array:
   Returns:
     int32 token ids [...].
   """
+  lead, vocab = x_BV.shape[:-1], x_BV.shape[-1]
   e_BV = jnp.exp(x_BV - jnp.max(x_BV, axis=-1, keepdims=True))
-  cdf_BV = jnp.cumsum(e_BV, axis=-1)
-  u_B1 = jax.random.uniform(key, x_BV.shape[:-1] + (1,), jnp.float32) * cdf_BV[..., -1:]
-  idx_B = jnp.sum(cdf_BV <= u_B1, axis=-1, dtype=jnp.int32)
-  # u can round up to the total; never step past the last token with nonzero probability.
-  vocab = x_BV.shape[-1]
-  last_B = vocab - 1 - jnp.argmax(jnp.flip(e_BV > 0, axis=-1), axis=-1).astype(jnp.int32)
-  return jnp.minimum(idx_B, last_B)
+  bs = _block_size(vocab)
+  nb = -(-vocab // bs)
+  e_BNb = jnp.pad(e_BV, [(0, 0)] * len(lead) + [(0, nb * bs - vocab)]).reshape(lead + (nb, bs))
+  mass_BN = jnp.sum(e_BNb, axis=-1)
+  cdf_BN = jnp.cumsum(mass_BN, axis=-1)
+  u_B = jax.random.uniform(key, lead, jnp.float32) * cdf_BN[..., -1]
+  block_B = _invert(cdf_BN, u_B, mass_BN)
+  before_B = jnp.take_along_axis(cdf_BN - mass_BN, block_B[..., None], axis=-1)[..., 0]
+  inner_Bb = jnp.take_along_axis(e_BNb, block_B[..., None, None], axis=-2)[..., 0, :]
+  offset_B = _invert(jnp.cumsum(inner_Bb, axis=-1), u_B - before_B, inner_Bb)
+  return block_B * bs + offset_B
 
 
 def token_log_probs(logits_BV: jax.Array, tokens_B: jax.Array) -> jax.Array:

@@ -41,6 +41,7 @@ def get_config(arg=None):
   c.checkpoint_every = 0            # the demo's sub-runs are short; no checkpoints
   c.log_every = 10
   c.alarm_window = 10
+  c.kl_ref_every = 10               # kl_ref/* metrics only (no KL penalty): every 10th step
   c.model.path = _BASE_POLICY
   c.data.name = "arithmetic"
   c.data.batch_prompts = 8          # B; rollout batch B * G = 64

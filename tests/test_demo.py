@@ -51,8 +51,56 @@ def test_demo_smoke_writes_report(tmp_path):
   drift = json.load(open(os.path.join(wd, "negative", "tag", "drift.json")))
   assert [c["channel"] for c in drift["channels"]] == ["arith_acc", "arith_negative"]
   assert os.path.exists(os.path.join(wd, "negative", "additive", "metrics.jsonl"))
+  from mr_rl.demo import summary  # the multi-seed summary reads real reports (no rp_only: n/a)
+  targets = {t["target"]: t["mean"] for t in summary.check_targets([saved])}
+  assert targets["negative: additive aux rate >= 0.8"][0] in (True, False)
+  assert targets["negative: TAG accuracy >= 0.9x RP-only"] == (None, None)
 
 
 def test_demo_config_rejects_unknown_argument():
   with pytest.raises(ValueError, match="unknown arguments"):
     _demo_config("smoke,fast")
+
+
+def _report(seed, rp, add_acc, add_neg, tag, amrp, static):
+  row = lambda acc, aux=0.5: {"accuracy": acc, "aux_rate": aux, "mean_length": 20.0}
+  return {"negative": {"rp_only": row(rp), "additive": row(add_acc, add_neg), "tag": row(tag)},
+          "acc_fmt_len": {"rp_only": row(rp), "additive": row(static), "amrp": row(amrp),
+                          "tag": row(tag)},
+          "_meta": {"seed": seed}}
+
+
+def test_demo_summary_targets_per_seed_and_mean(tmp_path):
+  from mr_rl.demo import summary
+  reports = [_report(0, 0.4, 0.1, 0.9, 0.38, 0.20, 0.18),     # every target met
+             _report(1, 0.4, 0.3, 0.7, 0.30, 0.15, 0.18)]     # none met
+  for i, r in enumerate(reports):
+    os.makedirs(tmp_path / f"s{i}")
+    json.dump(r, open(tmp_path / f"s{i}" / "report.json", "w"))
+  md = summary.main([str(tmp_path / "s0"), str(tmp_path / "s1"), "--out", str(tmp_path / "s.md")])
+  assert open(tmp_path / "s.md").read() == md
+  res = {t["target"]: t for t in summary.check_targets(reports)}
+  neg_rate = res["negative: additive aux rate >= 0.8"]
+  assert [c[0] for c in neg_rate["per_seed"]] == [True, False]
+  assert neg_rate["mean"] == (True, pytest.approx(0.8))
+  ratio = res["negative: additive accuracy <= 0.5x RP-only"]
+  assert ratio["per_seed"][0] == (True, pytest.approx(0.25))
+  assert ratio["mean"] == (True, pytest.approx(0.5))           # 0.2 / 0.4
+  tag = res["negative: TAG accuracy >= 0.9x RP-only"]
+  assert [c[0] for c in tag["per_seed"]] == [True, False] and tag["mean"][0] is False  # 0.85x
+  amrp = res["acc_fmt_len: AMRP accuracy - static (additive) > 0"]
+  assert amrp["per_seed"][0] == (True, pytest.approx(0.02)) and amrp["mean"][0] is False
+  assert res["brief: TAG accuracy >= 0.9x RP-only"]["mean"] == (None, None)  # no brief task
+  assert "| additive | 0.200 +- 0.141 | 0.800 +- 0.141 | 20.000 +- 0.000 |" in md
+  assert "n/a" in md and "NO (0.85)" in md
+
+
+def test_demo_summary_rejects_missing_or_mismatched_reports(tmp_path):
+  from mr_rl.demo import summary
+  with pytest.raises(FileNotFoundError, match="no demo report"):
+    summary.load_report(str(tmp_path))
+  a, b = _report(0, 0.4, 0.1, 0.9, 0.38, 0.2, 0.18), {"brief": {}, "_meta": {"seed": 1}}
+  json.dump(a, open(tmp_path / "a.json", "w"))
+  json.dump(b, open(tmp_path / "b.json", "w"))
+  with pytest.raises(ValueError, match="different tasks"):
+    summary.main([str(tmp_path / "a.json"), str(tmp_path / "b.json")])

@@ -124,6 +124,7 @@ def test_paper_values():
   assert dict(c.aggregator.hp) == dict(lam=1.0, k_s=5.0, k_p=5.0, interval=1, rho=0.9, eps=1e-6)
   assert c.rewards.channels == "accuracy,format,length" and c.rollout.max_new_tokens == 3000
   assert c.rewards.params.length.to_dict() == {"max_full": 2800, "zero_at": 3000}
+  assert c.data.eval_sets == "math500,amc,aime" and c.eval.num_prompts == 2656
   assert g("amrp_math", "method=base").total_steps == 0
   c = g("amrp_alce", "model=llama3_1_8b,dataset=eli5,method=static")
   assert c.model.path == "meta-llama/Llama-3.1-8B-Instruct" and c.rollout.max_new_tokens == 500
@@ -207,6 +208,8 @@ def _check_run(name, c, workdir):
   names = s.rewards.channels
   ev = json.load(open(os.path.join(workdir, "eval.json")))
   assert f"eval/{names[s.rewards.primary]}" in ev, (name, sorted(ev))
+  for eval_set in s.data.eval_sets:  # benchmark sets (AMRP math: math500, amc, aime)
+    assert f"eval/{eval_set}/{names[s.rewards.primary]}" in ev, (name, eval_set, sorted(ev))
   if s.pipeline == "tag":
     drift = json.load(open(os.path.join(workdir, "drift.json")))
     assert [d["channel"] for d in drift["channels"]] == list(names)

@@ -28,6 +28,9 @@ def runlocal(c, model_key: str) -> None:
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))  # any devices
   c.optim.num_micro_batches = 1                      # 4 rows: no accumulation needed
   c.data.path = tiny.runlocal_data(c.data.name)      # a few records in the hub schema
+  c.data.eval_set_options = ml_collections.ConfigDict(  # benchmark sets: tiny local files too
+      {n.strip(): {"path": tiny.runlocal_data(n.strip())}
+       for n in str(c.data.get("eval_sets", "")).split(",") if n.strip()})
   opts = dict(c.data.options.to_dict())
   opts.update(tiny.RUNLOCAL_DATA_OPTIONS.get(c.data.name, {}))
   c.data.options = ml_collections.ConfigDict(opts)   # loader options sized for the tiny file

@@ -185,14 +185,15 @@ def amrp_math_base(model_key: str):
   set_model(c, model_key)
   c.total_steps = epochs_to_steps(10_000, 1)         # one epoch over 10K prompts = 313 steps
   c.data.name = "numina_math"                        # the 10K NuminaMath-1.5 subset
-  c.data.eval_split = "train"                        # numina has one split; benchmarks: README
+  c.data.eval_split = "train"                        # numina has one split (evaluation: eval_sets)
+  c.data.eval_sets = AMRP_MATH_EVAL_SETS             # final eval: MATH-500, AMC, AIME 2024
   c.data.template = "amrp_math"                      # <reasoning>/<answer> system instruction
   c.data.max_prompt_len = 1024                       # problem + instruction (+ chat markup)
   c.data.options = _cd(num_examples=10_000)          # AMRP's 10K subset (project draw rule)
   c.rollout.max_new_tokens = 3000                    # max completion length 3,000
   c.rewards.channels = "accuracy,format,length"      # r_math = [acc, fmt, len]
   c.rewards.params = _cd(length=_cd(max_full=2800, zero_at=3000))  # full to 2,800, 0 at 3,000
-  c.eval.num_prompts = 512                           # train-prompt reward check at the end
+  c.eval.num_prompts = 2656                          # per set: all of it (AMC 83 x 32 records)
   c.eval.samples_per_prompt = 1                      # one response per instance
   c.eval.temperature = 0.0                           # greedy decoding (App. B.1)
   return c

@@ -27,6 +27,12 @@ import sys
 import tempfile
 import time
 
+if __name__ == "__main__" and "--cpu-devices" in sys.argv:
+  # Split the host CPU into N XLA devices before jax starts (one decode program per device).
+  _d = sys.argv[sys.argv.index("--cpu-devices") + 1]
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             f" --xla_force_host_platform_device_count={_d}")
+
 if __name__ == "__main__" and "--threads" in sys.argv:
   # Thread count must be fixed before jax / torch start their pools.
   _n = sys.argv[sys.argv.index("--threads") + 1]
@@ -146,6 +152,10 @@ def main(argv=None):
   p.add_argument("--no-hf", action="store_true", help="skip transformers generate")
   p.add_argument("--threads", type=int, default=None,
                  help="CPU threads for both jax and torch (default: their defaults)")
+  p.add_argument("--cpu-devices", type=int, default=1,
+                 help="CPU only: split the host into N XLA devices and shard the batch over a "
+                      "data-parallel mesh of them (the sampler's mesh path); transformers keeps "
+                      "its threads")
   p.add_argument("--hbm-gbps", type=float, default=None, help="HBM bandwidth for the roofline")
   p.add_argument("--quick", action="store_true", help="64 new tokens, 2 repeats, short scaling")
   p.add_argument("--json", default=None, help="write the results here")
@@ -178,6 +188,14 @@ def main(argv=None):
   res["matmul_gflops"] = peak / 1e9
   print(f"large fp32 matmul: {peak / 1e9:.1f} GFLOP/s", flush=True)
 
+  if a.cpu_devices > 1:
+    if len(jax.devices()) != a.cpu_devices:
+      raise ValueError(f"--cpu-devices {a.cpu_devices}: jax sees {len(jax.devices())} devices")
+    from mr_rl.models import sharding as shd
+    mesh = shd.make_mesh(dict(data=a.cpu_devices))
+    params = jax.device_put(params, shd.param_shardings(model, mesh))
+    skw["mesh"] = mesh
+  res["cpu_devices"] = a.cpu_devices
   sampler = Sampler(model, max_new_tokens=a.new_tokens, temperature=1.0, **skw)
   gen_tokens = a.batch * a.new_tokens
   t0 = time.perf_counter()

@@ -9,6 +9,7 @@ run, and our time for 64/128/256/512 new tokens.
   python benchmarks/sampler.py                 # full run (a few minutes on 2 cores)
   python benchmarks/sampler.py --quick         # under a minute
   python benchmarks/sampler.py --json out.json
+  python benchmarks/sampler.py --cpu-devices 2  # batch split over 2 XLA CPU devices (mesh path)
   # Accelerator: a Qwen3-1.7B-shaped random model, tokens/s and HBM-roofline fraction.
   python benchmarks/sampler.py --preset qwen3_1_7b --dtype bfloat16 --batch 64 \
       --prompt-len 256 --new-tokens 1024 --no-hf --hbm-gbps 4800

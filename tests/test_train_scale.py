@@ -157,7 +157,15 @@ def _mesh_worker(policy_path: str) -> dict:
   ref = train_lib.train(s, None, comp=single, log=None)
   leaf = sharded.params["layers_0"]["attn"]["q_proj"]
   ref_leaf = ref.params["layers_0"]["attn"]["q_proj"]
-  return dict(sharded=sharded.history, single=ref.history,
+  # Evaluation samples on the mesh too: 5 prompts x 3 samples asked in calls of 3 prompts
+  # (9 rows) run as calls of 4 prompts (12 rows over data x fsdp = 4), and equal one device
+  # evaluating in calls of 4 prompts (same calls, same keys).
+  from mr_rl import evaluation
+  ecfg = lambda b: evaluation.EvalConfig(mode="sampled", num_samples=3, ks=(1,), batch_prompts=b)
+  evals = [evaluation.evaluate(c_, c_.base_params, comp.eval_examples[:5], ecfg(b),
+                               jax.random.PRNGKey(3)).metrics("eval/")
+           for c_, b in ((comp, 3), (single, 4))]
+  return dict(sharded=sharded.history, single=ref.history, eval_mesh=evals[0], eval_one=evals[1],
               base_spec=str(q.sharding.spec), param_devices=len(leaf.sharding.device_set),
               param_diff=float(np.abs(np.asarray(leaf) - np.asarray(ref_leaf)).max()))
 
@@ -182,6 +190,11 @@ def test_sharded_training_matches_one_device(policy):
     for k in ("loss/policy", "loss/kl", "kl_ref/k3", "policy/entropy", "update/grad_norm"):
       np.testing.assert_allclose(x[k], y[k], rtol=1e-4, atol=1e-6, err_msg=k)
   assert res["param_diff"] < 1e-5
+  em, e1 = res["eval_mesh"], res["eval_one"]
+  assert em.keys() == e1.keys() and "eval/arith_len" in em
+  for k in em:
+    if not k.startswith("eval/time"):
+      np.testing.assert_allclose(em[k], e1[k], rtol=1e-6, err_msg=k)
 
 
 # ------------------------------------------------------------ eval sets, long prompts

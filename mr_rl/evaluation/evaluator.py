@@ -13,13 +13,17 @@ Examples go through the trainer's own pieces (`mr_rl.train.encode_prompts` via
 and reward channels training sees. Every sampler call holds ``batch_prompts`` prompts
 (``min(batch_prompts, E)``): the last partial batch is padded by repeating its own
 examples, and the padded rows are dropped before scoring, so every example is evaluated
-once and the sampler compiles once. Metrics are computed by `mr_rl.evaluation.summary`.
+once and the sampler compiles once. With a device mesh (`comp.mesh`, set by the trainer on
+more than one device) the sampler runs sharded and ``batch_prompts`` is rounded up so the
+``batch_prompts * n`` rows split evenly over the mesh's data axes. Metrics are computed by
+`mr_rl.evaluation.summary`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 import types
 from typing import Any, Mapping, Sequence
@@ -239,13 +243,21 @@ def evaluate(comp, params, examples: Sequence[Any], config: EvalConfig,
   names = tuple(comp.runner.names)
   s = comp.settings
   cfg = config.resolve(s, len(names))
+  mesh = getattr(comp, "mesh", None)
   view = types.SimpleNamespace(
       model=comp.model, tokenizer=comp.tokenizer, render=comp.render, runner=comp.runner,
-      settings=dataclasses.replace(s, rollout=dataclasses.replace(
+      mesh=mesh, settings=dataclasses.replace(s, rollout=dataclasses.replace(
           s.rollout, max_new_tokens=cfg.max_new_tokens, top_k=cfg.top_k, top_p=cfg.top_p,
           temperature=cfg.temperature)))
   E, n = len(examples), cfg.num_samples
   B = min(cfg.batch_prompts, E)
+  if mesh is not None:
+    # The sampler splits the B * n rows over the mesh's data axes: round B up so they divide
+    # evenly. The extra prompts repeat the batch's own and are dropped like the last batch's.
+    from mr_rl.rl.update import data_axes
+    d = math.prod(mesh.shape[a] for a in data_axes(mesh))
+    step = d // math.gcd(n, d)
+    B = -(-B // step) * step
   key = jax.random.PRNGKey(0) if key is None else key  # greedy ignores it
   rs, lens, truncs, texts = [], [], [], []
   for b, start in enumerate(range(0, E, B)):

@@ -82,6 +82,30 @@ def arith_config(policy_path: str, total_steps: int):
   return c
 
 
+def test_drift_measured_in_row_chunks_equals_one_pass(policy):
+  """TAG's drift (anchor.measure_drift) in micro-batch-sized row chunks equals one pass."""
+  from mr_rl.rl import anchor as anchor_lib
+  c = arith_config(policy, 0)
+  s = settings_lib.from_config(c)
+  comp = train_lib.build(s)
+  noise = jax.random.normal(jax.random.PRNGKey(7), (), jnp.float32)
+  probe = jax.tree.map(lambda x: x * (1.0 + 0.05 * noise) + 0.01, comp.base_params)
+  res = {}
+  for m in (1, 8):  # 16 rollout rows: micro-batches of 16 and of 2 rows
+    c.optim.num_micro_batches = m
+    sm = settings_lib.from_config(c)
+    assert anchor_lib.drift_chunk_rows(sm, 4 * 4) == {1: 16, 8: 2}[m]  # 16 drift rows
+    assert anchor_lib.drift_chunk_rows(sm, 4 * 3) == {1: 4, 8: 2}[m]   # divisors of 12 rows
+    res[m] = anchor_lib.measure_drift(
+        dataclasses.replace(comp, settings=sm), probe, comp.base_params, comp.eval_examples[:8],
+        jax.random.PRNGKey(1), samples=4, rollout_fn=train_lib.rollout,
+        batch_fn=train_lib.update_batch)
+  assert res[1]["rev_kl_exact_per_token"] > 0
+  for k in res[1]:
+    np.testing.assert_allclose(res[8][k], res[1][k], rtol=1e-5, err_msg=k)
+
+
+
 # ------------------------------------------------------------------ chunked forwards
 def test_chunked_forward_equals_one_call(policy):
   model, params = models.load_pretrained(policy)

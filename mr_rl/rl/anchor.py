@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any, Callable, Sequence
 
@@ -73,15 +74,36 @@ def _seq_kl(model, p_params, q_params, tokens, mask, resp_mask, logp_p):
 _seq_kl_jit = jax.jit(_seq_kl, static_argnums=0)
 
 
+def drift_chunk_rows(settings, rows: int) -> int:
+  """Rows per drift forward: the policy step's micro-batch (B*G / num_micro_batches rows, the
+  size known to fit a chip), reduced to a divisor of `rows` so every chunk has one shape."""
+  per_micro_batch = (settings.data.batch_prompts * settings.rollout.group_size //
+                     settings.update.num_micro_batches)
+  return math.gcd(rows, max(1, per_micro_batch))
+
+
+def _seq_kl_chunk(model, p_params, q_params, cols, mesh):
+  if mesh is None:
+    return _seq_kl_jit(model, p_params, q_params, *cols)
+  from mr_rl.models import sharding  # rows over the data axes, constraints bound to the mesh
+  cols = jax.device_put(cols, [sharding.batch_sharding(mesh, c.shape) for c in cols])
+  with sharding.activation_sharding(mesh):
+    return _seq_kl_jit(model, p_params, q_params, *cols)
+
+
 def measure_drift(comp, probe_params, base_params, examples, key, *, samples: int,
                   rollout_fn: Callable, batch_fn: Callable) -> dict[str, float]:
   """Reverse and forward per-token drift of `probe_params` from `base_params`.
 
   `rollout_fn(comp, params, examples, key, group_size, temperature)` samples responses and
-  `batch_fn(rollout, A)` assembles the token batch (both from mr_rl.train).
+  `batch_fn(rollout, A)` assembles the token batch (both from mr_rl.train). The two policies'
+  forwards run `drift_chunk_rows` rows at a time (full-vocabulary logits of a whole held-out
+  batch do not fit a chip at paper scale), on `comp.mesh` when the run has one.
   """
   out = {}
   B = comp.settings.data.batch_prompts
+  rows = drift_chunk_rows(comp.settings, B * samples)
+  mesh = getattr(comp, "mesh", None)
   for direction, sample_params, other in (("rev", probe_params, base_params),
                                           ("fwd", base_params, probe_params)):
     sampled, exact, lens = [], [], []
@@ -89,10 +111,12 @@ def measure_drift(comp, probe_params, base_params, examples, key, *, samples: in
       ro = rollout_fn(comp, sample_params, examples[i:i + B], jax.random.fold_in(key, i),
                       group_size=samples, temperature=1.0)
       batch = batch_fn(ro, jnp.zeros(ro.lengths.shape, jnp.float32))
-      s, e = _seq_kl_jit(comp.model, sample_params, other, batch["tokens_BT"], batch["mask_BT"],
-                         batch["response_mask_BT"], batch["old_logp_BT"])
-      sampled.append(np.asarray(s))
-      exact.append(np.asarray(e))
+      cols = [batch[k] for k in ("tokens_BT", "mask_BT", "response_mask_BT", "old_logp_BT")]
+      for j in range(0, B * samples, rows):  # both policies' [rows, T, V] logits at a time
+        s, e = _seq_kl_chunk(comp.model, sample_params, other, [c[j:j + rows] for c in cols],
+                             mesh)
+        sampled.append(np.asarray(s))
+        exact.append(np.asarray(e))
       lens.append(ro.lengths.reshape(-1))
     if not lens:
       raise ValueError(f"need at least batch_prompts={B} held-out prompts, got {len(examples)}")

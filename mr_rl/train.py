@@ -464,7 +464,7 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
     R_BG, A_BG, state["agg"], agg_m = agg_fn(state["agg"], jnp.asarray(r_BGK), k_agg)
     batch = update_batch(ro, A_BG)
     forward = lambda fn, p: update_lib.chunked_forward(fn, p, batch["tokens_BT"],
-                                                       batch["mask_BT"], M, mesh)
+                                                       batch["mask_BT"], num_chunks=M, mesh=mesh)
     if ppo:
       _add_ppo_targets(batch, np.asarray(R_BG), forward(value_fn, state["train"].value_params),
                        s.advantage_hp)

@@ -119,11 +119,11 @@ def test_chunked_forward_equals_one_call(policy):
   for fn, p, splits in ((logp_fn, params, (2, 4)), (value_fn, vparams, (4,))):
     whole = np.asarray(fn(p, tokens, mask))
     for m in splits:
-      chunked = np.asarray(update_lib.chunked_forward(fn, p, tokens, mask, m))
+      chunked = np.asarray(update_lib.chunked_forward(fn, p, tokens, mask, num_chunks=m))
       assert chunked.shape == whole.shape
       np.testing.assert_allclose(chunked, whole, rtol=0, atol=1e-6)
   with pytest.raises(ValueError, match="num_chunks=3 .* must divide the 8 rollout rows"):
-    update_lib.chunked_forward(logp_fn, params, tokens, mask, 3)
+    update_lib.chunked_forward(logp_fn, params, tokens, mask, num_chunks=3)
   # The trainer checks the split before its first rollout.
   c = arith_config(policy, 1)
   c.optim.num_micro_batches = 3

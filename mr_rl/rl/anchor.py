@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mr_rl.rl import update as update_lib
 from mr_rl.rl.kl import exact_kl
 
 
@@ -82,15 +83,6 @@ def drift_chunk_rows(settings, rows: int) -> int:
   return math.gcd(rows, max(1, per_micro_batch))
 
 
-def _seq_kl_chunk(model, p_params, q_params, cols, mesh):
-  if mesh is None:
-    return _seq_kl_jit(model, p_params, q_params, *cols)
-  from mr_rl.models import sharding  # rows over the data axes, constraints bound to the mesh
-  cols = jax.device_put(cols, [sharding.batch_sharding(mesh, c.shape) for c in cols])
-  with sharding.activation_sharding(mesh):
-    return _seq_kl_jit(model, p_params, q_params, *cols)
-
-
 def measure_drift(comp, probe_params, base_params, examples, key, *, samples: int,
                   rollout_fn: Callable, batch_fn: Callable) -> dict[str, float]:
   """Reverse and forward per-token drift of `probe_params` from `base_params`.
@@ -112,11 +104,11 @@ def measure_drift(comp, probe_params, base_params, examples, key, *, samples: in
                       group_size=samples, temperature=1.0)
       batch = batch_fn(ro, jnp.zeros(ro.lengths.shape, jnp.float32))
       cols = [batch[k] for k in ("tokens_BT", "mask_BT", "response_mask_BT", "old_logp_BT")]
-      for j in range(0, B * samples, rows):  # both policies' [rows, T, V] logits at a time
-        s, e = _seq_kl_chunk(comp.model, sample_params, other, [c[j:j + rows] for c in cols],
-                             mesh)
-        sampled.append(np.asarray(s))
-        exact.append(np.asarray(e))
+      s, e = update_lib.chunked_forward(  # both policies' [rows, T, V] logits at a time
+          lambda pq, *c: _seq_kl_jit(comp.model, *pq, *c), (sample_params, other), *cols,
+          num_chunks=B * samples // rows, mesh=mesh)
+      sampled.append(np.asarray(s))
+      exact.append(np.asarray(e))
       lens.append(ro.lengths.reshape(-1))
     if not lens:
       raise ValueError(f"need at least batch_prompts={B} held-out prompts, got {len(examples)}")

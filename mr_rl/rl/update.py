@@ -390,18 +390,20 @@ def make_logprob_fn(logits_fn: LogitsFn):
   return fn
 
 
-def chunked_forward(fn: Callable, params, tokens_BT, mask_BT, num_chunks: int, mesh=None):
-  """`fn(params, tokens, mask)` over `num_chunks` consecutive row chunks, concatenated.
+def chunked_forward(fn: Callable, params, *rows, num_chunks: int, mesh=None):
+  """`fn(params, *rows)` over `num_chunks` consecutive row chunks of every array in `rows`.
 
   The reference log-prob and critic forwards of `mr_rl.train` (one chunk per policy-step
-  micro-batch, ``UpdateConfig.num_micro_batches``): equal to one call on all rows, with the
-  activations of rows / num_chunks rows at a time. With a `mesh`, each chunk's rows are
+  micro-batch, ``UpdateConfig.num_micro_batches``) and TAG's drift forwards
+  (`mr_rl.rl.anchor`): equal to one call on all rows, with the activations of
+  rows / num_chunks rows at a time. `fn` may return any pytree of ``[rows, ...]`` arrays;
+  the chunks' outputs are concatenated along axis 0. With a `mesh`, each chunk's rows are
   sharded over the data axes and the model's activation constraints bind to the mesh.
 
   Raises:
     ValueError: num_chunks is not a positive divisor of the row count.
   """
-  N = tokens_BT.shape[0]
+  N = rows[0].shape[0]
   if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
     raise ValueError(f'num_chunks must be a positive int, got {num_chunks!r}')
   if N % num_chunks:
@@ -410,12 +412,14 @@ def chunked_forward(fn: Callable, params, tokens_BT, mask_BT, num_chunks: int, m
   n = N // num_chunks
   outs = []
   for i in range(num_chunks):
-    tok, mask = tokens_BT[i * n:(i + 1) * n], mask_BT[i * n:(i + 1) * n]
+    chunk = [r[i * n:(i + 1) * n] for r in rows]
     if mesh is None:
-      outs.append(fn(params, tok, mask))
+      outs.append(fn(params, *chunk))
       continue
     from mr_rl.models import sharding  # local import: rl math does not need the model package
-    tok, mask = jax.device_put((tok, mask), sharding.batch_sharding(mesh, tok.shape))
+    chunk = jax.device_put(chunk, [sharding.batch_sharding(mesh, c.shape) for c in chunk])
     with sharding.activation_sharding(mesh):
-      outs.append(fn(params, tok, mask))
-  return outs[0] if num_chunks == 1 else jnp.concatenate(outs, axis=0)
+      outs.append(fn(params, *chunk))
+  if num_chunks == 1:
+    return outs[0]
+  return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *outs)

@@ -50,22 +50,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mr_rl import models  # noqa: E402
 from mr_rl.sampling import Sampler  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/roofline.py
+from roofline import matmul_flops_per_s  # noqa: E402
 
 TINY = dict(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
             num_attention_heads=8, num_key_value_heads=4, head_dim=32, tie_word_embeddings=True)
-
-
-def matmul_flops_per_s(n: int = 2048, reps: int = 10) -> float:
-  """FLOP/s of a large fp32 matmul under jax (the roofline reference on CPU)."""
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  f(a).block_until_ready()
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    f(a).block_until_ready()
-    times.append(time.perf_counter() - t0)
-  return 2 * n ** 3 / min(times)
 
 
 def decode_flops_per_token(cfg: models.ModelConfig, context: float) -> float:

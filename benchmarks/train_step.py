@@ -61,6 +61,8 @@ sys.path.insert(0, _ROOT)
 
 from mr_rl import models, settings as settings_lib, train as train_lib  # noqa: E402
 from mr_rl.rl import update as update_lib  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/roofline.py
+from roofline import matmul_flops_per_s  # noqa: E402
 
 QWEN3_TINY = models.ModelConfig(
     family="qwen3", vocab_size=1024, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4,
@@ -71,19 +73,6 @@ DEMO_CONFIG = os.path.join(_ROOT, "configs", "demo.py")
 # ------------------------------------------------------------------------------ helpers
 def load_avg() -> list[float]:
   return [round(x, 2) for x in os.getloadavg()]
-
-
-def matmul_flops_per_s(n: int = 2048, reps: int = 8) -> float:
-  """FLOP/s of a large fp32 matmul under jax (best of `reps`; the CPU roofline reference)."""
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  f(a).block_until_ready()
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    f(a).block_until_ready()
-    times.append(time.perf_counter() - t0)
-  return 2 * n ** 3 / min(times)
 
 
 def analytic_train_flops(cfg: models.ModelConfig, rows: int, T: int) -> float:
@@ -251,7 +240,7 @@ def main(argv=None):
     settings = demo_settings(a.task, a.method, a.steps, base_policy)
     comp = train_lib.build(settings)
 
-    peak0 = matmul_flops_per_s()
+    peak0 = matmul_flops_per_s(reps=8)
     print(f"large fp32 matmul: {peak0 / 1e9:.1f} GFLOP/s", flush=True)
 
     # Part 1: the policy step alone.
@@ -268,7 +257,7 @@ def main(argv=None):
     upd["qwen3_tiny"] = time_policy_step("qwen3_tiny", tiny, tiny_params, settings.update,
                                          tiny_batch, a.repeats)
     print(f"  qwen3_tiny policy step: {upd['qwen3_tiny']['median_s'] * 1e3:.1f} ms", flush=True)
-    peak1 = matmul_flops_per_s()
+    peak1 = matmul_flops_per_s(reps=8)
     peak = max(peak0, peak1)
     res["matmul_gflops"] = [peak0 / 1e9, peak1 / 1e9]
     for r in upd.values():

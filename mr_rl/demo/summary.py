@@ -104,12 +104,12 @@ def check_targets(reports: Sequence[Report]) -> list[dict]:
           for name, fn in TARGETS]
 
 
-def _fmt_check(res, digits: int = 2) -> str:
+def _fmt_check(res, difference: bool = False) -> str:
   passed, value = res
   if passed is None:
     return "n/a"
-  return f"{'yes' if passed else 'NO'} ({value:+.{digits}f})" if digits == 3 else \
-      f"{'yes' if passed else 'NO'} ({value:.{digits}f})"
+  shown = f"{value:+.3f}" if difference else f"{value:.2f}"  # differences keep their sign
+  return f"{'yes' if passed else 'NO'} ({shown})"
 
 
 def _mean_sd(vals) -> str:
@@ -135,10 +135,10 @@ def to_markdown(reports: Sequence[Report], names: Sequence[str]) -> str:
   lines += ["## Targets", "", "| target | " + " | ".join(f"seed {s}" for s in seeds) +
             " | seed mean |", "|---|" + "---|" * (len(seeds) + 1)]
   for res in check_targets(reports):
-    digits = 3 if res["target"].endswith("> 0") else 2  # differences: show the sign
+    diff = res["target"].endswith("> 0")
     lines.append(f"| {res['target']} | " +
-                 " | ".join(_fmt_check(c, digits) for c in res["per_seed"]) +
-                 f" | {_fmt_check(res['mean'], digits)} |")
+                 " | ".join(_fmt_check(c, diff) for c in res["per_seed"]) +
+                 f" | {_fmt_check(res['mean'], diff)} |")
   return "\n".join(lines) + "\n"
 
 

@@ -10,6 +10,7 @@ run, and our time for 64/128/256/512 new tokens.
   python benchmarks/sampler.py --quick         # under a minute
   python benchmarks/sampler.py --json out.json
   python benchmarks/sampler.py --cpu-devices 2  # batch split over 2 XLA CPU devices (mesh path)
+  python benchmarks/sampler.py --no-hf --profile  # ms per decode step by op (XLA:CPU thunks)
   # Accelerator: a Qwen3-1.7B-shaped random model, tokens/s and HBM-roofline fraction.
   python benchmarks/sampler.py --preset qwen3_1_7b --dtype bfloat16 --batch 64 \
       --prompt-len 256 --new-tokens 1024 --no-hf --hbm-gbps 4800
@@ -34,6 +35,11 @@ if __name__ == "__main__" and "--cpu-devices" in sys.argv:
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              f" --xla_force_host_platform_device_count={_d}")
 
+if __name__ == "__main__" and "--profile" in sys.argv:
+  # Per-thunk trace events must be switched on before jax starts (see op_profile.py).
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_cpu_enable_xprof_traceme=true")
+
 if __name__ == "__main__" and "--threads" in sys.argv:
   # Thread count must be fixed before jax / torch start their pools.
   _n = sys.argv[sys.argv.index("--threads") + 1]
@@ -52,6 +58,7 @@ from mr_rl import models  # noqa: E402
 from mr_rl.sampling import Sampler  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/roofline.py
 from roofline import matmul_flops_per_s  # noqa: E402
+import op_profile  # noqa: E402
 
 TINY = dict(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
             num_attention_heads=8, num_key_value_heads=4, head_dim=32, tie_word_embeddings=True)
@@ -148,6 +155,9 @@ def main(argv=None):
                       "its threads")
   p.add_argument("--hbm-gbps", type=float, default=None, help="HBM bandwidth for the roofline")
   p.add_argument("--quick", action="store_true", help="64 new tokens, 2 repeats, short scaling")
+  p.add_argument("--profile", action="store_true",
+                 help="CPU: also print where a decode step goes (ms per step by op, summed over "
+                      "devices and threads; benchmarks/op_profile.py)")
   p.add_argument("--json", default=None, help="write the results here")
   a = p.parse_args(argv)
   if a.quick:
@@ -231,6 +241,21 @@ def main(argv=None):
     res["hbm_roofline_fraction"] = roof_s / ours_s
     print(f"HBM roofline ({a.hbm_gbps} GB/s): {roof_s * 1e3:.1f} ms minimum; "
           f"achieved {100 * res['hbm_roofline_fraction']:.1f}%")
+
+  if a.profile:
+    import contextlib
+    tokens_bp, mask_bp = sampler.prepare(tokens, mask)
+    args, ctx = (params, tokens_bp, mask_bp, key), contextlib.nullcontext()
+    if "mesh" in skw:  # as Sampler.__call__ does on a mesh
+      from mr_rl.models import sharding as shd
+      args = (params, *jax.device_put((tokens_bp, mask_bp),
+                                      shd.batch_sharding(skw["mesh"], tokens_bp.shape)), key)
+      ctx = shd.activation_sharding(skw["mesh"])
+    with ctx:
+      rows = op_profile.op_table(sampler._jitted, *args, per=a.new_tokens)
+    res["profile_ms_per_step"] = [dict(ms=ms, kind=kind, op=op) for ms, kind, op in rows]
+    print(f"where a decode step goes (ms per step, {a.new_tokens} steps, prefill included):")
+    print(op_profile.format_table(rows), flush=True)
 
   scaling = {}
   for n in [int(x) for x in a.scaling.split(",") if x]:

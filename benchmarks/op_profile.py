@@ -2,13 +2,13 @@
 
 XLA:CPU runs a compiled program as a sequence of *thunks* (one per fusion, library call or
 copy). With `--xla_cpu_enable_xprof_traceme=true` in XLA_FLAGS (set before jax starts) each
-thunk leaves a trace event named after its HLO instruction. `op_table` traces one call,
+thunk leaves a trace event named after its HLO instruction. `op_table` traces one run,
 matches every event to its instruction in the optimized HLO and sums the time by the
 instruction's source `op_name` with layer indices and segment copies folded together, so
 "attn/bkmd,bkds->bkms/dot_general" collects the scores matmul of every layer.
 
-Used by `benchmarks/sampler.py --profile`; figures are per call, divided by `per` (e.g.
-decode steps) when given.
+Used by `benchmarks/sampler.py --profile`; figures are per run, divided by `per` (e.g.
+decode steps) when given. jax is imported lazily, so `enable_thunk_tracing` can run first.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ import json
 import os
 import re
 import tempfile
-
-import jax
 
 TRACEME_FLAG = "--xla_cpu_enable_xprof_traceme=true"
 
@@ -47,19 +45,20 @@ def _fold(op_name: str) -> str:
   return re.sub(r"layers_\d+/", "", op_name)
 
 
-def op_table(jitted, *args, per: float = 1.0, top: int = 20) -> list[tuple[float, str, str]]:
-  """Traces one call of `jitted(*args)` (already compiled and warm) and returns up to `top`
-  rows (ms per `per`, thunk kind, folded op_name), largest first, plus a 'total' row.
+def op_table(run, hlo_text: str, *, per: float = 1.0, top: int = 20) -> list[tuple[float, str, str]]:
+  """Traces one `run()` (already compiled and warm) of the program whose optimized HLO is
+  `hlo_text` (e.g. `lowered.compile().as_text()`) and returns up to `top` rows (ms per `per`,
+  thunk kind, folded op_name), largest first, plus a 'total' row.
 
   Raises:
     RuntimeError: the trace holds no thunk events (XLA_FLAGS lacked TRACEME_FLAG when jax
       started, or the backend is not XLA:CPU).
   """
-  hlo = jitted.lower(*args).compile().as_text()
-  names = _instruction_op_names(hlo)
+  import jax
+  names = _instruction_op_names(hlo_text)
   with tempfile.TemporaryDirectory() as tmp:
     with jax.profiler.trace(tmp, create_perfetto_trace=True):
-      jax.block_until_ready(jitted(*args))
+      jax.block_until_ready(run())
     files = glob.glob(os.path.join(tmp, "**", "*.trace.json.gz"), recursive=True)
     if not files:
       raise RuntimeError(f"jax.profiler wrote no perfetto trace under {tmp}")

@@ -35,10 +35,11 @@ if __name__ == "__main__" and "--cpu-devices" in sys.argv:
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              f" --xla_force_host_platform_device_count={_d}")
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # roofline.py, op_profile.py
+import op_profile  # noqa: E402
+
 if __name__ == "__main__" and "--profile" in sys.argv:
-  # Per-thunk trace events must be switched on before jax starts (see op_profile.py).
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_cpu_enable_xprof_traceme=true")
+  op_profile.enable_thunk_tracing()  # before jax starts
 
 if __name__ == "__main__" and "--threads" in sys.argv:
   # Thread count must be fixed before jax / torch start their pools.
@@ -56,9 +57,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mr_rl import models  # noqa: E402
 from mr_rl.sampling import Sampler  # noqa: E402
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/roofline.py
 from roofline import matmul_flops_per_s  # noqa: E402
-import op_profile  # noqa: E402
 
 TINY = dict(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
             num_attention_heads=8, num_key_value_heads=4, head_dim=32, tie_word_embeddings=True)
@@ -243,16 +242,9 @@ def main(argv=None):
           f"achieved {100 * res['hbm_roofline_fraction']:.1f}%")
 
   if a.profile:
-    import contextlib
-    tokens_bp, mask_bp = sampler.prepare(tokens, mask)
-    args, ctx = (params, tokens_bp, mask_bp, key), contextlib.nullcontext()
-    if "mesh" in skw:  # as Sampler.__call__ does on a mesh
-      from mr_rl.models import sharding as shd
-      args = (params, *jax.device_put((tokens_bp, mask_bp),
-                                      shd.batch_sharding(skw["mesh"], tokens_bp.shape)), key)
-      ctx = shd.activation_sharding(skw["mesh"])
-    with ctx:
-      rows = op_profile.op_table(sampler._jitted, *args, per=a.new_tokens)
+    hlo = sampler.lower(params, tokens, mask, key=key).compile().as_text()
+    rows = op_profile.op_table(lambda: sampler(params, tokens, mask, key=key), hlo,
+                               per=a.new_tokens)
     res["profile_ms_per_step"] = [dict(ms=ms, kind=kind, op=op) for ms, kind, op in rows]
     print(f"where a decode step goes (ms per step, {a.new_tokens} steps, prefill included):")
     print(op_profile.format_table(rows), flush=True)

@@ -152,6 +152,17 @@ def test_prompt_buckets_compile_once(tmp_root, prompts, greedy_ref):
     sampler(params, np.full((4, 17), 3), np.ones((4, 17)), key=key)
 
 
+def test_lower_is_the_program_a_call_runs(tmp_root, prompts, greedy_ref):
+  _, model, params = _pair("qwen3", tmp_root)
+  tokens, mask = prompts
+  sampler = Sampler(model, max_new_tokens=8, temperature=0.0)
+  key = jax.random.PRNGKey(0)
+  compiled = sampler.lower(params, tokens, mask, key=key).compile()
+  assert "while" in compiled.as_text()  # the decode loop
+  out = compiled(params, *sampler.prepare(tokens, mask), key)
+  np.testing.assert_array_equal(np.asarray(out.tokens), greedy_ref[:, :8])
+
+
 def test_prompt_bucket_and_segments():
   assert [prompt_bucket(n) for n in (1, 8, 9, 33)] == [8, 8, 16, 64]
   assert prompt_bucket(20, (16, 48, 128)) == 48

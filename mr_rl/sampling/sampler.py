@@ -30,7 +30,7 @@ token itself is part of the response (mask 1).
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import functools
 import math
 from typing import Optional, Sequence, Union
@@ -200,14 +200,28 @@ class Sampler:
 
   def __call__(self, params, prompts_BT, prompt_mask_BT, *, key: jax.Array) -> SampleOutput:
     """Samples up to `max_new_tokens` tokens for each left-padded prompt row."""
+    args, context = self._placed(params, prompts_BT, prompt_mask_BT, key)
+    with context:
+      return self._jitted(*args)
+
+  def lower(self, params, prompts_BT, prompt_mask_BT, *, key: jax.Array):
+    """The `jax.stages.Lowered` program a call with these arguments runs (for inspecting its
+    HLO or cost analysis, e.g. `.compile().as_text()`)."""
+    args, context = self._placed(params, prompts_BT, prompt_mask_BT, key)
+    with context:
+      return self._jitted.lower(*args)
+
+  def _placed(self, params, prompts_BT, prompt_mask_BT, key):
+    """Bucketed prompts placed for the jitted body (batch-sharded on a mesh), and the context
+    the body must be traced and run in (the mesh's logical activation rules)."""
     tokens_BP, mask_BP = self.prepare(prompts_BT, prompt_mask_BT)
     if self.mesh is None:
-      return self._jitted(params, tokens_BP, mask_BP, key)
+      return (params, tokens_BP, mask_BP, key), contextlib.nullcontext()
     from mr_rl.models import sharding as shd
     batch_sh = shd.batch_sharding(self.mesh, tokens_BP.shape, self.rules)
     tokens_BP, mask_BP = jax.device_put((tokens_BP, mask_BP), batch_sh)
-    with shd.activation_sharding(self.mesh, self.rules):
-      return self._jitted(params, tokens_BP, mask_BP, key)
+    return ((params, tokens_BP, mask_BP, key),
+            shd.activation_sharding(self.mesh, self.rules))
 
   # ------------------------------------------------------------------------------- device
   def _apply(self, params, tokens_BT, positions_BT, kv_mask_BS, cache, cache_index):

@@ -95,7 +95,7 @@ def _xla_flops(compiled) -> float | None:
 
 def grpo_batch(model, params, rows: int, prompt_len: int, resp_len: int, group_size: int,
                seed: int = 0) -> dict:
-  """A batch shaped like `train.update_batch` output, with the model's own old log-probs."""
+  """A batch shaped like `mr_rl.rollout.update_batch` output, with the model's own old log-probs."""
   if rows % group_size:
     raise ValueError(f"rows={rows} must be a multiple of group_size={group_size}")
   rng = np.random.default_rng(seed)
@@ -111,17 +111,18 @@ def grpo_batch(model, params, rows: int, prompt_len: int, resp_len: int, group_s
   logp_fn = train_lib._logprob_fn(model)
   old_logp = logp_fn(params, jnp.asarray(tokens), jnp.asarray(mask))
   resp_mask = jnp.asarray(resp.astype(np.int32))
-  return {"tokens_BT": jnp.asarray(tokens), "mask_BT": jnp.asarray(mask),
-          "response_mask_BT": resp_mask,
-          "old_logp_BT": jnp.where(resp_mask == 1, old_logp, 0.0),
+  return {"tokens_NT": jnp.asarray(tokens), "mask_NT": jnp.asarray(mask),
+          "response_mask_NT": resp_mask,
+          "old_logp_NT": jnp.where(resp_mask == 1, old_logp, 0.0),
           "advantages_BG": jnp.asarray(
               rng.standard_normal((rows // group_size, group_size)).astype(np.float32))}
 
 
 def time_policy_step(name: str, model, params, update_config, batch: dict, repeats: int) -> dict:
   """Compiles the trainer's policy step for `batch`, then times `repeats` steps."""
-  tx, step = train_lib._policy_step(model, update_config)
-  state = update_lib.init_train_state(jax.tree.map(jnp.array, params), tx)
+  learner = update_lib.learner(model, update_config)
+  step = learner.step
+  state = learner.init(params, jax.random.PRNGKey(1))
   key = jax.random.PRNGKey(0)
   t0 = time.perf_counter()
   compiled = step.lower(state, batch, key).compile()
@@ -140,12 +141,12 @@ def time_policy_step(name: str, model, params, update_config, batch: dict, repea
   fwd_times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
-    jax.block_until_ready(fwd(params, batch["tokens_BT"], batch["mask_BT"]))
+    jax.block_until_ready(fwd(params, batch["tokens_NT"], batch["mask_NT"]))
     fwd_times.append(time.perf_counter() - t0)
-  rows, T = batch["tokens_BT"].shape
+  rows, T = batch["tokens_NT"].shape
   sec = statistics.median(times)
   return dict(model=name, params=models.count_params(model.config), rows=int(rows), T=int(T),
-              response_tokens=int(np.asarray(batch["response_mask_BT"]).sum()),
+              response_tokens=int(np.asarray(batch["response_mask_NT"]).sum()),
               compile_s=compile_s, times_s=times, median_s=sec,
               forward_times_s=fwd_times, forward_median_s=statistics.median(fwd_times),
               tokens_per_s=rows * T / sec,

@@ -36,6 +36,7 @@ def get_config(arg=None):
   if unknown:
     raise ValueError(f"configs/demo.py: unknown arguments {sorted(unknown)}; valid: smoke, seed")
   c = settings.default_config()
+  c.plugins = "mr_rl.demo"          # registers the arithmetic data set, arith_* channels, 'demo'
   c.pipeline = "demo"
   c.seed = int(args.get("seed", 0))
   c.total_steps = 30                # GRPO steps per (task, method)
@@ -47,7 +48,9 @@ def get_config(arg=None):
   c.data.name = "arithmetic"
   c.data.batch_prompts = 8          # B; rollout batch B * G = 64
   c.data.max_prompt_len = 16
-  c.data.options = ml_collections.ConfigDict(dict(num_train=20000, num_eval=512))
+  c.data.options = ml_collections.ConfigDict(dict(
+      num_train=20000, num_eval=512,  # generated train / held-out problems
+      seed=c.seed))                 # problem draw (follows the run's seed)
   c.rollout.group_size = 8
   c.rollout.max_new_tokens = 48
   c.optim.lr = 2e-4                 # a tiny model moves slowly at the papers' 1e-6

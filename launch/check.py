@@ -8,8 +8,8 @@ r"""Compile a paper config's device programs ahead of time on fake CPU devices; 
 Validates a pod-size config before booking it: XLA_FLAGS=--xla_force_host_platform_device_count
 gives N CPU devices, the config's mesh is built on them, parameters are abstract
 (`jax.eval_shape`, nothing is allocated), and each program the trainer runs per step is
-lowered with the shardings of `mr_rl.models.sharding` / `mr_rl.rl.update.state_shardings` and
-compiled (`jax.jit(...).lower(...).compile()`):
+lowered with the shardings of `mr_rl.models.sharding` (`train_state_shardings`,
+`batch_shardings`) and compiled (`jax.jit(...).lower(...).compile()`):
 
   * `policy_step`: the GRPO update (`update.make_policy_step` with mesh, rules, state and batch
     shardings; optimizer state included, the state donated);
@@ -134,19 +134,19 @@ def main(argv=None) -> int:
   params_abs = models.abstract_params(model)
   tx = update_lib.make_optimizer(ucfg)
   state_abs = jax.eval_shape(lambda p: update_lib.init_train_state(p, tx), params_abs)
-  st_sh = update_lib.state_shardings(state_abs, tx, p_sh, mesh)
+  st_sh = shd.train_state_shardings(state_abs, tx, p_sh, mesh)
   with_sh = lambda tree, sh: jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh)
   state_in = with_sh(state_abs, st_sh)
   params_in = with_sh(params_abs, p_sh)
   i32, f32 = jnp.int32, jnp.float32
-  batch_abs = {"tokens_BT": jax.ShapeDtypeStruct((rows, T), i32),
-               "mask_BT": jax.ShapeDtypeStruct((rows, T), i32),
-               "response_mask_BT": jax.ShapeDtypeStruct((rows, T), i32),
-               "old_logp_BT": jax.ShapeDtypeStruct((rows, T), f32),
+  batch_abs = {"tokens_NT": jax.ShapeDtypeStruct((rows, T), i32),
+               "mask_NT": jax.ShapeDtypeStruct((rows, T), i32),
+               "response_mask_NT": jax.ShapeDtypeStruct((rows, T), i32),
+               "old_logp_NT": jax.ShapeDtypeStruct((rows, T), f32),
                "advantages_BG": jax.ShapeDtypeStruct((rows // group, group), f32)}
   if loss.kl_coef > 0:
-    batch_abs["ref_logp_BT"] = jax.ShapeDtypeStruct((rows, T), f32)
+    batch_abs["ref_logp_NT"] = jax.ShapeDtypeStruct((rows, T), f32)
   repl = NamedSharding(mesh, P())
   key_in = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl)
 
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
   def lower_step():
     step = update_lib.make_policy_step(update_lib.model_logits_fn(model), ucfg, tx, mesh=mesh,
                                        rules=rules, state_sharding=st_sh, batch_example=batch_abs)
-    b_sh = update_lib._batch_shardings(batch_abs, mesh, update_lib.data_axes(mesh))  # pylint: disable=protected-access
+    b_sh = shd.batch_shardings(batch_abs, mesh)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       return step.jitted.lower(state_in, with_sh(batch_abs, b_sh), key_in)
 

@@ -1,11 +1,14 @@
-"""What `mr_rl.main` runs: one training run, the TAG pipeline, or the CPU demo.
+"""What `mr_rl.main` runs, by `config.pipeline`, from the `PIPELINES` registry.
 
-* `train`: `mr_rl.train.train`, then a final sampled evaluation written to WORKDIR/eval.json.
+* `train`: `mr_rl.train.train`, then the final evaluation (`mr_rl.evaluation.final_eval`)
+  written to WORKDIR/eval.json.
 * `tag`: probe every channel from pi_0 (single-channel GRPO for `anchor.probe_steps` steps),
   measure per-token reverse/forward KL drift on held-out prompts, elect the anchor
   (argmin reverse drift), write WORKDIR/drift.{json,md}, then train TAG (`anchor`, `lam`)
   from pi_0 in the same WORKDIR. A re-run reuses a finished election (drift.json).
-* `demo`: `mr_rl.demo.run` (several tasks x methods; report.json/report.md/plots).
+* more from plugin modules (`config.plugins`), e.g. `demo` from `mr_rl.demo.run`.
+
+Every pipeline is `fn(config, workdir)`, registered with `@PIPELINES.register`.
 """
 
 from __future__ import annotations
@@ -16,32 +19,37 @@ import os
 
 import jax
 
+from mr_rl import evaluation
 from mr_rl import settings as settings_lib
 from mr_rl import train as train_lib
+from mr_rl.registry import Registry, import_plugins
 from mr_rl.rl import anchor as anchor_lib
+
+PIPELINES = Registry("pipeline")
 
 
 def run(config, workdir: str):
-  s = settings_lib.from_config(config)
-  if s.pipeline == "train":
-    return run_train(s, workdir)
-  if s.pipeline == "tag":
-    return run_tag(s, workdir)
-  from mr_rl.demo import run as demo_run
-  return demo_run.run(config, workdir)
+  """Imports `config.plugins`, then runs the pipeline `config.pipeline`."""
+  import_plugins(config.get("plugins", ""))
+  return PIPELINES.get(config.pipeline)(config, workdir)
 
 
-def final_eval(comp, s, params, key_offset: int = 0) -> dict:
-  """The end-of-run evaluation (`train.run_evaluation`: eval split or `data.eval_sets`)."""
-  return train_lib.run_evaluation(
-      comp, params, jax.random.fold_in(jax.random.PRNGKey(s.seed), 7_000_000 + key_offset),
-      s.eval)
+@PIPELINES.register
+def train(config, workdir: str):
+  """One training run and its final evaluation."""
+  return run_train(settings_lib.from_config(config), workdir)
+
+
+@PIPELINES.register
+def tag(config, workdir: str):
+  """TAG: elect the anchor by probe drift, then train TAG on it."""
+  return run_tag(settings_lib.from_config(config), workdir)
 
 
 def run_train(s, workdir: str, comp=None):
   comp = train_lib.build(s) if comp is None else comp
   res = train_lib.train(s, workdir, comp=comp)
-  ev = final_eval(comp, s, res.params)
+  ev = evaluation.final_eval(dataclasses.replace(comp, settings=s), res.params)
   with open(os.path.join(workdir, "eval.json"), "w") as f:
     json.dump(ev, f, indent=1)
   print(json.dumps(ev, indent=1))
@@ -75,10 +83,9 @@ def elect_anchor(s, comp, directory: str | None, log=print) -> tuple[int, list]:
     res = train_lib.train(ps, None, comp=comp, log=None)
     tail = [h[f"reward/{name}/mean"] for h in res.history[-max(1, len(res.history) // 5):]]
     d = anchor_lib.measure_drift(
-        comp, res.params, comp.base_params, held_out,
+        dataclasses.replace(comp, settings=s), res.params, comp.base_params, held_out,
         jax.random.fold_in(jax.random.PRNGKey(s.seed), 5_000_000 + k),
-        samples=s.anchor.samples_per_prompt, rollout_fn=train_lib.rollout,
-        batch_fn=train_lib.update_batch)
+        samples=s.anchor.samples_per_prompt)
     table.append(anchor_lib.Drift(channel=name, probe_reward=anchor_lib.probe_reward(tail), **d))
     if log:
       log(f"probe {name}: KLrev/token {d['rev_kl_per_token']:.4g} "

@@ -3,6 +3,13 @@
 The config file is the user's surface; everything downstream reads these dataclasses. Each
 field carries its paper symbol where it has one. Bad values fail here, at start-up, with a
 message naming the field and, for names, listing the valid choices.
+
+Defaults live in one place: `default_config()` (every config file starts from it). The
+dataclasses below have no defaults of their own; the loss and optimiser defaults are those of
+`mr_rl.rl.losses.PolicyLossConfig` and `mr_rl.rl.update.UpdateConfig`, which
+`default_config()` copies. Names are checked against their registries (aggregators, advantage
+estimators, reward channels, data sets, pipelines) after the run's `config.plugins` modules
+are imported, so a plugin's names validate like the built-in ones.
 """
 
 from __future__ import annotations
@@ -11,11 +18,12 @@ import dataclasses
 from typing import Any, Mapping
 
 from mr_rl import aggregators
+from mr_rl.registry import import_plugins
 from mr_rl.rl import advantages as adv_lib
 from mr_rl.rl.losses import PolicyLossConfig
 from mr_rl.rl.update import UpdateConfig
+from mr_rl.rollout import SamplingSettings
 
-PIPELINES = ("train", "tag", "demo")
 ADVANTAGES = adv_lib.ADVANTAGE_NAMES + ("ppo",)
 
 
@@ -43,7 +51,7 @@ def _eval_sets(d) -> tuple[tuple[str, ...], dict]:
   from mr_rl import data as data_lib
   names = tuple(n.strip() for n in str(d.eval_sets).split(",") if n.strip())
   for n in names:
-    _choice("data.eval_sets", n, data_lib.DATASET_NAMES)
+    _choice("data.eval_sets", n, data_lib.DATASETS.names())
   if len(set(names)) != len(names):
     raise ValueError(f"config.data.eval_sets has duplicates: {names}")
   opts = _as_dict(d.get("eval_set_options"))
@@ -70,67 +78,58 @@ def _as_dict(x) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSettings:
-  path: str = ""           # HF checkpoint directory or hub id (loaded with load_pretrained)
-  preset: str = ""         # or a named preset with random init (tests, dry runs)
-  dtype: str = "float32"   # parameter / activation dtype; logits are always float32
+  path: str                # HF checkpoint directory or hub id (loaded with load_pretrained)
+  preset: str              # or a named preset with random init (tests, dry runs)
+  dtype: str               # parameter / activation dtype; logits are always float32
 
 
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
-  name: str = "arithmetic"
-  path: str = ""           # local copy of the data set ('' = hub id)
-  split: str = "train"
-  eval_split: str = "test"
-  batch_prompts: int = 16  # B, prompts per step (rollout batch = B * G)
-  max_prompt_len: int = 16
-  template: str = ""       # prompt template task ('' = the data set's own prompt)
-  options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  name: str                # a mr_rl.data registry name (plugins add their own)
+  path: str                # local copy of the data set ('' = hub id)
+  split: str
+  eval_split: str
+  batch_prompts: int       # B, prompts per step (rollout batch = B * G)
+  max_prompt_len: int
+  template: str            # prompt template task ('' = the data set's own prompt)
+  options: Mapping[str, Any]
   # Benchmark sets evaluated instead of `eval_split` (AMRP Table 1: math500, amc, aime), each
   # loaded with mr_rl.data.load_dataset at its default split; per-set loader options
   # (`path` for a local copy, `split`, loader options) in eval_set_options[name].
-  eval_sets: tuple[str, ...] = ()
-  eval_set_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
-  skip_long_prompts: bool = False  # drop prompts over max_prompt_len at load (False: error)
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutSettings:
-  group_size: int = 8      # G
-  max_new_tokens: int = 48
-  temperature: float = 1.0
-  top_k: int = 0
-  top_p: float = 1.0
+  eval_sets: tuple[str, ...]
+  eval_set_options: Mapping[str, Mapping[str, Any]]
+  skip_long_prompts: bool  # drop prompts over max_prompt_len at load (False: error)
 
 
 @dataclasses.dataclass(frozen=True)
 class RewardSettings:
-  channels: tuple[str, ...] = ("arith_acc",)  # K named channels, primary first by convention
-  primary: int = 0                            # index of the task channel (alarm, reports)
-  params: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
-  timeout_s: float = 10.0
+  channels: tuple[str, ...]                # K named channels, primary first by convention
+  primary: int                             # index of the task channel (alarm, reports)
+  params: Mapping[str, Mapping[str, Any]]  # per-channel parameters
+  timeout_s: float
 
 
 @dataclasses.dataclass(frozen=True)
 class AggregatorSettings:
-  name: str = "additive"
-  hp: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  name: str
+  hp: Mapping[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
 class AnchorSettings:
-  probe_steps: int = 300       # T, single-channel GRPO steps per probe (TAG: 300)
-  probe_batch_prompts: int = 4  # prompts per probe step (TAG: rollout batch 32 = 4 x G 8)
-  held_out_prompts: int = 256  # prompts on which drift is measured (TAG: 256)
-  samples_per_prompt: int = 1
-  lam: float = 1.0             # TAG gate lambda of the joint run after election
+  probe_steps: int              # T, single-channel GRPO steps per probe
+  probe_batch_prompts: int      # prompts per probe step
+  held_out_prompts: int         # prompts on which drift is measured
+  samples_per_prompt: int
+  lam: float                    # TAG gate lambda of the joint run after election
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
-  every: int = 0               # evaluate every N steps (0 = only at the end when run by a pipeline)
-  num_prompts: int = 256
-  samples_per_prompt: int = 4
-  temperature: float = 1.0
+  every: int                    # evaluate every N steps (0 = only at the end, by a pipeline)
+  num_prompts: int
+  samples_per_prompt: int
+  temperature: float            # 0 = greedy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +144,7 @@ class RunSettings:
   model: ModelSettings
   mesh: Mapping[str, int]
   data: DataSettings
-  rollout: RolloutSettings
+  rollout: SamplingSettings
   rewards: RewardSettings
   aggregator: AggregatorSettings
   advantage: str
@@ -160,11 +159,18 @@ class RunSettings:
 
 
 def default_config():
-  """The full field set with defaults; every config file starts from this and overrides."""
+  """The full field set with defaults; every config file starts from this and overrides.
+
+  The one place for run defaults; the loss and optimiser values are copied from the
+  defaults of `PolicyLossConfig` and `UpdateConfig`, the library dataclasses they build.
+  """
   import ml_collections
+  L, U = PolicyLossConfig(), UpdateConfig()
   c = ml_collections.ConfigDict()
   c.seed = 0                      # root PRNG seed; steps use fold_in(key, step)
-  c.pipeline = "train"            # 'train' | 'tag' (probe, elect anchor, train TAG) | 'demo'
+  c.plugins = ""                  # comma-separated modules imported first; they register
+                                  # data sets, reward channels or pipelines (e.g. mr_rl.demo)
+  c.pipeline = "train"            # 'train' | 'tag' (probe, elect anchor, train TAG) | a plugin's
   c.total_steps = 500             # GRPO steps (papers: 500)
   c.checkpoint_every = 50         # orbax checkpoint interval in steps (0 = never)
   c.log_every = 1                 # console line interval
@@ -177,9 +183,10 @@ def default_config():
       dtype="float32"))           # 'float32' | 'bfloat16'
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))  # -1 fills
   c.data = ml_collections.ConfigDict(dict(
-      name="arithmetic",          # a mr_rl.data name or 'arithmetic' (the demo task)
+      name="",                    # a mr_rl.data registry name (required)
       path="",                    # local copy ('' = hub id)
-      split="train", eval_split="test",
+      split="train",              # training split
+      eval_split="test",          # held-out split (final eval, TAG's drift prompts)
       batch_prompts=32,           # B prompts per step; rollout batch = B * G (papers: 256)
       max_prompt_len=512,         # prompts are left-padded to this (longer ones are an error)
       template="",                # prompt template task for mr_rl.data.make_template
@@ -190,7 +197,9 @@ def default_config():
   c.rollout = ml_collections.ConfigDict(dict(
       group_size=8,               # G (papers: 8)
       max_new_tokens=3000,        # max response length
-      temperature=1.0, top_k=0, top_p=1.0))
+      temperature=1.0,            # training rollouts at T = 1
+      top_k=0,                    # 0 = off
+      top_p=1.0))                 # 1.0 = off
   c.rewards = ml_collections.ConfigDict(dict(
       channels="accuracy",        # comma-separated reward names (K channels)
       primary=0,                  # index of the task channel
@@ -202,30 +211,48 @@ def default_config():
   c.advantage = ml_collections.ConfigDict(dict(name="grpo"))  # grpo | dr_grpo | gdpo | mo_grpo | rloo | ppo
   # (ppo also reads c.advantage.gamma / c.advantage.lam for GAE; value lr: c.optim.value_lr)
   c.loss = ml_collections.ConfigDict(dict(
-      eps_low=0.2, eps_high=0.28,  # clip range (clip-higher)
-      loss_agg="token-mean",      # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
-      kl_coef=0.0,                # beta of the KL penalty to pi_ref
-      kl_estimator="k3",          # k1 | k2 | k3
-      entropy_coef=0.0))
+      eps_low=L.eps_low,          # clip range [1 - eps_low, 1 + eps_high] (clip-higher)
+      eps_high=L.eps_high,
+      loss_agg=L.loss_agg,        # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+      kl_coef=L.kl_coef,          # beta of the KL penalty to pi_ref
+      kl_estimator=L.kl_estimator,  # k1 | k2 | k3
+      entropy_coef=L.entropy_coef))  # entropy bonus weight
   c.optim = ml_collections.ConfigDict(dict(
-      lr=1e-6, warmup_steps=0, weight_decay=0.01, b1=0.9, b2=0.999,
-      max_grad_norm=1.0, num_micro_batches=1,
-      value_lr=1e-5))             # PPO critic learning rate
+      lr=U.lr,                    # AdamW learning rate (papers: 1e-6)
+      warmup_steps=U.warmup_steps,  # linear warm-up steps (0 = constant)
+      weight_decay=U.weight_decay,  # AdamW decoupled weight decay
+      b1=U.b1, b2=U.b2,           # Adam betas
+      adam_eps=U.adam_eps,        # Adam epsilon
+      max_grad_norm=U.max_grad_norm,  # global-norm clip (None = off)
+      num_micro_batches=U.num_micro_batches,  # M gradient-accumulation chunks of the B*G rows
+      value_lr=U.value_lr,        # PPO critic learning rate
+      vf_clip=U.vf_clip))         # PPO value clip range (None = unclipped)
   c.anchor = ml_collections.ConfigDict(dict(
-      probe_steps=300, probe_batch_prompts=4, held_out_prompts=256, samples_per_prompt=1,
-      lam=1.0))
+      probe_steps=300,            # T, single-channel GRPO steps per probe (TAG: 300)
+      probe_batch_prompts=4,      # prompts per probe step (TAG: rollout batch 32 = 4 x G 8)
+      held_out_prompts=256,       # prompts on which drift is measured (TAG: 256)
+      samples_per_prompt=1,       # probe responses per held-out prompt
+      lam=1.0))                   # TAG gate lambda of the joint run after election
   c.eval = ml_collections.ConfigDict(dict(
-      every=0, num_prompts=256, samples_per_prompt=4, temperature=1.0))
+      every=0,                    # evaluate every N steps (0 = only at the end of a pipeline)
+      num_prompts=256,            # held-out prompts (per eval set)
+      samples_per_prompt=4,       # n samples per prompt (pass@k)
+      temperature=1.0))           # 0 = greedy (one response per prompt)
   return c
 
 
 def from_config(cfg) -> RunSettings:
-  """Builds and validates RunSettings from a ConfigDict (see configs/base.py for the fields)."""
-  from mr_rl.rewards import runner as reward_runner  # registry (imports the reward plugins)
-  import mr_rl.demo.task  # noqa: F401  (registers the demo's arith_* channels)
+  """Builds and validates RunSettings from a ConfigDict (`default_config()` lists the fields).
+
+  Imports `config.plugins` first, so the names they register are valid.
+  """
+  from mr_rl import data as data_lib
+  from mr_rl import pipelines  # pipelines imports this module: import at call time
+  from mr_rl.rewards import runner as reward_runner
 
   c = cfg
-  pipeline = _choice("pipeline", c.pipeline, PIPELINES)
+  import_plugins(c.get("plugins", ""))
+  pipeline = _choice("pipeline", c.pipeline, pipelines.PIPELINES.names())
   channels = tuple(s.strip() for s in str(c.rewards.channels).split(",") if s.strip())
   if not channels:
     raise ValueError("config.rewards.channels is empty; give comma-separated reward names")
@@ -260,11 +287,13 @@ def from_config(cfg) -> RunSettings:
       else None,
       kl_coef=float(c.loss.kl_coef), kl_estimator=c.loss.kl_estimator,
       entropy_coef=float(c.loss.entropy_coef))
+  optional = lambda v: None if v is None else float(v)
   update = UpdateConfig(
       loss=loss, num_micro_batches=int(c.optim.num_micro_batches), lr=float(c.optim.lr),
       warmup_steps=int(c.optim.warmup_steps), weight_decay=float(c.optim.weight_decay),
-      b1=float(c.optim.b1), b2=float(c.optim.b2), value_lr=float(c.optim.get("value_lr", 1e-5)),
-      max_grad_norm=None if c.optim.max_grad_norm is None else float(c.optim.max_grad_norm))
+      b1=float(c.optim.b1), b2=float(c.optim.b2), adam_eps=float(c.optim.adam_eps),
+      value_lr=float(c.optim.value_lr), max_grad_norm=optional(c.optim.max_grad_norm),
+      vf_clip=optional(c.optim.vf_clip))
 
   model = ModelSettings(path=c.model.path, preset=c.model.preset, dtype=c.model.dtype)
   if bool(model.path) == bool(model.preset):
@@ -281,13 +310,14 @@ def from_config(cfg) -> RunSettings:
     raise ValueError("config.data.skip_long_prompts must be True or False, got "
                      f"{c.data.skip_long_prompts!r}")
   data = DataSettings(
-      name=c.data.name, path=c.data.path, split=c.data.split, eval_split=c.data.eval_split,
+      name=_choice("data.name", c.data.name, data_lib.DATASETS.names()), path=c.data.path,
+      split=c.data.split, eval_split=c.data.eval_split,
       batch_prompts=_positive("data.batch_prompts", int(c.data.batch_prompts)),
       max_prompt_len=_positive("data.max_prompt_len", int(c.data.max_prompt_len)),
       template=c.data.template, options=_as_dict(c.data.get("options")),
       eval_sets=eval_sets, eval_set_options=eval_set_options,
       skip_long_prompts=c.data.skip_long_prompts)
-  rollout = RolloutSettings(
+  rollout = SamplingSettings(
       group_size=_positive("rollout.group_size", int(c.rollout.group_size)),
       max_new_tokens=_positive("rollout.max_new_tokens", int(c.rollout.max_new_tokens)),
       temperature=_positive("rollout.temperature", float(c.rollout.temperature), True),
@@ -307,10 +337,14 @@ def from_config(cfg) -> RunSettings:
                              timeout_s=_positive("rewards.timeout_s", float(c.rewards.timeout_s))),
       aggregator=AggregatorSettings(name=agg_name, hp=agg_hp),
       advantage=advantage, advantage_hp=adv_hp, update=update,
-      anchor=AnchorSettings(**{f.name: type(f.default)(c.anchor[f.name])
-                               for f in dataclasses.fields(AnchorSettings)}),
-      eval=EvalSettings(**{f.name: type(f.default)(c.eval[f.name])
-                           for f in dataclasses.fields(EvalSettings)}))
+      anchor=AnchorSettings(
+          probe_steps=int(c.anchor.probe_steps),
+          probe_batch_prompts=int(c.anchor.probe_batch_prompts),
+          held_out_prompts=int(c.anchor.held_out_prompts),
+          samples_per_prompt=int(c.anchor.samples_per_prompt), lam=float(c.anchor.lam)),
+      eval=EvalSettings(every=int(c.eval.every), num_prompts=int(c.eval.num_prompts),
+                        samples_per_prompt=int(c.eval.samples_per_prompt),
+                        temperature=float(c.eval.temperature)))
   # Build the aggregator once so unknown hyperparameters fail now, not at step 1.
   aggregators.get(agg_name, **agg_hp).init(len(channels))
   return settings

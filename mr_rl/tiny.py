@@ -376,8 +376,7 @@ def make_tiny_data(name: str, directory: str) -> str:
   (e.g. Big-Math `test_size=4`), see `RUNLOCAL_DATA_OPTIONS`.
   """
   from mr_rl import data
-  if name not in data.DATASET_NAMES:
-    raise ValueError(f"unknown data set {name!r}; valid names: {list(data.DATASET_NAMES)}")
+  data.DATASETS.get(name)  # an unknown name fails here, listing the valid ones
   directory = os.path.abspath(os.path.expanduser(directory))
   os.makedirs(directory, exist_ok=True)
   if name.startswith("alce_"):

@@ -38,6 +38,7 @@ def comp(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("base_policy"))
   warmstart(WarmStartConfig(steps=2, batch_size=8, d_model=32), out, log_every=0)
   c = settings_lib.default_config()
+  c.plugins = "mr_rl.demo"
   c.model.path = out
   c.data.name = "arithmetic"
   c.data.max_prompt_len = 16
@@ -127,8 +128,8 @@ def test_greedy_is_deterministic_single_sample(comp, examples, greedy):
 
 def test_greedy_equals_argmax_decoding_of_the_sampler(comp, examples, greedy):
   s = comp.settings
-  tok = comp.tokenizer
-  p_tok, p_mask = train_lib.encode_prompts(comp, examples[:B])
+  tok = comp.policy.tokenizer
+  p_tok, p_mask = comp.policy.encode(examples[:B])
   out = jax.device_get(sampling.generate(
       comp.model, comp.base_params, p_tok, p_mask, key=jax.random.PRNGKey(0),
       max_new_tokens=MAX_NEW, temperature=0.0, top_k=s.rollout.top_k, top_p=s.rollout.top_p,

@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from mr_rl import models
-from mr_rl.rl import advantages, gae, losses, update
+from mr_rl.rl import advantages, critic, gae, losses, update
 
 CFG = models.ModelConfig(family='qwen3', vocab_size=64, d_model=32, n_layers=2, n_heads=4,
                          n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=64)
@@ -45,7 +45,7 @@ def make_batch(model, params, seed=0, B=2, G=4, P=4, T=12):
   """A left-padded rollout batch with old/ref log-probs near the model's own.
 
   Returns:
-    (batch, logits_BTV of the model on the batch, as numpy).
+    (batch, logits_NTV of the model on the batch, as numpy).
   """
   rng = np.random.default_rng(seed)
   N = B * G
@@ -62,9 +62,9 @@ def make_batch(model, params, seed=0, B=2, G=4, P=4, T=12):
   noise = lambda s: np.where(rmask > 0, logp + rng.normal(scale=s, size=logp.shape), 0.0)
   R = rng.binomial(1, 0.5, size=(B, G)).astype(np.float32)
   R[0, 0], R[0, 1] = 1.0, 0.0
-  batch = dict(tokens_BT=tokens, mask_BT=mask, response_mask_BT=rmask,
-               old_logp_BT=noise(0.2).astype(np.float32),
-               ref_logp_BT=noise(0.2).astype(np.float32),
+  batch = dict(tokens_NT=tokens, mask_NT=mask, response_mask_NT=rmask,
+               old_logp_NT=noise(0.2).astype(np.float32),
+               ref_logp_NT=noise(0.2).astype(np.float32),
                advantages_BG=np.asarray(advantages.grpo(R)))
   return batch, logits
 
@@ -79,12 +79,12 @@ def setup():
 
 def _np_loss_from_logits(logits, batch, beta):
   """token-mean clipped loss + beta * k3, recomputed in numpy from the model's logits."""
-  logp = np_token_logp(logits, batch['tokens_BT'])
-  m = batch['response_mask_BT'] > 0
+  logp = np_token_logp(logits, batch['tokens_NT'])
+  m = batch['response_mask_NT'] > 0
   A = batch['advantages_BG'].reshape(-1)[:, None]
-  rho = np.exp(logp - batch['old_logp_BT'])
+  rho = np.exp(logp - batch['old_logp_NT'])
   pg = np.maximum(-A * rho, -A * np.clip(rho, 0.8, 1.28))
-  x = batch['ref_logp_BT'] - logp
+  x = batch['ref_logp_NT'] - logp
   per = pg + beta * (np.exp(x) - 1 - x)
   return per[m].mean()
 
@@ -107,16 +107,16 @@ def test_transformer_step_loss_equals_numpy_from_logits(setup):
 
 def test_ppo_step(setup):
   model, params, batch, _ = setup
-  value_fn = update.model_value_fn(model)
-  vparams = update.init_value_params(model, params, jax.random.PRNGKey(1))
-  rmask = batch['response_mask_BT']
-  old_values = np.asarray(jax.jit(value_fn)(vparams, batch['tokens_BT'], batch['mask_BT']))
+  value_fn = critic.model_value_fn(model)
+  vparams = critic.init_value_params(model, params, jax.random.PRNGKey(1))
+  rmask = batch['response_mask_NT']
+  old_values = np.asarray(jax.jit(value_fn)(vparams, batch['tokens_NT'], batch['mask_NT']))
   R = np.asarray(batch['advantages_BG']).reshape(-1) > 0
   adv, ret = jax.jit(gae.ppo_advantages, static_argnums=(3, 4))(R.astype(np.float32), old_values,
                                                                rmask, 1.0, 0.95)
   ppo_batch = {k: v for k, v in batch.items() if k != 'advantages_BG'}
-  ppo_batch.update(advantages_BT=np.asarray(adv), returns_BT=np.asarray(ret),
-                   old_values_BT=old_values)
+  ppo_batch.update(advantages_NT=np.asarray(adv), returns_NT=np.asarray(ret),
+                   old_values_NT=old_values)
   cfg = update.UpdateConfig(loss=losses.PolicyLossConfig(kl_coef=0.05), value_lr=1e-3)
   tx, vtx = update.make_optimizer(cfg), update.make_optimizer(cfg, lr=cfg.value_lr)
   state = update.init_train_state(jax.tree.map(jnp.array, params), tx, vparams, vtx)
@@ -156,7 +156,7 @@ ref_state, ref_m = update.make_policy_step(logits_fn, cfg, tx)(
 mesh = sharding.make_mesh({'data': 2, 'fsdp': 2, 'tensor': 2})
 p_sh = sharding.param_shardings(model, mesh)
 state_abs = jax.eval_shape(lambda p: update.init_train_state(p, tx), host)
-st_sh = update.state_shardings(state_abs, tx, p_sh, mesh)
+st_sh = sharding.train_state_shardings(state_abs, tx, p_sh, mesh)
 state = jax.device_put(update.init_train_state(jax.tree.map(jnp.asarray, host), tx), st_sh)
 cfg2 = dataclasses.replace(cfg, num_micro_batches=2)
 step = update.make_policy_step(logits_fn, cfg2, tx, mesh=mesh, rules=sharding.DEFAULT_RULES,

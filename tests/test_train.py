@@ -34,6 +34,8 @@ def base_policy(tmp_path_factory):
 
 def _config(base_policy, total_steps, aggregator="amrp"):
   c = settings_lib.default_config()
+  c.plugins = "mr_rl.demo"
+  c.data.name = "arithmetic"
   c.model.path = base_policy
   c.data.batch_prompts = 4
   c.data.max_prompt_len = 16

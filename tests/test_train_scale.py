@@ -27,10 +27,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from mr_rl import evaluation  # noqa: E402
 from mr_rl import models  # noqa: E402
 from mr_rl import settings as settings_lib  # noqa: E402
 from mr_rl import train as train_lib  # noqa: E402
 from mr_rl.rl import anchor as anchor_lib  # noqa: E402
+from mr_rl.rl import critic  # noqa: E402
 from mr_rl.rl import update as update_lib  # noqa: E402
 
 
@@ -63,6 +65,8 @@ def policy(tmp_path_factory):
 
 def arith_config(policy_path: str, total_steps: int):
   c = settings_lib.default_config()
+  c.plugins = "mr_rl.demo"
+  c.data.name = "arithmetic"
   c.model.path = policy_path
   c.data.batch_prompts = 4
   c.data.max_prompt_len = 16
@@ -98,8 +102,7 @@ def test_drift_measured_in_row_chunks_equals_one_pass(policy):
     assert anchor_lib.drift_chunk_rows(sm, 4 * 3) == {1: 4, 8: 2}[m]   # divisors of 12 rows
     res[m] = anchor_lib.measure_drift(
         dataclasses.replace(comp, settings=sm), probe, comp.base_params, comp.eval_examples[:8],
-        jax.random.PRNGKey(1), samples=4, rollout_fn=train_lib.rollout,
-        batch_fn=train_lib.update_batch)
+        jax.random.PRNGKey(1), samples=4)
   assert res[1]["rev_kl_exact_per_token"] > 0
   for k in res[1]:
     np.testing.assert_allclose(res[8][k], res[1][k], rtol=1e-5, err_msg=k)
@@ -114,8 +117,8 @@ def test_chunked_forward_equals_one_call(policy):
   tokens = jnp.asarray(rng.integers(3, model.config.vocab_size, (N, T)), jnp.int32)
   mask = jnp.asarray(np.arange(T)[None, :] >= (np.arange(N) % 3)[:, None], jnp.int32)
   logp_fn = train_lib._logprob_fn(model)
-  value_fn = jax.jit(update_lib.model_value_fn(model))
-  vparams = update_lib.init_value_params(model, params, jax.random.PRNGKey(1))
+  value_fn = jax.jit(critic.model_value_fn(model))
+  vparams = critic.init_value_params(model, params, jax.random.PRNGKey(1))
   for fn, p, splits in ((logp_fn, params, (2, 4)), (value_fn, vparams, (4,))):
     whole = np.asarray(fn(p, tokens, mask))
     for m in splits:
@@ -176,7 +179,8 @@ def _mesh_worker(policy_path: str) -> dict:
   q = comp.base_params["layers_0"]["attn"]["q_proj"]
   sharded = train_lib.train(s, None, comp=comp, log=None)
   # pi_0 as host arrays: uncommitted, as a single-device build loads it.
-  single = dataclasses.replace(comp, mesh=None, base_params=jax.tree.map(
+  single = dataclasses.replace(comp, policy=dataclasses.replace(comp.policy, mesh=None),
+                               base_params=jax.tree.map(
       jnp.asarray, jax.device_get(comp.base_params)))
   ref = train_lib.train(s, None, comp=single, log=None)
   leaf = sharded.params["layers_0"]["attn"]["q_proj"]
@@ -266,7 +270,7 @@ def test_eval_sets_report_per_set_and_overall(math_files, tmp_path):
   comp = train_lib.build(s)
   assert list(comp.eval_sets) == ["math500", "amc"]
   assert len(comp.eval_sets["amc"]) == 2 * len(comp.eval_sets["math500"])  # replicas=2
-  examples = train_lib.evaluation_examples(comp, s.eval.num_prompts)
+  examples = evaluation.evaluation_examples(comp, s.eval.num_prompts)
   assert [ex.dataset for ex in examples] == ["math500"] * 3 + ["amc"] * 3
   pipelines.run_train(s, str(tmp_path), comp=comp)
   with open(tmp_path / "eval.json") as f:
@@ -279,7 +283,7 @@ def test_eval_sets_report_per_set_and_overall(math_files, tmp_path):
                              (ev["eval/math500/format"] + ev["eval/amc/format"]) / 2)
   # One set: per-set keys as well (the evaluator itself only splits several sets).
   one = dataclasses.replace(comp, eval_sets={"math500": comp.eval_sets["math500"]})
-  m = train_lib.run_evaluation(one, comp.base_params, jax.random.PRNGKey(0))
+  m = evaluation.run_evaluation(one, comp.base_params, jax.random.PRNGKey(0))
   assert m["eval/math500/format"] == m["eval/format"] == ev["eval/math500/format"]
   # Bad names and options fail at start-up.
   for field, value, needle in (("eval_sets", "math500,bogus", "data.eval_sets='bogus'"),
@@ -296,16 +300,16 @@ def test_eval_sets_report_per_set_and_overall(math_files, tmp_path):
 def test_skip_long_prompts(math_files, caplog):
   c = math_config(math_files)
   comp = train_lib.build(settings_lib.from_config(c))
-  lengths = sorted(len(train_lib.prompt_ids(comp, ex)) for ex in comp.train_examples)
+  lengths = sorted(len(comp.policy.prompt_ids(ex)) for ex in comp.train_examples)
   cut = lengths[len(lengths) // 2]
   n_ok = sum(n <= cut for n in lengths)
   assert 0 < n_ok < len(lengths)
   c.data.max_prompt_len = cut
   strict = train_lib.build(settings_lib.from_config(c))  # default: kept, and an error on use
   assert len(strict.train_examples) == len(lengths)
-  too_long = [ex for ex in strict.train_examples if len(train_lib.prompt_ids(strict, ex)) > cut]
+  too_long = [ex for ex in strict.train_examples if len(strict.policy.prompt_ids(ex)) > cut]
   with pytest.raises(ValueError, match="max_prompt_len.*skip_long_prompts"):
-    train_lib.encode_prompts(strict, too_long[:1])
+    strict.policy.encode(too_long[:1])
   # Benchmark sets are checked at start-up (they are only encoded at the end of a run).
   c.data.eval_sets = "math500"
   c.data.eval_set_options = dict(math500=dict(path=math_files[1]["math500"]))
@@ -317,9 +321,9 @@ def test_skip_long_prompts(math_files, caplog):
   assert len(skipping.train_examples) == n_ok
   assert 0 < len(skipping.eval_sets["math500"]) < 8
   assert "examples longer than" in caplog.text and "eval set math500" in caplog.text
-  assert all(len(train_lib.prompt_ids(skipping, ex)) <= cut for ex in skipping.train_examples)
+  assert all(len(skipping.policy.prompt_ids(ex)) <= cut for ex in skipping.train_examples)
   assert f"dropped {len(lengths) - n_ok} of {len(lengths)} train examples" in caplog.text
-  tok, mask = train_lib.encode_prompts(skipping, skipping.train_examples)
+  tok, mask = skipping.policy.encode(skipping.train_examples)
   assert tok.shape == (n_ok, cut) and mask[:, -1].all()
   c.data.max_prompt_len = lengths[0] - 1
   with pytest.raises(ValueError, match="every one of the 8 train examples is longer"):

@@ -14,56 +14,69 @@
 | alce_eli5                  | princeton-nlp/ALCE-data (eli5, 80/20)    | train, test   |
 
 Options are the keyword arguments of the loader (see each loader's docstring); every
-loader takes `path=` (a local copy, tried instead of the hub) and `cache_dir=`.
+loader takes `path=` (a local copy, tried instead of the hub) and `cache_dir=`. Plugin modules
+(`config.plugins`) add their own with `@register_dataset(name, ...)` on a loader
+`fn(*, split, path, **options) -> list[Example]` (the demo's `arithmetic`, `mr_rl.demo.task`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any, Callable
 
 from mr_rl.data import alce, code, helpsteer, math
 from mr_rl.data.example import Example
+from mr_rl.registry import Registry
 
-_LOADERS: dict[str, tuple[Callable[..., list[Example]], str, str]] = {
-    # name: (loader, hub id, default split)
-    "big_math_hard": (functools.partial(math.load_big_math, subset="hard"),
-                      math.BIG_MATH_HUB, "train"),
-    "big_math_llama_calibrated": (functools.partial(math.load_big_math,
-                                                    subset="llama_calibrated"),
-                                  math.BIG_MATH_HUB, "train"),
-    "numina_math": (math.load_numina_math, math.NUMINA_HUB, "train"),
-    "math500": (math.load_math500, math.MATH500_HUB, "test"),
-    "amc": (functools.partial(math.load_aimo_validation, "amc"), math.AMC_HUB, "train"),
-    "aime": (functools.partial(math.load_aimo_validation, "aime", years=(2024,)),
-             math.AIME_HUB, "train"),
-    "deepcoder": (code.load_deepcoder, code.DEEPCODER_HUB, "train"),
-    "helpsteer2": (helpsteer.load_helpsteer2, helpsteer.HELPSTEER2_HUB, "train"),
-    "alce_asqa": (functools.partial(alce.load_alce, "asqa"), alce.ALCE_HUB, "train"),
-    "alce_eli5": (functools.partial(alce.load_alce, "eli5"), alce.ALCE_HUB, "train"),
-}
 
-DATASET_NAMES = tuple(sorted(_LOADERS))
+@dataclasses.dataclass(frozen=True)
+class DataSource:
+  """A registered data set: its loader, the hub id it reads, and its default split."""
+  load: Callable[..., list[Example]]
+  hub: str
+  default_split: str
+
+
+DATASETS: Registry[DataSource] = Registry("data set")
+
+
+def register_dataset(name: str, *, hub: str = "", default_split: str = "train"):
+  """Decorator: registers a loader `fn(*, split, path, **options)` as data set `name`."""
+  def deco(fn):
+    DATASETS.add(name, DataSource(fn, hub, default_split))
+    return fn
+  return deco
+
+
+for _name, _load, _hub, _split in (
+    ("big_math_hard", functools.partial(math.load_big_math, subset="hard"),
+     math.BIG_MATH_HUB, "train"),
+    ("big_math_llama_calibrated", functools.partial(math.load_big_math, subset="llama_calibrated"),
+     math.BIG_MATH_HUB, "train"),
+    ("numina_math", math.load_numina_math, math.NUMINA_HUB, "train"),
+    ("math500", math.load_math500, math.MATH500_HUB, "test"),
+    ("amc", functools.partial(math.load_aimo_validation, "amc"), math.AMC_HUB, "train"),
+    ("aime", functools.partial(math.load_aimo_validation, "aime", years=(2024,)), math.AIME_HUB,
+     "train"),
+    ("deepcoder", code.load_deepcoder, code.DEEPCODER_HUB, "train"),
+    ("helpsteer2", helpsteer.load_helpsteer2, helpsteer.HELPSTEER2_HUB, "train"),
+    ("alce_asqa", functools.partial(alce.load_alce, "asqa"), alce.ALCE_HUB, "train"),
+    ("alce_eli5", functools.partial(alce.load_alce, "eli5"), alce.ALCE_HUB, "train")):
+  DATASETS.add(_name, DataSource(_load, _hub, _split))
 
 
 def hub_id(name: str) -> str:
   """The hub id behind a registry name."""
-  _check_name(name)
-  return _LOADERS[name][1]
+  return DATASETS.get(name).hub
 
 
 def options(name: str) -> tuple[str, ...]:
   """Option names accepted by `load_dataset(name, ...)` besides `split` and `path`."""
-  _check_name(name)
-  params = inspect.signature(_LOADERS[name][0]).parameters
+  params = inspect.signature(DATASETS.get(name).load).parameters
   return tuple(p for p, v in params.items()
                if v.kind == v.KEYWORD_ONLY and p not in ("split", "path", "subset"))
-
-
-def _check_name(name: str) -> None:
-  if name not in _LOADERS:
-    raise ValueError(f"unknown data set {name!r}; valid names: {', '.join(DATASET_NAMES)}")
 
 
 def load_dataset(name: str, *, path: str | None = None, split: str | None = None,
@@ -71,7 +84,7 @@ def load_dataset(name: str, *, path: str | None = None, split: str | None = None
   """Loads a data set by registry name as a list of `Example`s.
 
   Args:
-    name: one of `DATASET_NAMES`.
+    name: a registered name (`DATASETS.names()`).
     path: local copy to read instead of the hub (must exist when given).
     split: split name (None: the data set's default, see the module table).
     **opts: loader options (`options(name)` lists them).
@@ -81,10 +94,9 @@ def load_dataset(name: str, *, path: str | None = None, split: str | None = None
     FileNotFoundError: `path` does not exist.
     DatasetUnavailableError: no `path` and the hub copy cannot be read.
   """
-  _check_name(name)
+  source = DATASETS.get(name)
   unknown = sorted(set(opts) - set(options(name)))
   if unknown:
     raise ValueError(f"unknown option(s) {unknown} for data set {name!r}; valid: "
                      f"{list(options(name))}")
-  fn, _, default_split = _LOADERS[name]
-  return fn(split=split or default_split, path=path, **opts)
+  return source.load(split=split or source.default_split, path=path, **opts)

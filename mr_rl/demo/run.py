@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from mr_rl import pipelines, settings as settings_lib, train as train_lib
+from mr_rl import evaluation, pipelines, settings as settings_lib, train as train_lib
 
 TASKS = {
     # task: (channels, auxiliary channels that define aux_rate)
@@ -55,9 +55,9 @@ def task_settings(base: settings_lib.RunSettings, demo_cfg, task: str):
   params = {"arith_brief": {"threshold": int(demo_cfg.brief_threshold)},
             "arith_len": {"full_until": int(demo_cfg.len_full_until),
                           "zero_at": int(demo_cfg.len_zero_at)}}
-  rewards = settings_lib.RewardSettings(
-      channels=channels, primary=0, params={k: v for k, v in params.items() if k in channels},
-      timeout_s=base.rewards.timeout_s)
+  rewards = dataclasses.replace(
+      base.rewards, channels=channels, primary=0,
+      params={k: v for k, v in params.items() if k in channels})
   return dataclasses.replace(base, pipeline="train", rewards=rewards)
 
 
@@ -71,7 +71,9 @@ def summarize(ev: dict, task: str) -> dict:
   return out
 
 
-def run(config, workdir: str, log=print) -> dict:
+@pipelines.PIPELINES.register
+def demo(config, workdir: str, log=print) -> dict:
+  """The `demo` pipeline (`config.pipeline = "demo"`): every task x method, then the report."""
   base = settings_lib.from_config(config)
   demo = config.demo
   tasks = [t.strip() for t in demo.tasks.split(",") if t.strip()]
@@ -85,9 +87,11 @@ def run(config, workdir: str, log=print) -> dict:
   comp = None
   for task in tasks:
     ts = task_settings(base, demo, task)
-    comp = train_lib.build(ts) if comp is None else _rebuild_runner(comp, ts)
+    # One build (model, data, base policy); each task gets its own reward runner.
+    comp = (train_lib.build(ts) if comp is None else
+            dataclasses.replace(comp, settings=ts, runner=train_lib.build_runner(ts)))
     report[task], histories[task] = {}, {}
-    base_ev = pipelines.final_eval(comp, ts, comp.base_params)
+    base_ev = evaluation.final_eval(comp, comp.base_params)
     report[task]["base"] = summarize(base_ev, task)
     for method in methods:
       t0 = time.time()
@@ -99,7 +103,7 @@ def run(config, workdir: str, log=print) -> dict:
         name, hp = method_aggregator(method, len(ts.rewards.channels))
         ms = dataclasses.replace(ts, aggregator=settings_lib.AggregatorSettings(name, hp))
       res = train_lib.train(ms, os.path.join(workdir, task, method), comp=comp, log=None)
-      ev = pipelines.final_eval(comp, ms, res.params)
+      ev = evaluation.final_eval(dataclasses.replace(comp, settings=ms), res.params)
       report[task][method] = summarize(ev, task)
       if method == "tag":
         report[task][method]["anchor"] = ts.rewards.channels[a]
@@ -116,14 +120,6 @@ def run(config, workdir: str, log=print) -> dict:
     f.write(markdown(report, drift_tables))
   log(f"[demo] wrote {workdir}/report.json and report.md in {time.time() - t_start:.0f}s")
   return report
-
-
-def _rebuild_runner(comp, ts):
-  """Same model, data and base policy; new reward runner for the task's channels."""
-  from mr_rl.rewards.runner import RewardRunner, get_reward
-  channels = [get_reward(n, **ts.rewards.params.get(n, {})) for n in ts.rewards.channels]
-  return dataclasses.replace(comp, settings=ts,
-                             runner=RewardRunner(channels, timeout_s=ts.rewards.timeout_s))
 
 
 def markdown(report: dict, drift_tables: dict) -> str:

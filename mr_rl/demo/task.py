@@ -14,6 +14,9 @@ channels of the demo reward. The channels mirror the papers' rewards at toy scal
   `acc` on problems whose answer is positive);
 - `fmt`:  the whole response is `<r>...</r><a>...</a>` (AMRP's format rule, with short tags);
 - `len`:  AMRP's soft length rule `max(1 - max(L - L0, 0) / (L1 - L0), 0)` at toy scale.
+
+Importing this module (the demo config's `config.plugins = "mr_rl.demo"` does) registers the
+`arithmetic` data set with `mr_rl.data` and the `arith_*` channels with the reward registry.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ import re
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+
+from mr_rl import data as data_lib
+from mr_rl.rewards import runner as rewards
+from mr_rl.rewards.runner import RewardChannel
 
 SPECIAL = ("<pad>", "<bos>", "<eos>")
 TAGS = ("<r>", "</r>", "<a>", "</a>")
@@ -143,19 +150,40 @@ def examples(n: int, seed: int, split: str = "train", **problem_kw) -> list:
           for i, p in enumerate(sample_problems(rng, n, **problem_kw))]
 
 
-# Reward channels of the demo, registered with the runner (`arith_*` names).
-def _register():
-  from mr_rl.rewards.runner import RewardChannel, register_reward
+@data_lib.register_dataset("arithmetic", default_split="train")
+def load_arithmetic(*, split: str, path: str | None = None, num_train: int = 20000,
+                    num_eval: int = 512, seed: int = 0, min_terms: int = 2, max_terms: int = 5,
+                    p_minus: float = 0.3) -> list:
+  """The `arithmetic` data set: `num_train` ('train') or `num_eval` ('test') generated problems
+  of `seed` (`config.data.options`; the demo config sets `seed` with the run's seed)."""
+  if path:
+    raise ValueError(f"the arithmetic data set is generated, not read: config.data.path must be "
+                     f"empty, got {path!r}")
+  n = num_train if split == "train" else num_eval
+  return examples(int(n), int(seed), split, min_terms=min_terms, max_terms=max_terms,
+                  p_minus=p_minus)
 
-  register_reward("arith_acc", lambda: RewardChannel(
-      "arith_acc", lambda resp, ex, n: accuracy(resp, int(ex["answer"]))))
-  register_reward("arith_negative", lambda: RewardChannel(
-      "arith_negative", lambda resp, ex, n: negative(resp)))
-  register_reward("arith_fmt", lambda: RewardChannel("arith_fmt", lambda resp, ex, n: fmt(resp)))
-  register_reward("arith_brief", lambda threshold=14: RewardChannel(
-      "arith_brief", lambda resp, ex, n: brief(n, threshold)))
-  register_reward("arith_len", lambda full_until=12, zero_at=24: RewardChannel(
-      "arith_len", lambda resp, ex, n: soft_length(n, full_until, zero_at)))
+
+# Reward channels of the demo (`arith_*` names): light rules, run on the runner's threads.
+def arith_acc() -> RewardChannel:
+  return RewardChannel("arith_acc", lambda resp, ex, n: accuracy(resp, int(ex["answer"])))
 
 
-_register()
+def arith_negative() -> RewardChannel:
+  return RewardChannel("arith_negative", lambda resp, ex, n: negative(resp))
+
+
+def arith_fmt() -> RewardChannel:
+  return RewardChannel("arith_fmt", lambda resp, ex, n: fmt(resp))
+
+
+def arith_brief(threshold: int = 14) -> RewardChannel:
+  return RewardChannel("arith_brief", lambda resp, ex, n: brief(n, threshold))
+
+
+def arith_len(full_until: int = 12, zero_at: int = 24) -> RewardChannel:
+  return RewardChannel("arith_len", lambda resp, ex, n: soft_length(n, full_until, zero_at))
+
+
+for _factory in (arith_acc, arith_negative, arith_fmt, arith_brief, arith_len):
+  rewards.register_reward(_factory.__name__, _factory)

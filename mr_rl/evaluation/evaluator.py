@@ -8,13 +8,13 @@ Two protocols, one loop:
 * ``sampled`` (TAG): ``n`` samples per problem at a temperature; pass@1 and unbiased
   pass@k on the primary channel (math: n=4, pass@1 and pass@4; code: n=8, pass@4).
 
-Examples go through the trainer's own pieces (`mr_rl.train.encode_prompts` via
-`mr_rl.train.rollout`, then `mr_rl.train.score`), so evaluation sees the prompts, sampler
-and reward channels training sees. Every sampler call holds ``batch_prompts`` prompts
+Examples go through the trainer's own pieces (`mr_rl.rollout.rollout` with the run's
+`Policy`, then `mr_rl.rollout.score` with its reward runner), so evaluation sees the prompts,
+sampler and reward channels training sees; only the sampling settings are its own. Every sampler call holds ``batch_prompts`` prompts
 (``min(batch_prompts, E)``): the last partial batch is padded by repeating its own
 examples, and the padded rows are dropped before scoring, so every example is evaluated
-once and the sampler compiles once. With a device mesh (`comp.mesh`, set by the trainer on
-more than one device) the sampler runs sharded and ``batch_prompts`` is rounded up so the
+once and the sampler compiles once. With a device mesh (`comp.policy.mesh`, set by the
+trainer on more than one device) the sampler runs sharded and ``batch_prompts`` is rounded up so the
 ``batch_prompts * n`` rows split evenly over the mesh's data axes. Metrics are computed by
 `mr_rl.evaluation.summary`.
 """
@@ -25,18 +25,19 @@ import dataclasses
 import logging
 import math
 import time
-import types
 from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
 
+from mr_rl import rollout as rollout_lib
 from mr_rl.evaluation import summary as summary_lib
+from mr_rl.models import sharding
 
 _LOG = logging.getLogger(__name__)
 
 MODES = ("greedy", "sampled")
-_PIECES = ("model", "tokenizer", "render", "runner", "settings")
+_PIECES = ("policy", "runner", "settings")
 
 
 def _is_int(x) -> bool:
@@ -125,6 +126,12 @@ class EvalConfig:
     object.__setattr__(self, "ks", ks)
     object.__setattr__(self, "temperature", float(t))
 
+  def sampling(self) -> rollout_lib.SamplingSettings:
+    """The sampler settings of a resolved config (n responses per example)."""
+    return rollout_lib.SamplingSettings(
+        group_size=self.num_samples, max_new_tokens=self.max_new_tokens,
+        temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
   def resolve(self, settings, num_channels: int) -> "EvalConfig":
     """A copy with every ``None`` filled from the run settings (what the result records)."""
     r, d, rw = settings.rollout, settings.data, settings.rewards
@@ -194,15 +201,12 @@ def _check_pieces(comp) -> None:
   if missing:
     raise TypeError(f"comp must be mr_rl.train.Components or an object with {_PIECES}; "
                     f"{type(comp).__name__} lacks {missing}")
+  if not isinstance(comp.policy, rollout_lib.Policy):
+    raise TypeError(f"comp.policy must be a mr_rl.rollout.Policy, got "
+                    f"{type(comp.policy).__name__}")
   if not hasattr(comp.runner, "names"):
     raise TypeError(f"comp.runner must be a mr_rl.rewards.runner.RewardRunner, got "
                     f"{type(comp.runner).__name__}")
-
-
-def _take(ro, m: int):
-  """The first m prompts of a rollout (drops the padded rows)."""
-  cut = {f.name: getattr(ro, f.name)[:m] for f in dataclasses.fields(ro)}
-  return dataclasses.replace(ro, **cut)
 
 
 def evaluate(comp, params, examples: Sequence[Any], config: EvalConfig,
@@ -210,8 +214,9 @@ def evaluate(comp, params, examples: Sequence[Any], config: EvalConfig,
   """Evaluates ``params`` on ``examples`` (see the module docstring for the protocols).
 
   Args:
-    comp: `mr_rl.train.Components`, or any object with its ``model``, ``tokenizer``,
-      ``render``, ``runner`` and ``settings`` (data/rollout/rewards sections are read).
+    comp: `mr_rl.train.Components`, or any object with its ``policy``
+      (`mr_rl.rollout.Policy`), ``runner`` and ``settings`` (the data / rollout / rewards
+      sections fill the config's None fields).
     params: the policy parameters.
     examples: `mr_rl.data.Example`s (``uid``, ``dataset``, ``metadata``, ``reference``).
     config: an `EvalConfig`.
@@ -223,7 +228,6 @@ def evaluate(comp, params, examples: Sequence[Any], config: EvalConfig,
   Raises:
     ValueError / TypeError naming the offending argument or config field.
   """
-  from mr_rl import train as train_lib  # train delegates here; import at call time
   t0 = time.perf_counter()
   if not isinstance(config, EvalConfig):
     raise TypeError(f"config must be an EvalConfig, got {type(config).__name__}")
@@ -243,19 +247,14 @@ def evaluate(comp, params, examples: Sequence[Any], config: EvalConfig,
   names = tuple(comp.runner.names)
   s = comp.settings
   cfg = config.resolve(s, len(names))
-  mesh = getattr(comp, "mesh", None)
-  view = types.SimpleNamespace(
-      model=comp.model, tokenizer=comp.tokenizer, render=comp.render, runner=comp.runner,
-      mesh=mesh, settings=dataclasses.replace(s, rollout=dataclasses.replace(
-          s.rollout, max_new_tokens=cfg.max_new_tokens, top_k=cfg.top_k, top_p=cfg.top_p,
-          temperature=cfg.temperature)))
+  mesh = comp.policy.mesh
+  sampling = cfg.sampling()
   E, n = len(examples), cfg.num_samples
   B = min(cfg.batch_prompts, E)
   if mesh is not None:
     # The sampler splits the B * n rows over the mesh's data axes: round B up so they divide
     # evenly. The extra prompts repeat the batch's own and are dropped like the last batch's.
-    from mr_rl.rl.update import data_axes
-    d = math.prod(mesh.shape[a] for a in data_axes(mesh))
+    d = sharding.data_parallel_size(mesh)
     step = d // math.gcd(n, d)
     B = -(-B // step) * step
   key = jax.random.PRNGKey(0) if key is None else key  # greedy ignores it
@@ -264,10 +263,9 @@ def evaluate(comp, params, examples: Sequence[Any], config: EvalConfig,
     chunk = examples[start:start + B]
     m = len(chunk)
     padded = chunk + [chunk[i % m] for i in range(B - m)]
-    ro = train_lib.rollout(view, params, padded, jax.random.fold_in(key, b), group_size=n,
-                           temperature=cfg.temperature)
-    ro = _take(ro, m)
-    r_BGK, _ = train_lib.score(view, ro, chunk)
+    ro = rollout_lib.rollout(comp.policy, params, padded, jax.random.fold_in(key, b),
+                             sampling).take(m)
+    r_BGK, _ = rollout_lib.score(comp.runner, ro, chunk)
     rs.append(np.asarray(r_BGK, np.float32))
     lens.append(np.asarray(ro.lengths))
     truncs.append(np.asarray(ro.truncated, bool))

@@ -9,6 +9,10 @@ cache). This module maps them onto the mesh axes (data, fsdp, tensor, expert):
   * activations / cache / token batches: batch over (data, fsdp, expert), the rest replicated
     except the MLP hidden and vocab dims (tensor).
 
+Training state and batches (used by `mr_rl.rl.update.learner`): optimizer moments follow
+their params (`train_state_shardings`), update-batch rows split over `data_axes(mesh)`
+(`batch_shardings`).
+
 Typical use:
   mesh = make_mesh({'data': 1, 'fsdp': -1, 'tensor': 2, 'expert': 1})
   params = init_sharded(model, rng, mesh)            # or hf_io.load_pretrained(..., mesh=mesh)
@@ -24,6 +28,7 @@ from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
 import jax
+import optax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import mesh_utils
@@ -185,6 +190,57 @@ def cache_shardings(config: ModelConfig, mesh: Mesh, batch_size: int, max_len: i
   k = logical_sharding(mesh, CACHE_K_AXES, k_shape, rules)
   v = logical_sharding(mesh, CACHE_V_AXES, v_shape, rules)
   return tuple(LayerCache(k=k, v=v) for _ in range(config.n_layers))
+
+
+def data_axes(mesh: Mesh) -> tuple[str, ...]:
+  """The mesh axes batch rows are split over: those of `BATCH_AXES` the mesh has."""
+  return tuple(a for a in BATCH_AXES if a in mesh.axis_names)
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+  """How many ways batch rows are split (the product of `data_axes(mesh)`)."""
+  return math.prod(mesh.shape[a] for a in data_axes(mesh))
+
+
+def batch_shardings(batch_abstract: Mapping[str, Any], mesh: Mesh) -> dict:
+  """Shardings of an update batch (a dict of arrays or ShapeDtypeStructs).
+
+  `[N, ...]` row arrays split their rows over `data_axes(mesh)`; the small per-group
+  `*_BG` arrays (advantages `[B, G]`) are replicated.
+  """
+  if not isinstance(batch_abstract, Mapping):
+    raise TypeError(f"batch must be a dict, got {type(batch_abstract).__name__}")
+  axes = data_axes(mesh)
+  return {k: NamedSharding(mesh, P() if k.endswith("_BG") else
+                           P(axes, *[None] * (jnp.ndim(x) - 1)))
+          for k, x in batch_abstract.items()}
+
+
+def optimizer_state_shardings(tx: optax.GradientTransformation, opt_state_abstract,
+                              param_shardings, mesh: Mesh):
+  """Shardings of `tx.init(params)`: moments follow their params, counters replicate."""
+  repl = NamedSharding(mesh, P())
+  return optax.tree_map_params(tx, lambda _, s: s, opt_state_abstract, param_shardings,
+                               transform_non_params=lambda _: repl)
+
+
+def train_state_shardings(state_abstract, tx, param_shardings, mesh: Mesh, value_tx=None,
+                          value_param_shardings=None):
+  """Shardings of a `mr_rl.rl.update.TrainState` (same dataclass, sharding leaves).
+
+  Args:
+    state_abstract: `jax.eval_shape` of the state.
+    tx / value_tx: the policy / critic optimizers that built it.
+    param_shardings / value_param_shardings: `param_shardings(...)` of the policy and the
+      critic's (None without a critic).
+  """
+  repl = NamedSharding(mesh, P())
+  return state_abstract.replace(
+      step=repl, params=param_shardings,
+      opt_state=optimizer_state_shardings(tx, state_abstract.opt_state, param_shardings, mesh),
+      value_params=value_param_shardings,
+      value_opt_state=None if value_tx is None else optimizer_state_shardings(
+          value_tx, state_abstract.value_opt_state, value_param_shardings, mesh))
 
 
 @contextlib.contextmanager

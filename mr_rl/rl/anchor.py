@@ -22,12 +22,13 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mr_rl import rollout as rollout_lib
 from mr_rl.rl import update as update_lib
 from mr_rl.rl.kl import exact_kl
 
@@ -83,30 +84,31 @@ def drift_chunk_rows(settings, rows: int) -> int:
   return math.gcd(rows, max(1, per_micro_batch))
 
 
-def measure_drift(comp, probe_params, base_params, examples, key, *, samples: int,
-                  rollout_fn: Callable, batch_fn: Callable) -> dict[str, float]:
+def measure_drift(comp, probe_params, base_params, examples, key, *,
+                  samples: int) -> dict[str, float]:
   """Reverse and forward per-token drift of `probe_params` from `base_params`.
 
-  `rollout_fn(comp, params, examples, key, group_size, temperature)` samples responses and
-  `batch_fn(rollout, A)` assembles the token batch (both from mr_rl.train). The two policies'
-  forwards run `drift_chunk_rows` rows at a time (full-vocabulary logits of a whole held-out
-  batch do not fit a chip at paper scale), on `comp.mesh` when the run has one.
+  Responses are sampled at temperature 1 (`samples` per held-out prompt) through the run's
+  own `mr_rl.rollout` pieces (`comp.policy`, `comp.settings.rollout`'s budget and filters).
+  The two policies' forwards run `drift_chunk_rows` rows at a time (full-vocabulary logits of
+  a whole held-out batch do not fit a chip at paper scale), on the run's mesh when it has one.
   """
   out = {}
   B = comp.settings.data.batch_prompts
   rows = drift_chunk_rows(comp.settings, B * samples)
-  mesh = getattr(comp, "mesh", None)
+  policy = comp.policy
+  sampling = dataclasses.replace(comp.settings.rollout, group_size=samples, temperature=1.0)
   for direction, sample_params, other in (("rev", probe_params, base_params),
                                           ("fwd", base_params, probe_params)):
     sampled, exact, lens = [], [], []
     for i in range(0, len(examples) - B + 1, B):
-      ro = rollout_fn(comp, sample_params, examples[i:i + B], jax.random.fold_in(key, i),
-                      group_size=samples, temperature=1.0)
-      batch = batch_fn(ro, jnp.zeros(ro.lengths.shape, jnp.float32))
-      cols = [batch[k] for k in ("tokens_BT", "mask_BT", "response_mask_BT", "old_logp_BT")]
+      ro = rollout_lib.rollout(policy, sample_params, examples[i:i + B],
+                               jax.random.fold_in(key, i), sampling)
+      batch = rollout_lib.update_batch(ro, jnp.zeros(ro.lengths.shape, jnp.float32))
+      cols = [batch[k] for k in ("tokens_NT", "mask_NT", "response_mask_NT", "old_logp_NT")]
       s, e = update_lib.chunked_forward(  # both policies' [rows, T, V] logits at a time
-          lambda pq, *c: _seq_kl_jit(comp.model, *pq, *c), (sample_params, other), *cols,
-          num_chunks=B * samples // rows, mesh=mesh)
+          lambda pq, *c: _seq_kl_jit(policy.model, *pq, *c), (sample_params, other), *cols,
+          num_chunks=B * samples // rows, mesh=policy.mesh)
       sampled.append(np.asarray(s))
       exact.append(np.asarray(e))
       lens.append(ro.lengths.reshape(-1))

@@ -2,16 +2,19 @@
 
 One step signature (STYLE.md 5): ``step(state, batch, rng) -> (state, metrics)``, with
 ``state`` a ``TrainState`` (flax.struct) and static settings bound by the factories
-``make_policy_step`` / ``make_ppo_step``. ``batch`` is a dict over ``N = B * G`` rows:
+``make_policy_step`` / ``make_ppo_step``; ``learner`` builds a run's optimizers, step and
+shardings in one call. Shape letters: B prompts, G responses per prompt, N = B * G rows,
+T token columns (prompt + response), V vocabulary, M micro-batches. ``batch`` is a dict over
+the N rows:
 
-* ``tokens_BT`` int32 prompt + response, prompts left-padded, responses right-padded;
-* ``mask_BT`` 1 on real (prompt or response) tokens;
-* ``response_mask_BT`` 1 on the response tokens that enter the loss (never column 0);
-* ``old_logp_BT`` the sampler's log-probs of ``tokens_BT[:, t]`` (reused as pi_old);
+* ``tokens_NT`` int32 prompt + response, prompts left-padded, responses right-padded;
+* ``mask_NT`` 1 on real (prompt or response) tokens;
+* ``response_mask_NT`` 1 on the response tokens that enter the loss (never column 0);
+* ``old_logp_NT`` the sampler's log-probs of ``tokens_NT[:, t]`` (reused as pi_old);
 * ``advantages_BG`` ``[B, G]`` with ``B * G = N`` (row ``b * G + g``), or
-  ``advantages_BT`` per token (PPO: whitened GAE, see gae.py);
-* ``ref_logp_BT`` reference-policy log-probs, when ``kl_coef > 0``;
-* PPO only: ``returns_BT`` and ``old_values_BT``.
+  ``advantages_NT`` per token (PPO: whitened GAE, see gae.py);
+* ``ref_logp_NT`` reference-policy log-probs, when ``kl_coef > 0``;
+* PPO only: ``returns_NT`` and ``old_values_NT``.
 
 Micro-batching: the batch is split into ``num_micro_batches`` strided micro-batches
 (row ``i`` goes to micro-batch ``i % M``, so each data shard feeds every micro-batch);
@@ -22,15 +25,17 @@ and gradient up to float summation order.
 
 Sharding: given a ``mesh`` and logical-axis ``rules``, params (and the optimizer state
 mirroring them) use ``NamedSharding`` from the params' logical axis names, batch rows
-are sharded over the data axes, and the step is jitted with explicit in/out shardings and
-``donate_argnums=0``.
+are sharded over the data axes (``mr_rl.models.sharding.train_state_shardings`` /
+``batch_shardings``), and the step is jitted with explicit in/out shardings and
+``donate_argnums=0``. The PPO critic (its params, forward and shardings) is
+``mr_rl.rl.critic``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import flax
 import flax.linen as nn
@@ -39,11 +44,13 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from mr_rl.models import sharding
+from mr_rl.rl import critic as critic_lib
+from mr_rl.rl.critic import ValueFn
 from mr_rl.rl.losses import (PolicyLossConfig, policy_loss, token_logprobs_and_entropy,
                              token_weights, value_loss)
 
 LogitsFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
-ValueFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
 
 
 @flax.struct.dataclass
@@ -127,121 +134,45 @@ def init_train_state(params, tx, value_params=None, value_tx=None) -> TrainState
 
 # ------------------------------------------------------------------------- model glue
 def model_logits_fn(model) -> LogitsFn:
-  """``(params, tokens_BT, mask_BT) -> logits_BTV`` for an ``mr_rl.models.Transformer``."""
+  """``(params, tokens_NT, mask_NT) -> logits_NTV`` for an ``mr_rl.models.Transformer``."""
   from mr_rl import models  # local import: rl math does not need the model package
   return functools.partial(models.logits, model)
 
 
-def init_value_params(model, trunk_params, rng, init_scale: float = 0.02):
-  """PPO critic params: a copy of a transformer trunk plus a Dense(1) head on its hidden state.
-
-  The AMRP paper initialises policy and value models from the same checkpoint, so
-  ``trunk_params`` is usually the policy's initial params (copied, not shared).
-  """
-  d = model.config.d_model
-  kernel = init_scale * jax.random.normal(rng, (d, 1), jnp.float32)
-  head = {'kernel': kernel, 'bias': jnp.zeros((1,), jnp.float32)}
-  return {'trunk': jax.tree.map(jnp.array, trunk_params), 'head': head}
-
-
-VALUE_HEAD_AXES = {'kernel': ('embed', None), 'bias': (None,)}
-
-
-def model_value_fn(model) -> ValueFn:
-  """``(value_params, tokens_BT, mask_BT) -> values_BT``, aligned like log-probs.
-
-  ``values_BT[:, t]`` is the head on the final hidden state at ``t - 1`` (the state
-  before token ``t`` is emitted); column 0 is 0.
-  """
-  from mr_rl import models
-
-  def fn(value_params, tokens_BT, mask_BT):
-    _, _, h = model.apply({'params': value_params['trunk']}, tokens_BT,
-                          models.positions_from_mask(mask_BT), kv_mask_BS=mask_BT,
-                          return_hidden=True)
-    head = value_params['head']
-    v = jnp.einsum('btd,d->bt', h.astype(jnp.float32), head['kernel'][:, 0]) + head['bias'][0]
-    return jnp.concatenate([jnp.zeros_like(v[:, :1]), v[:, :-1]], axis=1)
-
-  return fn
-
-
-# ----------------------------------------------------------------------------- sharding
-def value_param_shardings(model, mesh, rules):
-  """Shardings of ``init_value_params`` output: trunk like the policy, head by its logical axes."""
-  from mr_rl.models import sharding
-  d = model.config.d_model
-  return {'trunk': sharding.param_shardings(model, mesh, rules),
-          'head': {'kernel': sharding.logical_sharding(mesh, VALUE_HEAD_AXES['kernel'], (d, 1),
-                                                       rules),
-                   'bias': NamedSharding(mesh, P())}}
-
-
-def data_axes(mesh, candidates: Sequence[str] = ('data', 'fsdp', 'expert')) -> tuple:
-  """The mesh axes batch rows are split over (those of ``candidates`` present in the mesh)."""
-  return tuple(a for a in candidates if a in mesh.axis_names)
-
-
-def state_shardings(state_abstract: TrainState, tx, param_shardings, mesh, value_tx=None,
-                    value_param_shardings=None) -> TrainState:
-  """Shardings for a TrainState: optimizer moments follow their params, scalars replicate."""
-  repl = NamedSharding(mesh, P())
-
-  def opt_sh(opt_tx, opt_state, p_sh):
-    return optax.tree_map_params(opt_tx, lambda _, s: s, opt_state, p_sh,
-                                 transform_non_params=lambda _: repl)
-
-  return TrainState(
-      step=repl, params=param_shardings,
-      opt_state=opt_sh(tx, state_abstract.opt_state, param_shardings),
-      value_params=value_param_shardings,
-      value_opt_state=None if value_tx is None else opt_sh(
-          value_tx, state_abstract.value_opt_state, value_param_shardings))
-
-
-def _batch_shardings(batch_abstract, mesh, batch_axes):
-  """Row-sharded ``[N, ...]`` arrays; the small ``[B, G]`` advantages are replicated."""
-  if not isinstance(batch_abstract, dict):
-    raise TypeError(f'batch must be a dict, got {type(batch_abstract).__name__}.')
-  return {k: NamedSharding(mesh, P() if k == 'advantages_BG' else
-                           P(batch_axes, *[None] * (jnp.ndim(x) - 1)))
-          for k, x in batch_abstract.items()}
-
-
 # ------------------------------------------------------------------------------- steps
-_REQUIRED = ('tokens_BT', 'mask_BT', 'response_mask_BT', 'old_logp_BT')
+_REQUIRED = ('tokens_NT', 'mask_NT', 'response_mask_NT', 'old_logp_NT')
 
 
 def _rows(batch, ppo: bool):
   """Validates the batch and returns per-row arrays (advantages flattened to rows)."""
-  need = _REQUIRED + (('returns_BT', 'old_values_BT') if ppo else ())
+  need = _REQUIRED + (('returns_NT', 'old_values_NT') if ppo else ())
   missing = [k for k in need if k not in batch]
   if missing:
     raise ValueError(f'batch is missing {missing}; it has {sorted(batch)}.')
-  N, T = batch['tokens_BT'].shape
+  N, T = batch['tokens_NT'].shape
   rows = {k: batch[k] for k in need}
   for k in need:
     if rows[k].shape != (N, T):
       raise ValueError(f'batch[{k!r}] has shape {rows[k].shape}, expected {(N, T)}.')
-  if 'advantages_BT' in batch:
-    rows['adv'] = batch['advantages_BT']
+  if 'advantages_NT' in batch:
+    rows['adv'] = batch['advantages_NT']
     if rows['adv'].shape != (N, T):
-      raise ValueError(f'batch["advantages_BT"] must be {(N, T)}, got {rows["adv"].shape}.')
+      raise ValueError(f'batch["advantages_NT"] must be {(N, T)}, got {rows["adv"].shape}.')
   elif 'advantages_BG' in batch and not ppo:
     a = batch['advantages_BG']
     if a.ndim != 2 or a.shape[0] * a.shape[1] != N:
       raise ValueError(f'batch["advantages_BG"] must be [B, G] with B * G = {N}, got {a.shape}.')
     rows['adv'] = a.reshape(N)
   else:
-    raise ValueError('batch needs "advantages_BT"' + ('' if ppo else ' or "advantages_BG"') + '.')
-  if 'ref_logp_BT' in batch:
-    rows['ref_logp_BT'] = batch['ref_logp_BT']
+    raise ValueError('batch needs "advantages_NT"' + ('' if ppo else ' or "advantages_BG"') + '.')
+  if 'ref_logp_NT' in batch:
+    rows['ref_logp_NT'] = batch['ref_logp_NT']
   return rows
 
 
 def _accumulate(grad_fn, num_micro: int, rows, constrain):
   """Sums ``grad_fn(mb) -> (grads, metrics)`` over strided micro-batches."""
-  N = rows['tokens_BT'].shape[0]
+  N = rows['tokens_NT'].shape[0]
   if N % num_micro:
     raise ValueError(f'num_micro_batches={num_micro} must divide the batch rows N={N}.')
   if num_micro == 1:
@@ -263,11 +194,11 @@ def _accumulate(grad_fn, num_micro: int, rows, constrain):
 def _policy_grad_fn(logits_fn, cfg: PolicyLossConfig):
 
   def loss_fn(params, mb):
-    logits = logits_fn(params, mb['tokens_BT'], mb['mask_BT'])
-    logp, ent = token_logprobs_and_entropy(logits, mb['tokens_BT'])
-    loss, metrics = policy_loss(logp, mb['old_logp_BT'], mb['adv'], mb['response_mask_BT'], cfg,
+    logits = logits_fn(params, mb['tokens_NT'], mb['mask_NT'])
+    logp, ent = token_logprobs_and_entropy(logits, mb['tokens_NT'])
+    loss, metrics = policy_loss(logp, mb['old_logp_NT'], mb['adv'], mb['response_mask_NT'], cfg,
                                 weights_BT=mb['w'], metric_weights_BT=mb['mw'],
-                                ref_logp_BT=mb.get('ref_logp_BT'), entropy_BT=ent)
+                                ref_logp_BT=mb.get('ref_logp_NT'), entropy_BT=ent)
     return loss, {**metrics, 'policy_loss': loss}
 
   return jax.value_and_grad(loss_fn, has_aux=True)
@@ -278,7 +209,7 @@ def _step_impl(state, batch, rng, *, logits_fn, tx, config, value_fn=None, value
   del rng  # no stochastic layers yet; kept for the uniform step signature
   ppo = value_fn is not None
   rows = _rows(batch, ppo)
-  rmask = rows['response_mask_BT']
+  rmask = rows['response_mask_NT']
   rows['w'] = token_weights(rmask, config.loss.loss_agg, config.loss.norm_len)
   rows['mw'] = token_weights(rmask, 'token-mean')
   if mesh is None:
@@ -293,8 +224,8 @@ def _step_impl(state, batch, rng, *, logits_fn, tx, config, value_fn=None, value
     if not ppo:
       return grads, metrics
     vg = jax.value_and_grad(
-        lambda vp: value_loss(value_fn(vp, mb['tokens_BT'], mb['mask_BT']), mb['old_values_BT'],
-                              mb['returns_BT'], mb['w'], config.vf_clip, mb['mw']), has_aux=True)
+        lambda vp: value_loss(value_fn(vp, mb['tokens_NT'], mb['mask_NT']), mb['old_values_NT'],
+                              mb['returns_NT'], mb['w'], config.vf_clip, mb['mw']), has_aux=True)
     (_, vmetrics), vgrads = vg(state.value_params)
     return (grads, vgrads), {**metrics, **vmetrics}
 
@@ -314,7 +245,7 @@ def _step_impl(state, batch, rng, *, logits_fn, tx, config, value_fn=None, value
   return new, metrics
 
 
-def _jit(impl, mesh, rules, state_sharding, batch_example, batch_axes):
+def _jit(impl, mesh, rules, state_sharding, batch_example):
   if mesh is None:
     return jax.jit(impl, donate_argnums=0)
   if state_sharding is None or batch_example is None:
@@ -324,7 +255,7 @@ def _jit(impl, mesh, rules, state_sharding, batch_example, batch_axes):
     raise ValueError('With a mesh, pass the logical-axis rules (e.g. '
                      'mr_rl.models.sharding.DEFAULT_RULES); without them the model\'s '
                      'activation constraints would replicate activations.')
-  b_sh = _batch_shardings(batch_example, mesh, batch_axes)
+  b_sh = sharding.batch_shardings(batch_example, mesh)
   repl = NamedSharding(mesh, P())
   jitted = jax.jit(impl, in_shardings=(state_sharding, b_sh, repl),
                    out_shardings=(state_sharding, repl), donate_argnums=0)
@@ -342,13 +273,13 @@ def make_policy_step(logits_fn: LogitsFn, config: UpdateConfig, tx=None, *, mesh
   """Builds the jitted GRPO-family step ``step(state, batch, rng) -> (state, metrics)``.
 
   Args:
-    logits_fn: ``(params, tokens_BT, mask_BT) -> logits_BTV`` (see ``model_logits_fn``).
+    logits_fn: ``(params, tokens_NT, mask_NT) -> logits_NTV`` (see ``model_logits_fn``).
     config: UpdateConfig.
     tx: optimizer (default ``make_optimizer(config)``); must be the one that built the state.
-    mesh: optional jax Mesh; then ``rules``, ``state_sharding`` (see ``state_shardings``;
-      params from ``mr_rl.models.sharding.param_shardings``) and a ``batch_example``
-      (arrays or ShapeDtypeStructs) are required. Batch rows are split over the mesh's
-      (data, fsdp, expert) axes, as ``mr_rl.models.sharding.batch_sharding`` does.
+    mesh: optional jax Mesh; then ``rules``, ``state_sharding`` (see
+      ``mr_rl.models.sharding.train_state_shardings``) and a ``batch_example`` (arrays or
+      ShapeDtypeStructs) are required. Batch rows are split over the mesh's data axes
+      (``mr_rl.models.sharding.batch_shardings``).
     rules: logical-axis rules active while tracing (for the model's constraints).
 
   Returns:
@@ -356,16 +287,16 @@ def make_policy_step(logits_fn: LogitsFn, config: UpdateConfig, tx=None, *, mesh
     approx_kl, ratio_mean, entropy, kl (if beta > 0), grad_norm, response_tokens.
   """
   tx = make_optimizer(config) if tx is None else tx
-  batch_axes = () if mesh is None else data_axes(mesh)
+  batch_axes = () if mesh is None else sharding.data_axes(mesh)
   impl = functools.partial(_step_impl, logits_fn=logits_fn, tx=tx, config=config, mesh=mesh,
                            rules=rules, batch_axes=batch_axes)
-  return _jit(impl, mesh, rules, state_sharding, batch_example, batch_axes)
+  return _jit(impl, mesh, rules, state_sharding, batch_example)
 
 
 def make_ppo_step(logits_fn: LogitsFn, value_fn: ValueFn, config: UpdateConfig, tx=None,
                   value_tx=None, *, mesh=None, rules=None, state_sharding=None,
                   batch_example=None):
-  """PPO step: the clipped policy loss on ``advantages_BT`` plus the clipped value loss.
+  """PPO step: the clipped policy loss on ``advantages_NT`` plus the clipped value loss.
 
   The critic (``state.value_params``) has its own AdamW (``config.value_lr``); both losses
   use the same aggregation weights. Metrics add vf_loss, vf_clip_frac, value_mean,
@@ -373,19 +304,19 @@ def make_ppo_step(logits_fn: LogitsFn, value_fn: ValueFn, config: UpdateConfig, 
   """
   tx = make_optimizer(config) if tx is None else tx
   value_tx = make_optimizer(config, lr=config.value_lr) if value_tx is None else value_tx
-  batch_axes = () if mesh is None else data_axes(mesh)
+  batch_axes = () if mesh is None else sharding.data_axes(mesh)
   impl = functools.partial(_step_impl, logits_fn=logits_fn, tx=tx, config=config,
                            value_fn=value_fn, value_tx=value_tx, mesh=mesh, rules=rules,
                            batch_axes=batch_axes)
-  return _jit(impl, mesh, rules, state_sharding, batch_example, batch_axes)
+  return _jit(impl, mesh, rules, state_sharding, batch_example)
 
 
 def make_logprob_fn(logits_fn: LogitsFn):
-  """Jitted ``(params, tokens_BT, mask_BT) -> logp_BT`` (e.g. reference log-probs)."""
+  """Jitted ``(params, tokens_NT, mask_NT) -> logp_NT`` (e.g. reference log-probs)."""
 
   @jax.jit
-  def fn(params, tokens_BT, mask_BT):
-    return token_logprobs_and_entropy(logits_fn(params, tokens_BT, mask_BT), tokens_BT)[0]
+  def fn(params, tokens_NT, mask_NT):
+    return token_logprobs_and_entropy(logits_fn(params, tokens_NT, mask_NT), tokens_NT)[0]
 
   return fn
 
@@ -416,10 +347,100 @@ def chunked_forward(fn: Callable, params, *rows, num_chunks: int, mesh=None):
     if mesh is None:
       outs.append(fn(params, *chunk))
       continue
-    from mr_rl.models import sharding  # local import: rl math does not need the model package
     chunk = jax.device_put(chunk, [sharding.batch_sharding(mesh, c.shape) for c in chunk])
     with sharding.activation_sharding(mesh):
       outs.append(fn(params, *chunk))
   if num_chunks == 1:
     return outs[0]
   return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *outs)
+
+
+# ------------------------------------------------------------------------------ learner
+def batch_keys(config: UpdateConfig, ppo: bool) -> tuple[str, ...]:
+  """The keys of the batch a run feeds its step (``mr_rl.rollout.update_batch`` plus the
+  reference log-probs when ``kl_coef > 0`` and, for PPO, the GAE targets)."""
+  keys = list(_REQUIRED)
+  keys += ['advantages_NT', 'returns_NT', 'old_values_NT'] if ppo else ['advantages_BG']
+  if config.loss.kl_coef > 0:
+    keys.append('ref_logp_NT')
+  return tuple(keys)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Learner:
+  """A run's update machinery, built once per (model, settings, mesh) by ``learner``.
+
+  Attributes:
+    tx, value_tx: the policy's and (PPO) the critic's optimizers.
+    step: the jitted ``step(state, batch, rng) -> (state, metrics)``.
+    value_fn: the jitted critic forward ``(value_params, tokens_NT, mask_NT) -> values_NT``
+      (PPO), else None.
+    state_sharding, batch_sharding: the step's in/out shardings (None without a mesh).
+  """
+  model: Any
+  tx: optax.GradientTransformation
+  value_tx: Optional[optax.GradientTransformation]
+  step: Callable
+  value_fn: Optional[Callable]
+  state_sharding: Any
+  batch_sharding: Optional[dict]
+
+  def init(self, params, rng) -> TrainState:
+    """A fresh TrainState from ``params`` (a copy: the step donates its state), placed on
+    the mesh; PPO's critic starts from the same params (AMRP Table 4) and ``rng``."""
+    params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
+    if self.value_tx is None:
+      state = init_train_state(params, self.tx)
+    else:
+      state = init_train_state(params, self.tx,
+                               critic_lib.init_value_params(self.model, params, rng),
+                               self.value_tx)
+    return self.place_state(state)
+
+  def place_state(self, state: TrainState) -> TrainState:
+    """``state`` on the step's shardings (identity without a mesh)."""
+    return state if self.state_sharding is None else jax.device_put(state, self.state_sharding)
+
+  def place_batch(self, batch: dict) -> dict:
+    """``batch`` on the step's shardings (identity without a mesh)."""
+    if self.batch_sharding is None:
+      return batch
+    return jax.device_put(batch, {k: self.batch_sharding[k] for k in batch})
+
+
+@functools.lru_cache(maxsize=16)
+def learner(model, config: UpdateConfig, mesh=None, ppo: bool = False) -> Learner:
+  """The optimizers, the jitted step (GRPO family, or PPO with its critic) and, on a mesh,
+  the state and batch shardings it is compiled for, in one call.
+
+  Cached per (model, settings, mesh, ppo), so the pipelines' sub-runs (TAG probes, the
+  demo's methods) share one compile. Parameters follow ``mr_rl.models.sharding``'s logical
+  rules; the critic's trunk shards like the policy (``mr_rl.rl.critic``).
+  """
+  tx = make_optimizer(config)
+  value_tx = make_optimizer(config, lr=config.value_lr) if ppo else None
+  logits_fn = model_logits_fn(model)
+  value_fn = critic_lib.model_value_fn(model) if ppo else None
+  mesh_kw, st_sh, b_sh = {}, None, None
+  if mesh is not None:
+    from mr_rl import models  # local import: rl math does not need the model package
+    rules = sharding.DEFAULT_RULES
+    p_sh = sharding.param_shardings(model, mesh, rules)
+    v_sh = critic_lib.value_param_shardings(model, mesh, rules) if ppo else None
+
+    def init_abstract(p):
+      vp = critic_lib.init_value_params(model, p, jax.random.PRNGKey(0)) if ppo else None
+      return init_train_state(p, tx, vp, value_tx)
+
+    state_abs = jax.eval_shape(init_abstract, models.abstract_params(model))
+    st_sh = sharding.train_state_shardings(state_abs, tx, p_sh, mesh, value_tx, v_sh)
+    x = jax.ShapeDtypeStruct((1, 1), jnp.float32)  # keys and ranks are what the shardings need
+    batch_example = {k: x for k in batch_keys(config, ppo)}
+    b_sh = sharding.batch_shardings(batch_example, mesh)
+    mesh_kw = dict(mesh=mesh, rules=rules, state_sharding=st_sh, batch_example=batch_example)
+  if ppo:
+    step = make_ppo_step(logits_fn, value_fn, config, tx, value_tx, **mesh_kw)
+  else:
+    step = make_policy_step(logits_fn, config, tx, **mesh_kw)
+  return Learner(model, tx, value_tx, step, None if value_fn is None else jax.jit(value_fn),
+                 st_sh, b_sh)

@@ -1,0 +1,171 @@
+"""Rollout: examples -> prompt tokens -> sampled responses -> rewards -> the update batch.
+
+The three host-side hops of one batch, in the order the trainer makes them
+(`mr_rl.train.train`), shared with evaluation (`mr_rl.evaluation`) and TAG's drift
+measurement (`mr_rl.rl.anchor`):
+
+    examples --Policy.encode--> prompt tokens [B, P]
+             --rollout (jitted KV-cache sampler, settings given explicitly)--> Rollout [B, G, S]
+             --score (reward runner)--> r[B, G, K]
+             --update_batch (+ advantages A[B, G])--> the policy step's batch over N = B*G rows
+
+Shape letters: B prompts, G responses per prompt, K reward channels, P prompt columns,
+S response columns (the sampler's `max_new_tokens`), N = B*G rows of the update batch and
+T = P + S its columns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mr_rl import sampling
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+  """How responses are drawn (the trainer's come from `config.rollout`).
+
+  Attributes:
+    group_size: G, responses per prompt.
+    max_new_tokens: response budget S (EOS included).
+    temperature: 0 = greedy.
+    top_k: 0 = off.
+    top_p: 1.0 = off.
+  """
+  group_size: int
+  max_new_tokens: int
+  temperature: float
+  top_k: int
+  top_p: float
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Policy:
+  """What turns examples into sampled responses: the model, its tokenizer, how prompts are
+  written, and the device mesh the sampler runs on (None: one device).
+
+  Attributes:
+    model: the `mr_rl.models.Transformer`.
+    tokenizer: a Hugging Face tokenizer (pad / eos / bos ids, decode).
+    render: example -> prompt text (a chat template, or the example's own prompt).
+    max_prompt_len: P; a longer prompt is an error naming `config.data.max_prompt_len`.
+    add_bos: prepend the tokenizer's BOS (untemplated prompts; templates write their own).
+    mesh: a `jax.sharding.Mesh`, or None.
+  """
+  model: Any
+  tokenizer: Any
+  render: Callable[[Any], str]
+  max_prompt_len: int
+  add_bos: bool
+  mesh: Any = None
+
+  @property
+  def pad_id(self) -> int:
+    tok = self.tokenizer
+    return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+  def prompt_ids(self, ex) -> list[int]:
+    """The prompt token ids of one example (rendered; BOS added when `add_bos`)."""
+    tok = self.tokenizer
+    ids = tok(self.render(ex), add_special_tokens=False)["input_ids"]
+    if self.add_bos and tok.bos_token_id is not None:
+      ids = [tok.bos_token_id] + ids
+    return ids
+
+  def encode(self, examples: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Left-padded prompt tokens and mask `[B, P]` (P = `max_prompt_len`)."""
+    P = self.max_prompt_len
+    ids_B = []
+    for ex in examples:
+      ids = self.prompt_ids(ex)
+      if len(ids) > P:
+        raise ValueError(f"prompt of {getattr(ex, 'uid', ex)} has {len(ids)} tokens > "
+                         f"config.data.max_prompt_len={P} (or set config.data.skip_long_prompts)")
+      ids_B.append(ids)
+    tokens = np.full((len(ids_B), P), self.pad_id, np.int32)
+    mask = np.zeros((len(ids_B), P), np.int32)
+    for i, ids in enumerate(ids_B):
+      tokens[i, P - len(ids):] = ids
+      mask[i, P - len(ids):] = 1
+    return tokens, mask
+
+
+@dataclasses.dataclass
+class Rollout:
+  """G sampled responses for each of B prompts (host numpy arrays).
+
+  `logprobs` are the sampler's temperature-1 log-probs of the sampled tokens (the old
+  log-probs of the policy step); after EOS, tokens are pad with mask 0 and log-prob 0.
+  """
+  prompt_tokens: np.ndarray   # [B, P]
+  prompt_mask: np.ndarray     # [B, P]
+  tokens: np.ndarray          # [B, G, S]
+  logprobs: np.ndarray        # [B, G, S]
+  mask: np.ndarray            # [B, G, S]
+  lengths: np.ndarray         # [B, G] generated tokens, EOS included
+  truncated: np.ndarray       # [B, G] no EOS within S
+  texts: list                 # B lists of G decoded responses (EOS dropped)
+
+  def take(self, m: int) -> "Rollout":
+    """The first `m` prompts (drops padded rows of a partial batch)."""
+    return dataclasses.replace(self, **{f.name: getattr(self, f.name)[:m]
+                                        for f in dataclasses.fields(self)})
+
+
+def rollout(policy: Policy, params, examples: Sequence[Any], key: jax.Array,
+            sampling_settings: SamplingSettings) -> Rollout:
+  """Samples `sampling_settings.group_size` responses per example with `params`."""
+  s = sampling_settings
+  p_tok, p_mask = policy.encode(examples)
+  tok = policy.tokenizer
+  out = sampling.generate_groups(
+      policy.model, params, p_tok, p_mask, group_size=s.group_size, key=key,
+      max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+      eos_id=tok.eos_token_id, pad_id=policy.pad_id, mesh=policy.mesh)
+  out = jax.device_get(out)
+  texts = []
+  for b in range(len(examples)):
+    row = []
+    for g in range(s.group_size):
+      n = int(out.lengths[b, g]) - (0 if out.truncated[b, g] else 1)  # drop the EOS token
+      row.append(tok.decode(out.tokens[b, g, :n].tolist(), skip_special_tokens=False))
+    texts.append(row)
+  return Rollout(p_tok, p_mask, np.asarray(out.tokens), np.asarray(out.logprobs),
+                 np.asarray(out.mask), np.asarray(out.lengths), np.asarray(out.truncated), texts)
+
+
+def score(runner, ro: Rollout, examples: Sequence[Any]) -> tuple[np.ndarray, dict]:
+  """`r[B, G, K]` and the runner's per-step metrics for a rollout of `examples`.
+
+  Channels see everything an example carries: metadata, reference, and the conversation
+  (reward models), as plain dicts (not the Example's read-only proxies) so process-kind
+  channels can pickle them.
+  """
+  ex_dicts = [{**ex.as_mapping(), "messages": [dict(m) for m in ex.messages]} for ex in examples]
+  return runner(ro.texts, ex_dicts, ro.lengths.astype(np.int64))
+
+
+def update_batch(ro: Rollout, A_BG) -> dict:
+  """The policy step's batch over N = B*G rows (row b*G + g) and T = P + S columns.
+
+  Keys: `tokens_NT` (prompt then response), `mask_NT` (real tokens), `response_mask_NT`
+  (tokens that enter the loss), `old_logp_NT` (the sampler's log-probs, 0 on prompt
+  columns) and `advantages_BG`.
+  """
+  B, G, S = ro.tokens.shape
+  P = ro.prompt_tokens.shape[1]
+  rep = lambda a: np.repeat(a, G, axis=0)
+  tokens = np.concatenate([rep(ro.prompt_tokens), ro.tokens.reshape(B * G, S)], 1)
+  resp = ro.mask.reshape(B * G, S)
+  mask = np.concatenate([rep(ro.prompt_mask), resp], 1)
+  zeros = np.zeros((B * G, P), np.int32)
+  return {"tokens_NT": jnp.asarray(tokens), "mask_NT": jnp.asarray(mask),
+          "response_mask_NT": jnp.asarray(np.concatenate([zeros, resp], 1)),
+          "old_logp_NT": jnp.asarray(np.concatenate(
+              [zeros.astype(np.float32), ro.logprobs.reshape(B * G, S)], 1)),
+          "advantages_BG": A_BG}

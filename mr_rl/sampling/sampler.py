@@ -27,10 +27,10 @@ Layout of one call (all inside a single `jax.jit`):
     where a fixed-length loop loses most of its time on CPU (FACTS.md, sampler
     calibration).
   * The loop stops when every row has produced EOS or after `max_new_tokens` tokens. The
-    PRNG key travels in the loop state (as in gemma's `text/_sampler_loop.py`), carried
-    unchanged from segment to segment; step `t` draws all rows' tokens with
-    `fold_in(key, t)`, so a draw depends only on (key, t), not on the segment layout
-    (STYLE.md 6).
+    PRNG key travels in the loop state, as in gemma's `text/_sampler_loop.py` (which splits
+    it every step); here the base key is carried unchanged from step to step and segment to
+    segment, and step `t` draws all rows' tokens with `fold_in(key, t)`, so a draw depends
+    only on (key, t), not on the segment layout (STYLE.md 6).
 
 Returned log-probabilities are those of the *policy* -- `log_softmax(logits)` at
 temperature 1 with no top-k/top-p filter -- at the sampled tokens, so the RL update can

@@ -19,7 +19,7 @@ from mr_rl import models  # noqa: E402
 from mr_rl.models import sharding as shd  # noqa: E402
 from mr_rl.sampling import Sampler  # noqa: E402
 
-B, WIDTH, N_NEW = 8, 9, 12
+ROWS, WIDTH, N_NEW = 8, 9, 12  # rows decoded together (R in sampler.py)
 
 
 def _worker():
@@ -32,8 +32,8 @@ def _worker():
                        (1.0 if jax.tree_util.keystr(path).endswith("['scale']") else 0.0)
                        ).astype(np.float32),
       models.abstract_params(model))
-  tokens = rng.integers(1, 256, (B, WIDTH)).astype(np.int32)
-  mask = (np.arange(WIDTH)[None, :] >= (np.arange(B) % 4)[:, None]).astype(np.int32)
+  tokens = rng.integers(1, 256, (ROWS, WIDTH)).astype(np.int32)
+  mask = (np.arange(WIDTH)[None, :] >= (np.arange(ROWS) % 4)[:, None]).astype(np.int32)
   key = jax.random.PRNGKey(0)
 
   single = Sampler(model, max_new_tokens=N_NEW, temperature=0.0, segment_tokens=6)

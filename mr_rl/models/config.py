@@ -52,7 +52,9 @@ def freeze_rope_scaling(scaling: Mapping[str, Any] | tuple | None) -> tuple | No
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Decoder hyperparameters (names follow the model contract; HF names in comments).
+  """Decoder hyperparameters (names follow the model contract; HF names in parentheses).
+
+  The capital letters are the shape letters of `mr_rl.models` (layers.py, moe.py).
 
   Attributes:
     family: 'qwen3' | 'llama' | 'qwen3_moe' (HF model_type; DeepSeek-Math uses 'llama').
@@ -60,17 +62,18 @@ class ModelConfig:
     d_model: D (hidden_size).
     n_layers: L (num_hidden_layers).
     n_heads: H query heads (num_attention_heads).
-    n_kv_heads: K key/value heads, GQA groups H // K (num_key_value_heads).
-    head_dim: per-head size (head_dim, default hidden_size // heads).
-    d_ff: dense MLP width (intermediate_size); unused when every layer is MoE.
+    n_kv_heads: J key/value heads (num_key_value_heads); each serves Q = H // J query heads
+      (grouped-query attention).
+    head_dim: W, per-head width (head_dim, default hidden_size // heads).
+    d_ff: F, dense MLP width (intermediate_size); unused when every layer is MoE.
     rope_theta: RoPE base.
     rope_scaling: None or the frozen llama3 scaling (see `freeze_rope_scaling`).
     norm_eps: RMSNorm epsilon (rms_norm_eps).
     qk_norm: RMSNorm over head_dim on q and k before RoPE (Qwen3).
     tie_embeddings: lm head shares the embedding matrix (tie_word_embeddings).
     num_experts: E routed experts (0 for dense models).
-    num_experts_per_tok: top-k experts per token.
-    moe_d_ff: expert MLP width (moe_intermediate_size).
+    num_experts_per_tok: C, experts chosen per token (the router's top-k).
+    moe_d_ff: expert MLP width, F inside moe.py (moe_intermediate_size).
     norm_topk_prob: renormalise the top-k router probabilities to sum to one.
     max_seq_len: longest supported sequence (max_position_embeddings); bounds init_cache.
     param_dtype: storage dtype of parameters.
@@ -139,7 +142,8 @@ class ModelConfig:
         raise ValueError("qwen3_moe needs num_experts > 0 and 0 < num_experts_per_tok <= "
                          f"num_experts, got {self.num_experts}, {self.num_experts_per_tok}")
       if self.moe_d_ff <= 0:
-        raise ValueError(f"ModelConfig.moe_d_ff must be positive for qwen3_moe, got {self.moe_d_ff}")
+        raise ValueError(f"ModelConfig.moe_d_ff must be positive for qwen3_moe, got "
+                         f"{self.moe_d_ff}")
     else:
       if self.num_experts:
         raise ValueError(f"family {self.family!r} is dense but num_experts={self.num_experts}")

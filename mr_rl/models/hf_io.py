@@ -149,7 +149,8 @@ _STACK_T = (lambda ts: np.stack([t.T for t in ts]),
             lambda a: [np.ascontiguousarray(x.T) for x in a])
 
 
-def param_mapping(config: ModelConfig) -> list[tuple[tuple[str, ...], list[str], Callable, Callable]]:
+def param_mapping(
+    config: ModelConfig) -> list[tuple[tuple[str, ...], list[str], Callable, Callable]]:
   """The full list of (our path, HF names, to_ours, to_hf) for a config."""
   c = config
   out = [(("embedding",), ["model.embed_tokens.weight"], *_SAME),

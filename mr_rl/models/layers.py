@@ -4,6 +4,17 @@ explicit per-layer KV cache, SwiGLU MLP.
 Every parameter carries logical axis names; mesh axes live in `mr_rl.models.sharding`.
 Numerics follow the transformers reference implementations (Qwen3 / Llama modeling files):
 RMSNorm in float32, softmax in float32, non-interleaved ("rotate half") RoPE.
+
+Shape letters (suffixes and einsum subscripts) in this module:
+  B  batch rows, one sequence each. The model knows nothing of prompts or groups: in a
+     rollout each row is one sampled response, so this B counts METHODS.md's B*G rows.
+  T  positions fed in this call.
+  S  key/value slots: T without a cache, the cache length S_max with one.
+  D  model width (d_model); F MLP width (d_ff).
+  H  query heads (n_heads); J key/value heads (n_kv_heads); Q = H // J query heads per
+     key/value head (grouped-query attention); W per-head width (head_dim).
+  M  = Q * T rows of one key/value head's grouped queries (cached attention).
+The letters G and K are not used here: project-wide they are group size and reward channels.
 """
 
 from __future__ import annotations
@@ -37,13 +48,13 @@ def param_with_axes(module: nn.Module, name: str, init_fn, shape, axes, dtype):
 
 @flax.struct.dataclass
 class LayerCache:
-  """KV cache of one layer: keys k [B, n_kv_heads, head_dim, S_max] (stored transposed) and
-  values v [B, n_kv_heads, S_max, head_dim].
+  """KV cache of one layer: keys k [B, J, W, S] (stored transposed) and values v [B, J, S, W]
+  (S = S_max slots).
 
-  Both layouts make decode attention two plain batched matmuls over (batch, kv head) whose
-  operands are read in place: scores q[B,K,G,Dh] @ k[B,K,Dh,S] and outputs p[B,K,G,S] @
-  v[B,K,S,Dh]. With keys stored [.., S, Dh], XLA:CPU repacks the whole key cache for the
-  scores matmul on every step and layer (measured: 2x slower attention; BUILD_NOTES.md).
+  Both layouts make decode attention two plain batched matmuls over (batch row, key/value
+  head) whose operands are read in place: scores q[B,J,M,W] @ k[B,J,W,S] and outputs
+  p[B,J,M,S] @ v[B,J,S,W]. With keys stored [.., S, W], XLA:CPU repacks the whole key cache
+  for the scores matmul on every step and layer (measured: 2x slower attention; BUILD_NOTES.md).
   """
   k: jax.Array
   v: jax.Array
@@ -56,13 +67,12 @@ CACHE_V_AXES = ("cache_batch", "kv_heads", "cache_length", "kv")
 
 
 def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -> Cache:
-  """Zero KV cache: a tuple over layers of LayerCache(k [B, K, head_dim, max_len],
-  v [B, K, max_len, head_dim]).
+  """Zero KV cache: a tuple over layers of LayerCache(k [B, J, W, S], v [B, J, S, W]).
 
   Args:
     config: model config.
     batch_size: B.
-    max_len: S_max, slots available for prompt + generated tokens.
+    max_len: S = S_max, slots available for prompt + generated tokens.
     dtype: cache dtype (default config.dtype).
 
   Raises:
@@ -82,9 +92,9 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -
 
 
 def cache_shapes(config: ModelConfig, batch_size: int, max_len: int):
-  """(k_shape, v_shape) of one layer's cache (see LayerCache)."""
-  K, Dh = config.n_kv_heads, config.head_dim
-  return (batch_size, K, Dh, max_len), (batch_size, K, max_len, Dh)
+  """(k_shape, v_shape) of one layer's cache: ([B, J, W, S], [B, J, S, W]) (see LayerCache)."""
+  J, W = config.n_kv_heads, config.head_dim
+  return (batch_size, J, W, max_len), (batch_size, J, max_len, W)
 
 
 def cache_length(cache: Cache) -> int:
@@ -99,7 +109,7 @@ def grow_cache(cache: Cache, extra: int) -> Cache:
 
 
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:
-  """RoPE inverse frequencies [head_dim // 2] (float32), llama3 scaling applied if configured.
+  """RoPE inverse frequencies [W // 2] (float32), llama3 scaling applied if configured.
 
   Llama 3.1 scaling: wavelengths above original_max/low_freq_factor are divided by `factor`,
   below original_max/high_freq_factor are kept, in between smoothly interpolated.
@@ -122,15 +132,21 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
   return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def apply_rope(x_BTHD: jax.Array, positions_BT: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-  """Rotate-half RoPE on x [B, T, H, D] at integer positions [B, T] (computed in float32)."""
-  freqs_BTF = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
-  emb = jnp.concatenate([freqs_BTF, freqs_BTF], axis=-1)[:, :, None, :]
+def apply_rope(x: jax.Array, positions_BT: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+  """Rotate-half RoPE at integer positions [B, T] (computed in float32).
+
+  Args:
+    x: queries [B, T, H, W] or keys [B, T, J, W].
+    positions_BT: int positions.
+    inv_freq: [W // 2] from `rope_inv_freq`.
+  """
+  angles = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, W/2]
+  emb = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
   cos, sin = jnp.cos(emb), jnp.sin(emb)
-  x = x_BTHD.astype(jnp.float32)
-  half = x.shape[-1] // 2
-  rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-  return (x * cos + rot * sin).astype(x_BTHD.dtype)
+  xf = x.astype(jnp.float32)
+  half = xf.shape[-1] // 2
+  rot = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+  return (xf * cos + rot * sin).astype(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -149,72 +165,80 @@ class RMSNorm(nn.Module):
 
 
 def attention_mask(kv_mask_BS, T: int, S: int, cache_index) -> jax.Array:
-  """Boolean mask [B, T, S]: query t (slot cache_index + t) sees slot s iff kv_mask and s <= slot."""
+  """Boolean mask [B, T, S]: query t (at slot cache_index + t) sees slot s iff kv_mask_BS[b, s]
+  and s <= that slot."""
   q_slot_T = cache_index + jnp.arange(T, dtype=jnp.int32)
   causal_TS = jnp.arange(S, dtype=jnp.int32)[None, :] <= q_slot_T[:, None]
   return jnp.logical_and(kv_mask_BS.astype(bool)[:, None, :], causal_TS[None])
 
 
 class Attention(nn.Module):
-  """Grouped-query attention with optional QK-norm and an explicit KV cache."""
+  """Grouped-query attention with optional QK-norm and an explicit KV cache.
+
+  __call__(x_BTD, positions_BT, kv_mask_BS, layer_cache, cache_index) -> (y_BTD, new_cache):
+  layer_cache None attends over this call's own T keys (new_cache None); otherwise the T new
+  keys/values are written at slots [cache_index, cache_index + T) of the LayerCache first.
+  """
   config: ModelConfig
 
   @nn.compact
   def __call__(self, x_BTD, positions_BT, kv_mask_BS, layer_cache, cache_index):
     cfg = self.config
-    H, K, Dh, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
-    G = H // K
+    H, J, W, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
+    Q = H // J
     prec = precision_of(cfg)
     pd, dt = cfg.param_dtype, cfg.dtype
-    wq = param_with_axes(self, "q_proj", kernel_init, (D, H, Dh), ("embed", "heads", "kv"), pd)
-    wk = param_with_axes(self, "k_proj", kernel_init, (D, K, Dh), ("embed", "kv_heads", "kv"), pd)
-    wv = param_with_axes(self, "v_proj", kernel_init, (D, K, Dh), ("embed", "kv_heads", "kv"), pd)
-    wo = param_with_axes(self, "o_proj", kernel_init, (H, Dh, D), ("heads", "kv", "embed"), pd)
+    wq = param_with_axes(self, "q_proj", kernel_init, (D, H, W), ("embed", "heads", "kv"), pd)
+    wk = param_with_axes(self, "k_proj", kernel_init, (D, J, W), ("embed", "kv_heads", "kv"), pd)
+    wv = param_with_axes(self, "v_proj", kernel_init, (D, J, W), ("embed", "kv_heads", "kv"), pd)
+    wo = param_with_axes(self, "o_proj", kernel_init, (H, W, D), ("heads", "kv", "embed"), pd)
     x = x_BTD.astype(dt)
-    q = jnp.einsum("btd,dhk->bthk", x, wq.astype(dt), precision=prec)
-    k = jnp.einsum("btd,dhk->bthk", x, wk.astype(dt), precision=prec)
-    v = jnp.einsum("btd,dhk->bthk", x, wv.astype(dt), precision=prec)
+    q_BTHW = jnp.einsum("btd,dhw->bthw", x, wq.astype(dt), precision=prec)
+    k_BTJW = jnp.einsum("btd,djw->btjw", x, wk.astype(dt), precision=prec)
+    v_BTJW = jnp.einsum("btd,djw->btjw", x, wv.astype(dt), precision=prec)
     if cfg.qk_norm:
-      q = RMSNorm(cfg.norm_eps, pd, axis_name="kv", name="q_norm")(q)
-      k = RMSNorm(cfg.norm_eps, pd, axis_name="kv", name="k_norm")(k)
+      q_BTHW = RMSNorm(cfg.norm_eps, pd, axis_name="kv", name="q_norm")(q_BTHW)
+      k_BTJW = RMSNorm(cfg.norm_eps, pd, axis_name="kv", name="k_norm")(k_BTJW)
     inv_freq = rope_inv_freq(cfg)
-    q = apply_rope(q, positions_BT, inv_freq)
-    k = apply_rope(k, positions_BT, inv_freq)
+    q_BTHW = apply_rope(q_BTHW, positions_BT, inv_freq)
+    k_BTJW = apply_rope(k_BTJW, positions_BT, inv_freq)
     B, T = x.shape[:2]
 
     if layer_cache is None:
-      # Training / scoring: keys and values are this call's own [B, T, K, Dh].
+      # Training / scoring: keys and values are this call's own (S = T).
       mask_BTS = attention_mask(kv_mask_BS, T, T, 0)
-      q = q.reshape(B, T, K, G, Dh)
-      scores = jnp.einsum("btkgd,bskd->bkgts", q, k, precision=prec,
-                          preferred_element_type=jnp.float32) * (Dh ** -0.5)
+      q_BTJQW = q_BTHW.reshape(B, T, J, Q, W)
+      scores = jnp.einsum("btjqw,bsjw->bjqts", q_BTJQW, k_BTJW, precision=prec,
+                          preferred_element_type=jnp.float32) * (W ** -0.5)
       scores = jnp.where(mask_BTS[:, None, None], scores, _MASK_VALUE)
       probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-      out = jnp.einsum("bkgts,bskd->btkgd", probs, v, precision=prec).reshape(B, T, H, Dh)
-      return jnp.einsum("bthk,hkd->btd", out, wo.astype(dt), precision=prec), None
+      out_BTHW = jnp.einsum("bjqts,bsjw->btjqw", probs, v_BTJW,
+                            precision=prec).reshape(B, T, H, W)
+      return jnp.einsum("bthw,hwd->btd", out_BTHW, wo.astype(dt), precision=prec), None
 
     # With a cache (see LayerCache for the layouts): write the T new entries at slots
     # [cache_index, cache_index + T).
     ck = jax.lax.dynamic_update_slice(
-        layer_cache.k, jnp.transpose(k, (0, 2, 3, 1)).astype(layer_cache.k.dtype),
+        layer_cache.k, jnp.transpose(k_BTJW, (0, 2, 3, 1)).astype(layer_cache.k.dtype),
         (0, 0, 0, cache_index))
     cv = jax.lax.dynamic_update_slice(
-        layer_cache.v, jnp.swapaxes(v, 1, 2).astype(layer_cache.v.dtype), (0, 0, cache_index, 0))
+        layer_cache.v, jnp.swapaxes(v_BTJW, 1, 2).astype(layer_cache.v.dtype),
+        (0, 0, cache_index, 0))
     new_cache = LayerCache(k=ck, v=cv)
-    keys_BKDS, values_BKSD = ck.astype(dt), cv.astype(dt)
-    S = values_BKSD.shape[2]
+    keys_BJWS, values_BJSW = ck.astype(dt), cv.astype(dt)
+    S = values_BJSW.shape[2]
     mask_BTS = attention_mask(kv_mask_BS, T, S, cache_index)
-    # Queries grouped per KV head, [B, K, G*T, Dh] (row g*T + t), so both products are batched
-    # matmuls over (batch, kv head) reading the cache in place.
-    q_BKMD = jnp.transpose(q.reshape(B, T, K, G, Dh), (0, 2, 3, 1, 4)).reshape(B, K, G * T, Dh)
-    scores = jnp.einsum("bkmd,bkds->bkms", q_BKMD, keys_BKDS, precision=prec,
-                        preferred_element_type=jnp.float32) * (Dh ** -0.5)
-    mask_BMS = jnp.tile(mask_BTS, (1, G, 1))  # row g*T + t uses query t's mask
+    # Queries grouped per key/value head, [B, J, M, W] with M = Q*T (row q*T + t), so both
+    # products are batched matmuls over (batch row, key/value head) reading the cache in place.
+    q_BJMW = jnp.transpose(q_BTHW.reshape(B, T, J, Q, W), (0, 2, 3, 1, 4)).reshape(B, J, Q * T, W)
+    scores = jnp.einsum("bjmw,bjws->bjms", q_BJMW, keys_BJWS, precision=prec,
+                        preferred_element_type=jnp.float32) * (W ** -0.5)
+    mask_BMS = jnp.tile(mask_BTS, (1, Q, 1))  # row q*T + t uses query t's mask
     scores = jnp.where(mask_BMS[:, None], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum("bkms,bksd->bkmd", probs, values_BKSD, precision=prec)
-    out = jnp.transpose(out.reshape(B, K, G, T, Dh), (0, 3, 1, 2, 4)).reshape(B, T, H, Dh)
-    y = jnp.einsum("bthk,hkd->btd", out, wo.astype(dt), precision=prec)
+    out_BJMW = jnp.einsum("bjms,bjsw->bjmw", probs, values_BJSW, precision=prec)
+    out_BTHW = jnp.transpose(out_BJMW.reshape(B, J, Q, T, W), (0, 3, 1, 2, 4)).reshape(B, T, H, W)
+    y = jnp.einsum("bthw,hwd->btd", out_BTHW, wo.astype(dt), precision=prec)
     return y, new_cache
 
 

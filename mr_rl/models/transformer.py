@@ -3,6 +3,11 @@
 Pre-norm blocks: h = x + Attn(RMSNorm(x)); y = h + MLP_or_MoE(RMSNorm(h)); final RMSNorm and
 an lm head (tied to the embedding or separate). Explicit params, explicit KV cache (one
 LayerCache per layer, see `layers.init_cache`), explicit positions so left-padded batches work.
+
+Shape letters in this module: B batch rows (one sequence each; in a rollout one row per sampled
+response, i.e. METHODS.md's B*G rows), T positions fed in this call, S key/value slots (T
+without a cache, the cache length S_max with one), D model width, V vocabulary. Attention's
+own letters are defined in `layers`.
 """
 
 from __future__ import annotations
@@ -112,8 +117,9 @@ class Transformer(nn.Module):
                           (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.param_dtype)
       logits = jnp.einsum("btd,dv->btv", h, w.astype(cfg.dtype), precision=prec,
                           preferred_element_type=cfg.logits_dtype)
-    logits = nn.with_logical_constraint(logits.astype(cfg.logits_dtype),
-                                        ("activation_batch", "activation_length", "activation_vocab"))
+    logits = nn.with_logical_constraint(
+        logits.astype(cfg.logits_dtype),
+        ("activation_batch", "activation_length", "activation_vocab"))
     new_cache = None if cache is None else tuple(new_cache)
     if return_hidden:
       return logits, new_cache, h

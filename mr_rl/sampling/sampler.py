@@ -1,17 +1,25 @@
 """Jitted KV-cache sampler: bucketed prefill plus a `lax.while_loop` decode.
 
+Shape letters in this module:
+  R  rows decoded together, one prompt copy each. `generate_groups` decodes its B prompts
+     x G responses as R = B * G rows; `Sampler` and `generate` see only rows.
+  B  prompts and G responses per prompt (group size), as in METHODS.md (`generate_groups`,
+     `repeat_groups` only).
+  T  prompt width as given; P prompt bucket (the width after re-padding); N new tokens
+     (max_new_tokens); S key/value slots of the cache; V vocabulary.
+
 Layout of one call (all inside a single `jax.jit`):
 
-  * Prompts arrive left-padded, `[B, T]` with a mask (1 on real tokens). On the host they
+  * Prompts arrive left-padded, `[R, T]` with a mask (1 on real tokens). On the host they
     are trimmed of all-padding columns and left-padded again to a *prompt bucket* `P`
     (powers of two by default, or a configured list), so one compilation serves every
-    prompt length in the bucket. The compile key is (batch, P, settings); the settings,
+    prompt length in the bucket. The compile key is (R, P, settings); the settings,
     `max_new_tokens` included, are fixed per `Sampler`.
   * Prefill runs the first `P - 1` prompt tokens through the model, writing slots
     `[0, P - 1)` of the KV cache (its logits are unused and compiled away).
   * Decode step `t` (t = 0 .. N-1) feeds one token per row -- the last prompt token at
     t = 0, the token sampled at step t-1 afterwards -- into slot `P - 1 + t`, at per-row
-    position `len_b - 1 + t` (`len_b` = real prompt length), and samples token `t`.
+    position `len_r - 1 + t` (`len_r` = real prompt length of row r), and samples token `t`.
   * The cache does not start at its full length: decoding runs in a few *segments*; each
     segment is its own `lax.while_loop` over a cache whose length is a static bucket just
     large enough for that segment (`P + end_of_segment`). Between segments the cache is
@@ -19,7 +27,10 @@ Layout of one call (all inside a single `jax.jit`):
     where a fixed-length loop loses most of its time on CPU (FACTS.md, sampler
     calibration).
   * The loop stops when every row has produced EOS or after `max_new_tokens` tokens. The
-    PRNG key travels in the loop state; step `t` draws with `fold_in(key, t)` (STYLE.md 6).
+    PRNG key travels in the loop state, as in gemma's `text/_sampler_loop.py` (which splits
+    it every step); here the base key is carried unchanged from step to step and segment to
+    segment, and step `t` draws all rows' tokens with `fold_in(key, t)`, so a draw depends
+    only on (key, t), not on the segment layout (STYLE.md 6).
 
 Returned log-probabilities are those of the *policy* -- `log_softmax(logits)` at
 temperature 1 with no top-k/top-p filter -- at the sampled tokens, so the RL update can
@@ -57,7 +68,7 @@ MAX_SEGMENTS = 8
 
 @flax.struct.dataclass
 class SampleOutput:
-  """Result of `generate` (leading dims `[B]`, or `[B, G]` from `generate_groups`).
+  """Result of `generate` (leading dims `[R]`, or `[B, G]` from `generate_groups`).
 
   Attributes:
     tokens: int32 `[..., N]`, generated tokens; `pad_id` after EOS / after the stop.
@@ -105,7 +116,8 @@ def _normalize_eos(eos_id: EosIds) -> tuple[int, ...]:
   ids = (eos_id,) if isinstance(eos_id, (int, np.integer)) else tuple(eos_id)
   for e in ids:
     if not isinstance(e, (int, np.integer)) or isinstance(e, bool) or e < 0:
-      raise ValueError(f"eos_id must be None, a non-negative int or a sequence of them, got {eos_id!r}")
+      raise ValueError(f"eos_id must be None, a non-negative int or a sequence of them, got "
+                       f"{eos_id!r}")
   return tuple(int(e) for e in ids)
 
 
@@ -117,7 +129,7 @@ def _pad_seq_axis(x: jax.Array, extra: int) -> jax.Array:
 class Sampler:
   """A compiled sampler for one model and one set of decode settings.
 
-  Create once and reuse: each (batch size, prompt bucket) pair compiles once.
+  Create once and reuse: each (rows R, prompt bucket P) pair compiles once.
 
   Args:
     model: an `mr_rl.models.Transformer`.
@@ -130,7 +142,7 @@ class Sampler:
     prompt_buckets: sorted prompt-length buckets; None for powers of two.
     segment_tokens: decode steps per attention-window segment (see module docstring).
     cache_dtype: KV-cache dtype (default: init_cache's default, the model's dtype).
-    mesh: optional `jax.sharding.Mesh`; prompts are placed batch-sharded, the KV cache is
+    mesh: optional `jax.sharding.Mesh`; prompts are placed row-sharded, the KV cache is
       constrained to `sharding.cache_shardings` and the model's logical activation
       constraints bind to the mesh (params should already be sharded, e.g. by
       `load_pretrained(..., mesh=mesh)`).
@@ -144,7 +156,8 @@ class Sampler:
                prompt_buckets: Optional[Sequence[int]] = None,
                segment_tokens: int = DEFAULT_SEGMENT_TOKENS, cache_dtype=None, mesh=None,
                rules=None, max_traces: Optional[int] = None):
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+    if (not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool)
+        or max_new_tokens < 1):
       raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     if not isinstance(pad_id, int) or pad_id < 0:
       raise ValueError(f"pad_id must be a non-negative int, got {pad_id!r}")
@@ -170,25 +183,26 @@ class Sampler:
     self._jitted = jax.jit(fn)
 
   # ----------------------------------------------------------------------------- host side
-  def prepare(self, prompts_BT, prompt_mask_BT) -> tuple[np.ndarray, np.ndarray]:
+  def prepare(self, prompts_RT, prompt_mask_RT) -> tuple[np.ndarray, np.ndarray]:
     """Validates a left-padded batch and re-pads it to its prompt bucket (host numpy)."""
-    tokens = np.asarray(prompts_BT)
-    mask = np.asarray(prompt_mask_BT)
+    tokens = np.asarray(prompts_RT)
+    mask = np.asarray(prompt_mask_RT)
     if tokens.ndim != 2:
-      raise ValueError(f"prompts_BT must be [B, T], got shape {tokens.shape}")
+      raise ValueError(f"prompts_RT must be [R, T] (rows, prompt width), got shape "
+                       f"{tokens.shape}")
     if mask.shape != tokens.shape:
-      raise ValueError(f"prompt_mask_BT shape {mask.shape} != prompts_BT shape {tokens.shape}")
+      raise ValueError(f"prompt_mask_RT shape {mask.shape} != prompts_RT shape {tokens.shape}")
     if not np.issubdtype(tokens.dtype, np.integer):
-      raise TypeError(f"prompts_BT must hold integer token ids, got dtype {tokens.dtype}")
+      raise TypeError(f"prompts_RT must hold integer token ids, got dtype {tokens.dtype}")
     mask = mask.astype(bool)
     lengths = mask.sum(axis=1)
     if (lengths == 0).any():
-      raise ValueError(f"prompt_mask_BT has empty rows: {np.flatnonzero(lengths == 0).tolist()}")
+      raise ValueError(f"prompt_mask_RT has empty rows: {np.flatnonzero(lengths == 0).tolist()}")
     if (np.diff(mask.astype(np.int8), axis=1) < 0).any():
-      raise ValueError("prompt_mask_BT must be left-padded (each row 0...0 1...1)")
+      raise ValueError("prompt_mask_RT must be left-padded (each row 0...0 1...1)")
     vocab = self.model.config.vocab_size
     if tokens[mask].min() < 0 or tokens[mask].max() >= vocab:
-      raise ValueError(f"prompts_BT holds token ids outside [0, {vocab})")
+      raise ValueError(f"prompts_RT holds token ids outside [0, {vocab})")
     longest = int(lengths.max())
     bucket = prompt_bucket(longest, self.prompt_buckets)
     batch = tokens.shape[0]
@@ -198,34 +212,35 @@ class Sampler:
     out_mask[:, bucket - longest:] = mask[:, -longest:]
     return out_tokens, out_mask
 
-  def __call__(self, params, prompts_BT, prompt_mask_BT, *, key: jax.Array) -> SampleOutput:
-    """Samples up to `max_new_tokens` tokens for each left-padded prompt row."""
-    args, context = self._placed(params, prompts_BT, prompt_mask_BT, key)
+  def __call__(self, params, prompts_RT, prompt_mask_RT, *, key: jax.Array) -> SampleOutput:
+    """Samples up to `max_new_tokens` tokens for each left-padded prompt row (`[R, T]`)."""
+    args, context = self._placed(params, prompts_RT, prompt_mask_RT, key)
     with context:
       return self._jitted(*args)
 
-  def lower(self, params, prompts_BT, prompt_mask_BT, *, key: jax.Array):
+  def lower(self, params, prompts_RT, prompt_mask_RT, *, key: jax.Array):
     """The `jax.stages.Lowered` program a call with these arguments runs (for inspecting its
     HLO or cost analysis, e.g. `.compile().as_text()`)."""
-    args, context = self._placed(params, prompts_BT, prompt_mask_BT, key)
+    args, context = self._placed(params, prompts_RT, prompt_mask_RT, key)
     with context:
       return self._jitted.lower(*args)
 
-  def _placed(self, params, prompts_BT, prompt_mask_BT, key):
-    """Bucketed prompts placed for the jitted body (batch-sharded on a mesh), and the context
+  def _placed(self, params, prompts_RT, prompt_mask_RT, key):
+    """Bucketed prompts placed for the jitted body (row-sharded on a mesh), and the context
     the body must be traced and run in (the mesh's logical activation rules)."""
-    tokens_BP, mask_BP = self.prepare(prompts_BT, prompt_mask_BT)
+    tokens_RP, mask_RP = self.prepare(prompts_RT, prompt_mask_RT)
     if self.mesh is None:
-      return (params, tokens_BP, mask_BP, key), contextlib.nullcontext()
+      return (params, tokens_RP, mask_RP, key), contextlib.nullcontext()
     from mr_rl.models import sharding as shd
-    batch_sh = shd.batch_sharding(self.mesh, tokens_BP.shape, self.rules)
-    tokens_BP, mask_BP = jax.device_put((tokens_BP, mask_BP), batch_sh)
-    return ((params, tokens_BP, mask_BP, key),
+    batch_sh = shd.batch_sharding(self.mesh, tokens_RP.shape, self.rules)
+    tokens_RP, mask_RP = jax.device_put((tokens_RP, mask_RP), batch_sh)
+    return ((params, tokens_RP, mask_RP, key),
             shd.activation_sharding(self.mesh, self.rules))
 
   # ------------------------------------------------------------------------------- device
-  def _apply(self, params, tokens_BT, positions_BT, kv_mask_BS, cache, cache_index):
-    return self.model.apply({"params": params}, tokens_BT, positions_BT, kv_mask_BS=kv_mask_BS,
+  def _apply(self, params, tokens, positions, kv_mask_RS, cache, cache_index):
+    """One model call on tokens / positions [R, n] (n = P - 1 at prefill, 1 per decode step)."""
+    return self.model.apply({"params": params}, tokens, positions, kv_mask_BS=kv_mask_RS,
                             cache=cache, cache_index=cache_index)
 
   def _constrain_cache(self, cache):
@@ -236,58 +251,61 @@ class Sampler:
     return jax.lax.with_sharding_constraint(
         cache, shd.cache_shardings(self.model.config, self.mesh, batch, length, self.rules))
 
-  def _sample(self, params, tokens_BP, mask_BP, key) -> SampleOutput:
-    batch, bucket = tokens_BP.shape
+  def _sample(self, params, tokens_RP, mask_RP, key) -> SampleOutput:
+    rows, bucket = tokens_RP.shape
     n_new = self.max_new_tokens
-    mask_BP = mask_BP.astype(jnp.bool_)
-    len_B = jnp.sum(mask_BP, axis=1, dtype=jnp.int32)
+    mask_RP = mask_RP.astype(jnp.bool_)
+    len_R = jnp.sum(mask_RP, axis=1, dtype=jnp.int32)
 
     # Prefill: slots [0, P-1). Its logits are never used, so XLA drops the LM head.
     window = bucket + self.segments[0]
     cache = self._constrain_cache(
-        init_cache(self.model.config, batch, window, dtype=self.cache_dtype))
-    kv_mask_BS = _pad_seq_axis(mask_BP, window - bucket)
+        init_cache(self.model.config, rows, window, dtype=self.cache_dtype))
+    kv_mask_RS = _pad_seq_axis(mask_RP, window - bucket)
     if bucket > 1:
-      _, cache = self._apply(params, tokens_BP[:, :-1], positions_from_mask(mask_BP)[:, :-1],
-                             kv_mask_BS, cache, jnp.int32(0))
+      _, cache = self._apply(params, tokens_RP[:, :-1], positions_from_mask(mask_RP)[:, :-1],
+                             kv_mask_RS, cache, jnp.int32(0))
 
     state = dict(
         t=jnp.int32(0),
         cache=cache,
-        kv_mask=kv_mask_BS,
-        x=tokens_BP[:, -1],  # token fed at the next step (last prompt token first)
-        done=jnp.zeros((batch,), jnp.bool_),
-        tokens=jnp.full((batch, n_new), self.pad_id, jnp.int32),
-        logprobs=jnp.zeros((batch, n_new), jnp.float32),
-        lengths=jnp.zeros((batch,), jnp.int32),
+        kv_mask=kv_mask_RS,
+        x=tokens_RP[:, -1],  # token fed at the next step (last prompt token first)
+        done=jnp.zeros((rows,), jnp.bool_),
+        tokens=jnp.full((rows, n_new), self.pad_id, jnp.int32),
+        logprobs=jnp.zeros((rows, n_new), jnp.float32),
+        lengths=jnp.zeros((rows,), jnp.int32),
+        key=key,  # base key, carried unchanged: step t draws with fold_in(key, t)
     )
 
     def body(s):
       t = s["t"]
       slot = bucket - 1 + t
-      kv_mask = jax.lax.dynamic_update_slice(s["kv_mask"], jnp.ones((batch, 1), jnp.bool_),
+      kv_mask = jax.lax.dynamic_update_slice(s["kv_mask"], jnp.ones((rows, 1), jnp.bool_),
                                              (jnp.int32(0), slot))
-      pos_B1 = (len_B - 1 + t)[:, None]
-      logits_B1V, cache = self._apply(params, s["x"][:, None], pos_B1, kv_mask, s["cache"], slot)
-      logits_BV = logits_B1V[:, 0]
-      tok_B = processing.sample_tokens(logits_BV, jax.random.fold_in(key, t), self.sampling)
-      lp_B = processing.token_log_probs(logits_BV, tok_B)
-      live_B = ~s["done"]
-      tok_B = jnp.where(live_B, tok_B, self.pad_id)
-      lp_B = jnp.where(live_B, lp_B, 0.0)
-      done_B = s["done"]
+      pos_R1 = (len_R - 1 + t)[:, None]
+      logits_R1V, cache = self._apply(params, s["x"][:, None], pos_R1, kv_mask, s["cache"], slot)
+      logits_RV = logits_R1V[:, 0]
+      tok_R = processing.sample_tokens(logits_RV, jax.random.fold_in(s["key"], t),
+                                       self.sampling)
+      lp_R = processing.token_log_probs(logits_RV, tok_R)
+      live_R = ~s["done"]
+      tok_R = jnp.where(live_R, tok_R, self.pad_id)
+      lp_R = jnp.where(live_R, lp_R, 0.0)
+      done_R = s["done"]
       for e in self.eos_ids:
-        done_B = done_B | (tok_B == e)
+        done_R = done_R | (tok_R == e)
       zero = jnp.int32(0)
       return dict(
           t=t + 1,
           cache=cache,
           kv_mask=kv_mask,
-          x=tok_B,
-          done=done_B,
-          tokens=jax.lax.dynamic_update_slice(s["tokens"], tok_B[:, None], (zero, t)),
-          logprobs=jax.lax.dynamic_update_slice(s["logprobs"], lp_B[:, None], (zero, t)),
-          lengths=s["lengths"] + live_B.astype(jnp.int32),
+          x=tok_R,
+          done=done_R,
+          tokens=jax.lax.dynamic_update_slice(s["tokens"], tok_R[:, None], (zero, t)),
+          logprobs=jax.lax.dynamic_update_slice(s["logprobs"], lp_R[:, None], (zero, t)),
+          lengths=s["lengths"] + live_R.astype(jnp.int32),
+          key=s["key"],
       )
 
     prev_end = 0
@@ -302,10 +320,10 @@ class Sampler:
           lambda s, end=end: (s["t"] < end) & ~jnp.all(s["done"]), body, state)
       prev_end = end
 
-    lengths_B = state["lengths"]
-    mask_BN = (jnp.arange(n_new)[None, :] < lengths_B[:, None]).astype(jnp.int32)
-    return SampleOutput(tokens=state["tokens"], logprobs=state["logprobs"], mask=mask_BN,
-                        lengths=lengths_B, truncated=~state["done"], steps=state["t"])
+    lengths_R = state["lengths"]
+    mask_RN = (jnp.arange(n_new)[None, :] < lengths_R[:, None]).astype(jnp.int32)
+    return SampleOutput(tokens=state["tokens"], logprobs=state["logprobs"], mask=mask_RN,
+                        lengths=lengths_R, truncated=~state["done"], steps=state["t"])
 
 
 @functools.lru_cache(maxsize=32)
@@ -316,7 +334,7 @@ def _cached_sampler(model, max_new_tokens, temperature, top_k, top_p, eos_ids, p
                  mesh=mesh)
 
 
-def generate(model, params, prompts_BT, prompt_mask_BT, *, key: jax.Array, max_new_tokens: int,
+def generate(model, params, prompts_RT, prompt_mask_RT, *, key: jax.Array, max_new_tokens: int,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, eos_id: EosIds = None,
              pad_id: int = 0, prompt_buckets: Optional[Sequence[int]] = None,
              mesh=None) -> SampleOutput:
@@ -325,8 +343,8 @@ def generate(model, params, prompts_BT, prompt_mask_BT, *, key: jax.Array, max_n
   Args:
     model: an `mr_rl.models.Transformer`.
     params: its parameters (the tree under "params").
-    prompts_BT: int `[B, T]` left-padded prompt tokens.
-    prompt_mask_BT: `[B, T]`, 1 on real tokens, 0 on left padding; no empty rows.
+    prompts_RT: int `[R, T]` left-padded prompt tokens.
+    prompt_mask_RT: `[R, T]`, 1 on real tokens, 0 on left padding; no empty rows.
     key: PRNG key (ignored when temperature == 0).
     max_new_tokens: N.
     temperature, top_k, top_p: see `processing.SamplingParams` (temperature 0 = greedy).
@@ -336,14 +354,14 @@ def generate(model, params, prompts_BT, prompt_mask_BT, *, key: jax.Array, max_n
     mesh: optional device mesh (see `Sampler`).
 
   Returns:
-    SampleOutput with `[B, N]` tokens / logprobs / mask and `[B]` lengths / truncated.
+    SampleOutput with `[R, N]` tokens / logprobs / mask and `[R]` lengths / truncated.
     Compiled samplers are cached per (model, settings), so repeated calls do not retrace.
   """
   eos_ids = _normalize_eos(eos_id)
   buckets = None if prompt_buckets is None else tuple(int(b) for b in prompt_buckets)
   sampler = _cached_sampler(model, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id,
                             buckets, mesh)
-  return sampler(params, prompts_BT, prompt_mask_BT, key=key)
+  return sampler(params, prompts_RT, prompt_mask_RT, key=key)
 
 
 def repeat_groups(prompts_BT, prompt_mask_BT, group_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -358,8 +376,9 @@ def generate_groups(model, params, prompts_BT, prompt_mask_BT, *, group_size: in
                     key: jax.Array, **kwargs) -> SampleOutput:
   """GRPO group sampling: G independent samples per prompt (METHODS.md notation `[B, G]`).
 
-  Each prompt is repeated G times and the `B * G` rows are decoded as one batch; every
-  row draws its own noise, so the G responses of a prompt are independent samples.
+  Each prompt is repeated G times and the R = B * G rows (row b*G + g) are decoded as one
+  batch; every row draws its own noise, so the G responses of a prompt are independent
+  samples.
 
   Returns:
     SampleOutput whose fields have leading dims `[B, G]` (e.g. tokens `[B, G, N]`).

@@ -13,6 +13,8 @@ Estimate: 48 v5p chip-hours for the default point (variant=no_v); whole table 24
 
 from mr_rl import config_lib as cl
 
+amrp_math = cl.load_sibling(__file__, "amrp_math")  # Table 1's set-up (base_config)
+
 CHOICES = {"variant": ("full", "no_s", "no_v", "no_p", "additive")}
 DEFAULTS = {"variant": "no_v"}
 FLAGS = {"full": {}, "no_s": {"use_s": False}, "no_v": {"use_v": False},
@@ -21,12 +23,9 @@ FLAGS = {"full": {}, "no_s": {"use_s": False}, "no_v": {"use_v": False},
 
 def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/amrp_ablation.py")
-  c = cl.amrp_math_base("qwen3_4b")
-  cl.set_aggregator(c, "amrp", **cl.AMRP_DEFAULTS,   # paper defaults (1, 5, 5, 1) ...
-                    **FLAGS[a["variant"]])           # ... with one gate dropped / additive U
-  if a["runlocal"]:
-    cl.runlocal(c, "qwen3_4b")
-  return c
+  c = amrp_math.base_config("qwen3_4b")
+  cl.set_amrp(c, **FLAGS[a["variant"]])              # paper values, one gate dropped / U = sum
+  return cl.runlocal(c, "qwen3_4b") if a["runlocal"] else c
 
 
 def sweep(arg=None):

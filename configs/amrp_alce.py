@@ -23,15 +23,38 @@ CHOICES = {"model": ("qwen3_4b", "llama3_1_8b"), "dataset": ("asqa", "eli5"),
 DEFAULTS = {"model": "qwen3_4b", "dataset": "asqa", "method": "amrp"}
 MODEL_KEYS = {"qwen3_4b": "qwen3_4b", "llama3_1_8b": "llama3_1_8b_instruct"}  # AMRP: instruct
 
+TRAIN_PROMPTS = {"asqa": 758, "eli5": 800}           # 80/20 split of ALCE (App. B.1)
+TEST_PROMPTS = {"asqa": 190, "eli5": 200}
+MAX_NEW_TOKENS = {"asqa": 400, "eli5": 500}
+
+
+def base_config(model: str, dataset: str):
+  """ALCE `dataset` (asqa | eli5) on paper model `model` (a config_lib.MODELS key), no method."""
+  c = cl.paper_base()   # GRPO of both papers: B 32 x G 8, lr 1e-6, clip 0.2 / 0.28, rollout T 1
+  cl.set_model(c, model)                             # hub id, fp32, tensor-parallel mesh
+  c.total_steps = cl.epochs_to_steps(TRAIN_PROMPTS[dataset], 3)  # three epochs (72 / 75 steps)
+  c.checkpoint_every = 25                            # short runs: checkpoint every 25 steps
+  # Training data and prompts
+  c.data.name = f"alce_{dataset}"                    # 3 passages + 1 demonstration per prompt
+  c.data.template = "alce"                           # the ALCE prompt carries its instruction
+  c.data.max_prompt_len = 2048                       # instruction + demo + 3 passages + query
+  c.rollout.max_new_tokens = MAX_NEW_TOKENS[dataset]  # 400 (ASQA) / 500 (ELI5) tokens
+  # Rewards
+  c.rewards.channels = "alce_correctness,alce_citation"  # STR-EM or claims-NLI; AutoAIS F1
+  c.rewards.timeout_s = 120.0                        # NLI verifier on the reward host
+  # Final evaluation: the held-out 20% (data.eval_split "test")
+  c.eval.num_prompts = TEST_PROMPTS[dataset]         # 190 / 200 prompts
+  c.eval.samples_per_prompt = 1                      # one sampled response per prompt
+  c.eval.temperature = 1.0                           # ALCE responses sampled at T = 1
+  return c
+
 
 def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/amrp_alce.py")
   model = MODEL_KEYS[a["model"]]
-  c = cl.amrp_alce_base(model, a["dataset"])
-  cl.amrp_method(c, a["method"])
-  if a["runlocal"]:
-    cl.runlocal(c, model)
-  return c
+  c = base_config(model, a["dataset"])
+  cl.amrp_method(c, a["method"])                     # aggregator; base: 0 steps (eval only)
+  return cl.runlocal(c, model) if a["runlocal"] else c
 
 
 def sweep(arg=None):

@@ -20,6 +20,8 @@ Estimate: 48 v5p chip-hours for the default point (algorithm=gdpo,method=amrp); 
 
 from mr_rl import config_lib as cl
 
+amrp_math = cl.load_sibling(__file__, "amrp_math")  # Table 1's set-up (base_config)
+
 CHOICES = {"algorithm": ("grpo", "gdpo", "ppo"),
            "method": ("static", "drbo_inverse", "drbo_delta", "amrp")}
 DEFAULTS = {"algorithm": "gdpo", "method": "amrp"}
@@ -27,16 +29,14 @@ DEFAULTS = {"algorithm": "gdpo", "method": "amrp"}
 
 def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/amrp_algorithms.py")
-  c = cl.amrp_math_base("qwen3_4b")
-  cl.amrp_method(c, a["method"])
+  c = amrp_math.base_config("qwen3_4b")
+  cl.amrp_method(c, a["method"])                     # the aggregator (Table 1's methods)
   c.advantage.name = a["algorithm"]                  # grpo | gdpo | ppo (advantage estimator)
   if a["algorithm"] == "ppo":
     c.advantage.gamma = 1.0                          # GAE discount (outcome reward at the end)
     c.advantage.lam = 1.0                            # GAE lambda
     c.optim.value_lr = 1e-5                          # critic AdamW lr (project choice)
-  if a["runlocal"]:
-    cl.runlocal(c, "qwen3_4b")
-  return c
+  return cl.runlocal(c, "qwen3_4b") if a["runlocal"] else c
 
 
 def sweep(arg=None):

@@ -11,12 +11,14 @@ Rewards: ArmoRM-Llama3-8B-v0.1 helpfulness, correctness, coherence (channels
 armorm_helpfulness, armorm_correctness, armorm_coherence: one shared bf16 scorer on the
 policy's mesh, scores mapped to [0, 1] as rating / 4; runlocal: a tiny 3-objective Llama).
 Three epochs over ~10.2K unique prompts (953 steps), completions up to 512 tokens, greedy
-evaluation on the HelpSteer2 validation prompts (the paper's AlpacaEval / ArenaHard / MT-Bench
-prompts: configs/README.md).
+evaluation on the first 256 HelpSteer2 validation prompts (the paper's AlpacaEval / ArenaHard /
+MT-Bench prompts: configs/README.md).
 TPU slice: v5p-8 (Qwen3-4B), v5p-16 (Llama-3.1-8B); the 8B scorer adds 16 GB (bf16) to the mesh.
 Estimate: 97 v5p chip-hours for the default point (model=qwen3_4b,method=amrp), policy only;
 whole table 966 (configs/README.md).
 """
+
+import ml_collections
 
 from mr_rl import config_lib as cl
 
@@ -25,15 +27,41 @@ CHOICES = {"model": ("qwen3_4b", "llama3_1_8b"),
 DEFAULTS = {"model": "qwen3_4b", "method": "amrp"}
 MODEL_KEYS = {"qwen3_4b": "qwen3_4b", "llama3_1_8b": "llama3_1_8b_instruct"}
 
+TRAIN_PROMPTS = 10_162  # ~20,324 train rows with about two responses per prompt (assumed)
+CHANNELS = "armorm_helpfulness,armorm_correctness,armorm_coherence"  # ArmoRM objectives 0 / 1 / 2
+
+
+def base_config(model: str):
+  """HelpSteer2 + ArmoRM on paper model `model` (a config_lib.MODELS key), before the method."""
+  c = cl.paper_base()   # GRPO of both papers: B 32 x G 8, lr 1e-6, clip 0.2 / 0.28, rollout T 1
+  cl.set_model(c, model)                             # hub id, fp32, tensor-parallel mesh
+  c.total_steps = cl.epochs_to_steps(TRAIN_PROMPTS, 3)  # three epochs (~953 steps)
+  # Training data and prompts
+  c.data.name = "helpsteer2"                         # unique HelpSteer2 prompts, chat turns
+  c.data.template = "helpsteer2"                     # no extra instruction
+  c.data.max_prompt_len = 4096                       # some prompts hold long documents
+  c.rollout.max_new_tokens = 512                     # max completion length 512
+  # Rewards: one ArmoRM-Llama3-8B-v0.1 scorer shared by the three channels
+  c.rewards.channels = CHANNELS                      # helpfulness, correctness, coherence
+  rm = dict(rescale="helpsteer",                     # rating / 4 in [0, 1] (App. B.2; project map)
+            dtype="bfloat16",                        # the 8B scorer in bf16 (inference only)
+            mesh=dict(cl.MODELS[model].mesh))        # sharded over the policy's devices
+  c.rewards.params = {ch: ml_collections.ConfigDict(rm) for ch in CHANNELS.split(",")}  # copies
+  c.rewards.timeout_s = 300.0                        # first call loads and compiles the RM
+  # Final evaluation
+  c.data.eval_split = "validation"                   # held-out HelpSteer2 prompts
+  c.eval.num_prompts = 256                           # the first 256 of them
+  c.eval.samples_per_prompt = 1                      # one response per prompt
+  c.eval.temperature = 0.0                           # greedy (App. B.1)
+  return c
+
 
 def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/amrp_align.py")
   model = MODEL_KEYS[a["model"]]
-  c = cl.amrp_align_base(model)
-  cl.amrp_method(c, a["method"])
-  if a["runlocal"]:
-    cl.runlocal(c, model)
-  return c
+  c = base_config(model)
+  cl.amrp_method(c, a["method"])                     # aggregator; base: 0 steps (eval only)
+  return cl.runlocal(c, model) if a["runlocal"] else c
 
 
 def sweep(arg=None):

@@ -19,6 +19,10 @@ Estimate: 48 v5p chip-hours for the default point (setting=math,method=amrp); wh
 
 from mr_rl import config_lib as cl
 
+amrp_math = cl.load_sibling(__file__, "amrp_math")  # Table 1's set-up (base_config)
+amrp_alce = cl.load_sibling(__file__, "amrp_alce")  # Table 2's
+amrp_align = cl.load_sibling(__file__, "amrp_align")  # Table 3's
+
 CHOICES = {"setting": ("math", "eli5", "align"), "method": ("static", "amrp")}
 DEFAULTS = {"setting": "math", "method": "amrp"}
 MODELS = {"math": "qwen3_4b", "eli5": "llama3_1_8b_instruct", "align": "qwen3_4b"}
@@ -28,17 +32,15 @@ def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/amrp_dynamics.py")
   model = MODELS[a["setting"]]
   if a["setting"] == "math":
-    c = cl.amrp_math_base(model)
+    c = amrp_math.base_config(model)
   elif a["setting"] == "eli5":
-    c = cl.amrp_alce_base(model, "eli5")
+    c = amrp_alce.base_config(model, "eli5")
   else:
-    c = cl.amrp_align_base(model)
-  cl.amrp_method(c, a["method"])
+    c = amrp_align.base_config(model)
+  cl.amrp_method(c, a["method"])                     # static (equal weights) | amrp
   c.log_every = 1                                    # a console line every step
   c.checkpoint_every = 10                            # dense checkpoints along the curve
-  if a["runlocal"]:
-    cl.runlocal(c, model)
-  return c
+  return cl.runlocal(c, model) if a["runlocal"] else c
 
 
 def sweep(arg=None):

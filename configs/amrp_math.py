@@ -13,8 +13,11 @@ one epoch (313 steps), completions up to 3,000 tokens.
 TPU slice: v5p-8 (Qwen3-4B), v5p-32 (DeepSeek-Math-7B, MHA KV cache).
 Estimate: 48 v5p chip-hours for the default point (model=qwen3_4b,method=amrp); whole table 667.
 (configs/README.md: cost model and assumptions.)
-The end-of-run eval.json scores training prompts (NuminaMath has one split); the MATH-500 /
-AMC / AIME numbers need the benchmark evaluation described in configs/README.md.
+The end-of-run eval.json scores the benchmarks MATH-500, AMC and AIME 2024 (data.eval_sets:
+every record of each set, one greedy response each): eval/<set>/accuracy per set and
+eval/macro/accuracy, their unweighted mean. NuminaMath is training data only.
+`base_config` is also the set-up of Tables 4-7 and Figures 2-3 (amrp_algorithms, amrp_priors,
+amrp_ablation, amrp_sensitivity, amrp_dynamics).
 """
 
 from mr_rl import config_lib as cl
@@ -23,14 +26,40 @@ CHOICES = {"model": ("qwen3_4b", "deepseek_math_7b"),
            "method": ("base", "static", "drbo_inverse", "drbo_delta", "amrp")}
 DEFAULTS = {"model": "qwen3_4b", "method": "amrp"}
 
+# Table 1's benchmarks (mr_rl.data names): MATH-500 (500), AMC (83 x 32 replicas) and AIME 2024
+# (30 x 32), each evaluated whole with one greedy response per record (App. B.1). runlocal
+# points each at a tiny local file (configs/README.md, "Reproduction").
+EVAL_SETS = "math500,amc,aime"
+
+
+def base_config(model: str):
+  """Sec. 5.1 and App. B on paper model `model` (a config_lib.MODELS key), before the method."""
+  c = cl.paper_base()   # GRPO of both papers: B 32 x G 8, lr 1e-6, clip 0.2 / 0.28, rollout T 1
+  cl.set_model(c, model)                             # hub id, fp32, tensor-parallel mesh
+  c.total_steps = cl.epochs_to_steps(10_000, 1)      # one epoch over 10K prompts = 313 steps
+  # Training data and prompts
+  c.data.name = "numina_math"                        # the 10K NuminaMath-1.5 subset
+  c.data.options = dict(num_examples=10_000)         # AMRP's 10K subset (project draw rule)
+  c.data.template = "amrp_math"                      # <reasoning>/<answer> system instruction
+  c.data.max_prompt_len = 1024                       # problem + instruction (+ chat markup)
+  c.rollout.max_new_tokens = 3000                    # max completion length 3,000
+  # Rewards
+  c.rewards.channels = "accuracy,format,length"      # r_math = [acc, fmt, len]
+  c.rewards.params = dict(length=dict(max_full=2800, zero_at=3000))  # full to 2,800, 0 at 3,000
+  # Final evaluation: the benchmarks, not NuminaMath
+  c.data.eval_split = "train"                        # numina has one split (evaluation: eval_sets)
+  c.data.eval_sets = EVAL_SETS                       # MATH-500, AMC, AIME 2024
+  c.eval.num_prompts = 2656                          # per set: all of it (AMC 83 x 32 records)
+  c.eval.samples_per_prompt = 1                      # one response per instance
+  c.eval.temperature = 0.0                           # greedy decoding (App. B.1)
+  return c
+
 
 def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/amrp_math.py")
-  c = cl.amrp_math_base(a["model"])
-  cl.amrp_method(c, a["method"])
-  if a["runlocal"]:
-    cl.runlocal(c, a["model"])
-  return c
+  c = base_config(a["model"])
+  cl.amrp_method(c, a["method"])                     # aggregator; base: 0 steps (eval only)
+  return cl.runlocal(c, a["model"]) if a["runlocal"] else c
 
 
 def sweep(arg=None):

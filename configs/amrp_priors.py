@@ -14,6 +14,8 @@ Estimate: 48 v5p chip-hours for the default point (variant=prior); whole table 1
 
 from mr_rl import config_lib as cl
 
+amrp_math = cl.load_sibling(__file__, "amrp_math")  # Table 1's set-up (base_config)
+
 CHOICES = {"variant": ("static", "init", "prior")}
 DEFAULTS = {"variant": "prior"}
 PRIOR = [1.5, 0.75, 0.75]  # mean-one, over [accuracy, format, length]
@@ -21,16 +23,13 @@ PRIOR = [1.5, 0.75, 0.75]  # mean-one, over [accuracy, format, length]
 
 def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/amrp_priors.py")
-  c = cl.amrp_math_base("qwen3_4b")
+  c = amrp_math.base_config("qwen3_4b")
   if a["variant"] == "static":
     cl.set_aggregator(c, "weighted", w=PRIOR)        # the biased ratio as a fixed projection
   else:
-    cl.set_aggregator(c, "amrp", prior=PRIOR,        # a = w^(0) = 1.5 : 0.75 : 0.75
-                      persistent_prior=a["variant"] == "prior",  # init-only vs persistent
-                      **cl.AMRP_DEFAULTS)
-  if a["runlocal"]:
-    cl.runlocal(c, "qwen3_4b")
-  return c
+    cl.set_amrp(c, prior=PRIOR,                      # a = w^(0) = 1.5 : 0.75 : 0.75
+                persistent_prior=a["variant"] == "prior")  # prior: a kept in every update
+  return cl.runlocal(c, "qwen3_4b") if a["runlocal"] else c
 
 
 def sweep(arg=None):

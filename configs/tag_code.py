@@ -11,6 +11,7 @@ Rewards (mr_rl/rewards/code_channels.py): code_correct (every test passes in the
 10 s per test), code_fast (runtime < 60 ms) / code_noop (< 3 ms), one shared sandbox run per
 response. Eval: n = 8 samples per test problem (unbiased pass@4). The DeepCoder-RT filter
 (3,741 / 185 problems) is not in the summary; mr_rl.data's stdio-only rule is used.
+`base_config` is also the set-up of the code rows of Table 4 (tag_drift).
 TPU slice: v5p-8; the sandbox runs on the host CPUs (16 workers per host recommended).
 Estimate: 179 v5p chip-hours for the default point (model=qwen3_4b,task=noop,method=tag,
 probes included; sandbox time not included); whole table 2558.
@@ -22,14 +23,36 @@ CHOICES = {"model": ("qwen3_1_7b", "qwen3_4b"), "task": ("fast", "noop"),
            "method": ("rp_only", "additive", "dr_grpo", "mo_grpo", "tag")}
 DEFAULTS = {"model": "qwen3_4b", "task": "noop", "method": "tag"}
 
+AUX = {"fast": "code_fast", "noop": "code_noop"}     # the auxiliary channel of each task
+THRESHOLD_MS = {"fast": 60.0, "noop": 3.0}           # RA = 1 below this runtime
+
+
+def base_config(model: str, task: str):
+  """DeepCoder with auxiliary `task` on paper model `model` (a config_lib.MODELS key), no method."""
+  c = cl.paper_base()   # GRPO of both papers: 500 steps, B 32 x G 8, lr 1e-6, clip 0.2 / 0.28
+  cl.set_model(c, model)                             # hub id, fp32, tensor-parallel mesh
+  # Training data and prompts
+  c.data.name = "deepcoder"                          # DeepCoder-Preview, stdio problems
+  c.data.template = "tag_code"                       # one ```python block, stdin -> stdout
+  c.data.max_prompt_len = 2048                       # problem statements with examples
+  c.rollout.max_new_tokens = 4096                    # project choice (not in the summary)
+  # Rewards: RP = all tests pass; RA = runtime under the threshold (one shared sandbox run)
+  c.rewards.channels = f"code_correct,{AUX[task]}"   # RP, RA
+  c.rewards.params = {"code_correct": dict(timeout_s=10.0),  # 10 s per (small) test
+                      AUX[task]: dict(timeout_s=10.0, threshold_ms=THRESHOLD_MS[task])}
+  c.rewards.timeout_s = 600.0                        # one program's whole test run
+  # Final evaluation: the test split (data.eval_split "test")
+  c.eval.num_prompts = 185                           # DeepCoder-RT test size
+  c.eval.samples_per_prompt = 8                      # n = 8 samples (unbiased pass@4)
+  cl.tag_probes(c)                                   # TAG: 300-step probes, drift on 256 prompts
+  return c
+
 
 def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/tag_code.py")
-  c = cl.tag_code_base(a["model"], a["task"])
+  c = base_config(a["model"], a["task"])
   cl.tag_method(c, a["method"], 2)
-  if a["runlocal"]:
-    cl.runlocal(c, a["model"])
-  return c
+  return cl.runlocal(c, a["model"]) if a["runlocal"] else c
 
 
 def sweep(arg=None):

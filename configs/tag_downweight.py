@@ -14,18 +14,18 @@ Estimate: 62 v5p chip-hours for the default point (w_a=0.1); whole figure 311.
 
 from mr_rl import config_lib as cl
 
+tag_math = cl.load_sibling(__file__, "tag_math")  # Table 1's set-up (base_config)
+
 CHOICES = {"w_a": ("0.5", "0.4", "0.3", "0.2", "0.1")}
 DEFAULTS = {"w_a": "0.1"}
 
 
 def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/tag_downweight.py")
-  c = cl.tag_math_base("qwen3_1_7b", "negative")
+  c = tag_math.base_config("qwen3_1_7b", "negative")
   w_a = float(a["w_a"])
   cl.set_aggregator(c, "weighted", w=[1.0 - w_a, w_a])  # (1 - w_A) RP + w_A RA
-  if a["runlocal"]:
-    cl.runlocal(c, "qwen3_1_7b")
-  return c
+  return cl.runlocal(c, "qwen3_1_7b") if a["runlocal"] else c
 
 
 def sweep(arg=None):

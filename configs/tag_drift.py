@@ -18,6 +18,9 @@ Estimate: 20 v5p chip-hours for the default point (model=qwen3_4b,task=brief); w
 
 from mr_rl import config_lib as cl
 
+tag_math = cl.load_sibling(__file__, "tag_math")  # Table 1's set-up (base_config)
+tag_code = cl.load_sibling(__file__, "tag_code")  # Table 2's
+
 CHOICES = {"model": ("qwen3_1_7b", "qwen3_4b"), "task": ("brief", "negative", "fast", "noop")}
 DEFAULTS = {"model": "qwen3_4b", "task": "brief"}
 
@@ -25,14 +28,12 @@ DEFAULTS = {"model": "qwen3_4b", "task": "brief"}
 def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/tag_drift.py")
   if a["task"] in ("fast", "noop"):
-    c = cl.tag_code_base(a["model"], a["task"])
+    c = tag_code.base_config(a["model"], a["task"])
   else:
-    c = cl.tag_math_base(a["model"], a["task"])
-  cl.tag_method(c, "tag", 2)
+    c = tag_math.base_config(a["model"], a["task"])
+  cl.tag_method(c, "tag", 2)                         # pipeline 'tag': probes, drift, election
   c.total_steps = 0                                  # election only; joint run evaluates pi_0
-  if a["runlocal"]:
-    cl.runlocal(c, a["model"])
-  return c
+  return cl.runlocal(c, a["model"]) if a["runlocal"] else c
 
 
 def sweep(arg=None):

@@ -15,17 +15,17 @@ Estimate: 62 v5p chip-hours for the default point (task=negative,beta=0.1); whol
 
 from mr_rl import config_lib as cl
 
+tag_math = cl.load_sibling(__file__, "tag_math")  # Table 1's set-up (base_config)
+
 CHOICES = {"task": ("brief", "negative"), "beta": ("0.01", "0.1", "1.0")}
 DEFAULTS = {"task": "negative", "beta": "0.1"}
 
 
 def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/tag_kl_sweep.py")
-  c = cl.tag_math_base("qwen3_1_7b", a["task"])
+  c = tag_math.base_config("qwen3_1_7b", a["task"])
   cl.tag_method(c, "additive_kl", 2, kl_coef=float(a["beta"]))
-  if a["runlocal"]:
-    cl.runlocal(c, "qwen3_1_7b")
-  return c
+  return cl.runlocal(c, "qwen3_1_7b") if a["runlocal"] else c
 
 
 def sweep(arg=None):

@@ -15,17 +15,17 @@ Estimate: 74 v5p chip-hours for the default point (lam=2, probes included); whol
 
 from mr_rl import config_lib as cl
 
+tag_math = cl.load_sibling(__file__, "tag_math")  # Table 1's set-up (base_config)
+
 CHOICES = {"lam": ("0.25", "0.5", "1", "2", "4")}
 DEFAULTS = {"lam": "2"}
 
 
 def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/tag_lambda.py")
-  c = cl.tag_math_base("qwen3_1_7b", "brief")
+  c = tag_math.base_config("qwen3_1_7b", "brief")
   cl.tag_method(c, "tag", 2, lam=float(a["lam"]))
-  if a["runlocal"]:
-    cl.runlocal(c, "qwen3_1_7b")
-  return c
+  return cl.runlocal(c, "qwen3_1_7b") if a["runlocal"] else c
 
 
 def sweep(arg=None):

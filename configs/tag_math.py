@@ -17,6 +17,8 @@ rp_only, additive, tag on both tasks). GRPO 500 steps x 256 rollouts, lr 1e-6, c
 completions up to 4,096 tokens; eval: 4 samples on each test problem (pass@1 / pass@4).
 Values the summary leaves open (project choices, METHODS.md): Lagrangian threshold 0.5 and dual
 lr 0.1, LSC tau 0.1, Rubric Dropout p 0.5, Additive+KL beta 0.1 (k3), TAG lambda 1.
+`base_config` is also the set-up of Tables 7-10 and Figure 6 (tag_kl_sweep, tag_three_channels,
+tag_lambda, tag_moe, tag_downweight) and of the math rows of Table 4 (tag_drift).
 TPU slice: v5p-8 (1.7B, 4B, 3B), v5p-16 (Llama-3.1-8B).
 Estimate: 74 v5p chip-hours for the default point (model=qwen3_1_7b,task=negative,method=tag,
 probes included); whole table 9302.
@@ -29,14 +31,41 @@ CHOICES = {"model": ("qwen3_1_7b", "qwen3_4b", "llama3_2_3b", "llama3_1_8b"),
            "subset": ("auto", "hard", "llama_calibrated")}
 DEFAULTS = {"model": "qwen3_1_7b", "task": "negative", "method": "tag", "subset": "auto"}
 
+CHANNELS = {"brief": "accuracy,brief", "negative": "accuracy,negative"}  # RP first, then RA
+BRIEF_THRESHOLD = {"qwen3": 200, "llama": 128, "qwen3_moe": 512}  # tokens, per model family
+
+
+def base_config(model: str, task: str, subset: str = "auto"):
+  """Big-Math with auxiliary `task` on paper model `model` (a config_lib.MODELS key), no method.
+
+  `subset` auto: Big-Math hard for Qwen, the Llama-calibrated band for Llama.
+  """
+  family = cl.MODELS[model].family
+  if subset == "auto":
+    subset = "llama_calibrated" if family == "llama" else "hard"
+  c = cl.paper_base()   # GRPO of both papers: 500 steps, B 32 x G 8, lr 1e-6, clip 0.2 / 0.28
+  cl.set_model(c, model)                             # hub id, fp32, tensor-parallel mesh
+  # Training data and prompts
+  c.data.name = f"big_math_{subset}"                 # Big-Math-RL-Verified band (project cut)
+  c.data.template = "tag_math"                       # "... final answer within \boxed{}"
+  c.data.max_prompt_len = 512                        # problem + instruction
+  c.rollout.max_new_tokens = 4096                    # 4,096 (stated for Qwen3-30B; used for all)
+  # Rewards
+  c.rewards.channels = CHANNELS[task]                # RP = accuracy, RA = brief | negative
+  if task == "brief":
+    c.rewards.params = dict(brief=dict(threshold=BRIEF_THRESHOLD[family]))  # < 200/128/512 tok.
+  # Final evaluation: the test split (data.eval_split "test")
+  c.eval.num_prompts = 1500                          # the whole test split (1,498 / 1,500)
+  c.eval.samples_per_prompt = 4                      # 4 samples: pass@4 and pass@1
+  cl.tag_probes(c)                                   # TAG: 300-step probes, drift on 256 prompts
+  return c
+
 
 def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/tag_math.py")
-  c = cl.tag_math_base(a["model"], a["task"], a["subset"])
+  c = base_config(a["model"], a["task"], a["subset"])
   cl.tag_method(c, a["method"], 2)
-  if a["runlocal"]:
-    cl.runlocal(c, a["model"])
-  return c
+  return cl.runlocal(c, a["model"]) if a["runlocal"] else c
 
 
 def sweep(arg=None):

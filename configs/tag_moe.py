@@ -14,17 +14,17 @@ whole table 758.
 
 from mr_rl import config_lib as cl
 
+tag_math = cl.load_sibling(__file__, "tag_math")  # Table 1's set-up (base_config)
+
 CHOICES = {"task": ("brief", "negative"), "method": ("rp_only", "additive", "tag")}
 DEFAULTS = {"task": "negative", "method": "tag"}
 
 
 def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/tag_moe.py")
-  c = cl.tag_math_base("qwen3_30b_a3b", a["task"])
+  c = tag_math.base_config("qwen3_30b_a3b", a["task"])
   cl.tag_method(c, a["method"], 2)
-  if a["runlocal"]:
-    cl.runlocal(c, "qwen3_30b_a3b")
-  return c
+  return cl.runlocal(c, "qwen3_30b_a3b") if a["runlocal"] else c
 
 
 def sweep(arg=None):

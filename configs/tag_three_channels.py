@@ -15,6 +15,8 @@ probes); whole table 696.
 
 from mr_rl import config_lib as cl
 
+tag_math = cl.load_sibling(__file__, "tag_math")  # Table 1's set-up (base_config)
+
 CHOICES = {"model": ("qwen3_1_7b", "qwen3_4b"),
            "method": ("rp_only", "additive", "rubric_dropout", "tag")}
 DEFAULTS = {"model": "qwen3_1_7b", "method": "tag"}
@@ -22,11 +24,10 @@ DEFAULTS = {"model": "qwen3_1_7b", "method": "tag"}
 
 def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/tag_three_channels.py")
-  c = cl.tag_math_base(a["model"], "three")
+  c = tag_math.base_config(a["model"], "brief")      # brief threshold of the model family ...
+  c.rewards.channels = "accuracy,brief,negative"     # ... and both auxiliaries: RP, RA_1, RA_2
   cl.tag_method(c, a["method"], 3)
-  if a["runlocal"]:
-    cl.runlocal(c, a["model"])
-  return c
+  return cl.runlocal(c, a["model"]) if a["runlocal"] else c
 
 
 def sweep(arg=None):

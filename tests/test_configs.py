@@ -26,8 +26,10 @@ import tempfile
 
 import pytest
 
+from mr_rl import aggregators
 from mr_rl import config_lib as cl
 from mr_rl import settings as settings_lib
+from mr_rl.aggregators import amrp
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = sorted(os.path.splitext(os.path.basename(p))[0]
@@ -121,7 +123,12 @@ def test_paper_values():
   g = lambda name, arg=None: _module(name).get_config(arg)
   c = g("amrp_math", "model=deepseek_math_7b,method=amrp")
   assert c.model.path == "deepseek-ai/deepseek-math-7b-base" and c.total_steps == 313
-  assert dict(c.aggregator.hp) == dict(lam=1.0, k_s=5.0, k_p=5.0, interval=1, rho=0.9, eps=1e-6)
+  assert c.aggregator.name == "amrp" and c.aggregator.hp.to_dict() == amrp.DEFAULTS  # one source
+  hp = aggregators.get("amrp", **c.aggregator.hp).hyperparameters  # AMRP's (1, 5, 5, 1)
+  assert {k: hp[k] for k in ("lam", "k_s", "k_p", "interval", "rho", "eps")} == dict(
+      lam=1.0, k_s=5.0, k_p=5.0, interval=1, rho=0.9, eps=1e-6)
+  assert (hp["prior"], hp["use_s"], hp["use_v"], hp["use_p"], hp["additive"]) == (
+      None, True, True, True, False)
   assert c.rewards.channels == "accuracy,format,length" and c.rollout.max_new_tokens == 3000
   assert c.rewards.params.length.to_dict() == {"max_full": 2800, "zero_at": 3000}
   assert c.data.eval_sets == "math500,amc,aime" and c.eval.num_prompts == 2656
@@ -132,9 +139,12 @@ def test_paper_values():
   assert g("amrp_priors", "variant=static").aggregator.hp.w == [1.5, 0.75, 0.75]
   init, prior = g("amrp_priors", "variant=init"), g("amrp_priors", "variant=prior")
   assert (init.aggregator.hp.persistent_prior, prior.aggregator.hp.persistent_prior) == (False, True)
-  assert g("amrp_ablation", "variant=no_p").aggregator.hp.use_p is False
-  assert g("amrp_ablation", "variant=additive").aggregator.hp.additive is True
-  assert g("amrp_sensitivity", "interval=8").aggregator.hp.interval == 8
+  agg_hp = lambda name, arg: g(name, arg).aggregator.hp.to_dict()
+  assert agg_hp("amrp_ablation", "variant=no_p") == dict(amrp.DEFAULTS, use_p=False)
+  assert agg_hp("amrp_ablation", "variant=additive") == dict(amrp.DEFAULTS, additive=True)
+  assert agg_hp("amrp_sensitivity", "interval=8") == dict(amrp.DEFAULTS, interval=8)
+  with pytest.raises(ValueError, match=r"\['k_q'\] are not AMRP hyperparameters.*'k_p'"):
+    cl.set_amrp(g("amrp_math"), k_q=1.0)
   c = g("amrp_algorithms", "algorithm=ppo,method=static")
   assert (c.advantage.name, c.advantage.gamma, c.advantage.lam) == ("ppo", 1.0, 1.0)
   c = g("tag_math", "model=llama3_2_3b,task=brief,method=weighted")
@@ -156,6 +166,25 @@ def test_paper_values():
   assert g("tag_three_channels").rewards.channels == "accuracy,brief,negative"
   assert g("tag_code", "task=noop").rewards.channels == "code_correct,code_noop"
   assert len(_module("tag_math").sweep()) == 4 * 2 * 12 + 6
+
+
+def test_amrp_sensitivity_varies_the_amrp_defaults():
+  """Table 7 varies one symbol at a time around mr_rl.aggregators.amrp.DEFAULTS (the one source
+  of AMRP's defaults): each axis holds the default once, the first point is the default point,
+  and a point changes only its own symbols."""
+  m = _module("amrp_sensitivity")
+  defaults = aggregators.get("amrp").hyperparameters
+  for key, values in m.CHOICES.items():
+    assert len([v for v in values if m.TYPES[key](v) == defaults[key]]) == 1, key
+  points = m.sweep()
+  assert len(points) == 10 and points[0] == "lam=1.0"
+  for arg in (None, points[0]):
+    hp = m.get_config(arg).aggregator.hp
+    assert aggregators.get("amrp", **hp).hyperparameters == defaults, arg
+  c = m.get_config("k_s=2.5,interval=4")
+  assert c.aggregator.hp.to_dict() == dict(amrp.DEFAULTS, k_s=2.5, interval=4)
+  assert {k: v for k, v in aggregators.get("amrp", **c.aggregator.hp).hyperparameters.items()
+          if v != defaults[k]} == {"k_s": 2.5, "interval": 4}
 
 
 def _doc_numbers(doc):
@@ -386,6 +415,12 @@ def test_config_loads_through_config_flags_from_another_cwd(tmp_path):
                        text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.split() == ["7", "deepseek-ai/deepseek-math-7b-base", "amrp"]
+  # A file that starts from another one's set-up (load_sibling), given by a relative path.
+  derived = os.path.relpath(os.path.join(REPO, "configs", "amrp_priors.py"), tmp_path)
+  out = subprocess.run([sys.executable, str(script), f"--config={derived}:variant=static"],
+                       cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.split() == ["313", "Qwen/Qwen3-4B-Instruct-2507", "weighted"]
   listed = subprocess.run([sys.executable, "-m", "mr_rl.config_lib", "list",
                            os.path.join(REPO, "configs", "amrp_algorithms.py")],
                           cwd=str(tmp_path), capture_output=True, text=True, timeout=300)

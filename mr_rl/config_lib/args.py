@@ -70,3 +70,13 @@ def load_config_module(path: str):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def load_sibling(this_file: str, name: str):
+  """Imports config file `name`.py from the folder of `this_file` (a config's `__file__`).
+
+  A table's variants start from the set-up in the table's own file, e.g. `configs/amrp_priors.py`
+  calls `load_sibling(__file__, "amrp_math").base_config("qwen3_4b")`.
+  """
+  folder = os.path.dirname(os.path.abspath(this_file))
+  return load_config_module(os.path.join(folder, name + ".py"))

@@ -11,7 +11,7 @@ RUNLOCAL = dict(batch_prompts=2, group_size=2, max_new_tokens=8,
                 max_prompt_len=512)  # the tiny ALCE prompts (3 passages + demo) are ~460 tokens
 
 
-def runlocal(c, model_key: str) -> None:
+def runlocal(c, model_key: str):
   """Shrinks config `c` to a CPU run: tiny checkpoint, tiny local data, 1 step of 2 x 2 rollouts.
 
   The tiny checkpoint (mr_rl.tiny) has the paper model's family and sits in a directory named
@@ -19,7 +19,7 @@ def runlocal(c, model_key: str) -> None:
   Settings are the same for every config (only family and loss settings differ), so the
   trainer's compiled sampler and step are shared across configs in one process. The end-of-run
   evaluation samples with the rollout settings for the same reason. Files go under
-  $MR_RL_CACHE (default ~/.cache/mr_rl); they are written on first use.
+  $MR_RL_CACHE (default ~/.cache/mr_rl); they are written on first use. Returns `c`.
   """
   from mr_rl import tiny
   m = MODELS[model_key]
@@ -60,6 +60,7 @@ def runlocal(c, model_key: str) -> None:
     params[ch] = dict(rescale=params[ch].get("rescale"), dtype="float32",
                       path=tiny.tiny_reward_model())
   c.rewards.params = ml_collections.ConfigDict(params)
+  return c
 
 
 # ------------------------------------------------------------------------------- blockers

@@ -1,4 +1,8 @@
-"""The papers' models, shared GRPO settings, methods and per-table set-ups (every field commented).
+"""What several paper tables share: the models, both papers' GRPO settings, the methods.
+
+Each table's own set-up (data, prompt template, lengths, channels, steps, evaluation) is in its
+config file: `base_config` of configs/amrp_math.py, amrp_alce.py, amrp_align.py, tag_math.py and
+tag_code.py; the tables that vary one of those set-ups load that file (`args.load_sibling`).
 
 Sources: the TAG summary (papers/000) for TAG; AMRP Sec. 5.1 and App. B (papers/001) for AMRP;
 METHODS.md for every rule. Values the papers leave open are marked "project" in the comments.
@@ -13,6 +17,7 @@ from typing import Mapping
 import ml_collections
 
 from mr_rl import settings
+from mr_rl.aggregators import amrp as amrp_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,12 +103,27 @@ def epochs_to_steps(num_prompts: int, epochs: int, batch_prompts: int = 32) -> i
 
 
 # ------------------------------------------------------------------------------- methods
-AMRP_DEFAULTS = dict(lam=1.0, k_s=5.0, k_p=5.0, interval=1, rho=0.9, eps=1e-6)
-
-
 def set_aggregator(c, name: str, **hp) -> None:
+  """Sets aggregator `name` with hyperparameters `hp`; the others keep the rule's defaults."""
   c.aggregator.name = name
   c.aggregator.hp = ml_collections.ConfigDict(hp)
+
+
+def set_amrp(c, **overrides) -> None:
+  """Sets the AMRP aggregator with its paper hyperparameters, `overrides` replacing some.
+
+  The values come from `mr_rl.aggregators.amrp.DEFAULTS`: (lambda, k_s, k_p, N) = (1, 5, 5, 1),
+  rho = 0.9, eps = 1e-6, all gates on (METHODS.md 2). They are written into
+  `config.aggregator.hp` so that `show` lists them and `--config.aggregator.hp.lam=2.0` works.
+
+  Raises:
+    ValueError: an override that is not an AMRP hyperparameter.
+  """
+  unknown = sorted(set(overrides) - set(amrp_lib.DEFAULTS))
+  if unknown:
+    raise ValueError(f"set_amrp: {unknown} are not AMRP hyperparameters; valid: "
+                     f"{sorted(amrp_lib.DEFAULTS)}")
+  set_aggregator(c, "amrp", **{**amrp_lib.DEFAULTS, **overrides})
 
 
 def amrp_method(c, method: str) -> None:
@@ -117,7 +137,7 @@ def amrp_method(c, method: str) -> None:
     set_aggregator(c, method, interval=25, tau=0.0,    # DRBO update interval d = 25, tau = 0
                    **({"temperature": 1.0} if method == "drbo_delta" else {}))
   elif method == "amrp":
-    set_aggregator(c, "amrp", **AMRP_DEFAULTS)         # (lambda, k_s, k_p, N) = (1, 5, 5, 1)
+    set_amrp(c)                                        # paper values: amrp.DEFAULTS
   else:
     raise ValueError(f"unknown AMRP method {method!r}")
 
@@ -167,137 +187,10 @@ def tag_method(c, method: str, num_channels: int, *, kl_coef: float = 0.1,
     raise ValueError(f"unknown TAG method {method!r}; valid: {TAG_METHODS}")
 
 
-# ---------------------------------------------------------------------- paper set-ups
-def _cd(**kw):
-  return ml_collections.ConfigDict(kw)
-
-
-# AMRP Table 1's benchmarks (mr_rl.data names): MATH-500 (500), AMC (83 x 32 replicas) and
-# AIME 2024 (30 x 32), each evaluated whole with one greedy response per record (App. B.1).
-# For config.data.eval_sets of amrp_math_base (with eval.num_prompts = 2656, AMC's size) once
-# runlocal points the sets at tiny local files (configs/README.md, "AMRP Table 1").
-AMRP_MATH_EVAL_SETS = "math500,amc,aime"
-
-
-def amrp_math_base(model_key: str):
-  """AMRP math reasoning (Sec. 5.1, App. B): NuminaMath-1.5 10K, [accuracy, format, length]."""
-  c = paper_base()
-  set_model(c, model_key)
-  c.total_steps = epochs_to_steps(10_000, 1)         # one epoch over 10K prompts = 313 steps
-  c.data.name = "numina_math"                        # the 10K NuminaMath-1.5 subset
-  c.data.eval_split = "train"                        # numina has one split (evaluation: eval_sets)
-  c.data.eval_sets = AMRP_MATH_EVAL_SETS             # final eval: MATH-500, AMC, AIME 2024
-  c.data.template = "amrp_math"                      # <reasoning>/<answer> system instruction
-  c.data.max_prompt_len = 1024                       # problem + instruction (+ chat markup)
-  c.data.options = _cd(num_examples=10_000)          # AMRP's 10K subset (project draw rule)
-  c.rollout.max_new_tokens = 3000                    # max completion length 3,000
-  c.rewards.channels = "accuracy,format,length"      # r_math = [acc, fmt, len]
-  c.rewards.params = _cd(length=_cd(max_full=2800, zero_at=3000))  # full to 2,800, 0 at 3,000
-  c.eval.num_prompts = 2656                          # per set: all of it (AMC 83 x 32 records)
-  c.eval.samples_per_prompt = 1                      # one response per instance
-  c.eval.temperature = 0.0                           # greedy decoding (App. B.1)
-  return c
-
-
-ALCE_TRAIN = {"asqa": 758, "eli5": 800}              # 80/20 split of ALCE (App. B.1)
-ALCE_TEST = {"asqa": 190, "eli5": 200}
-ALCE_MAX_NEW = {"asqa": 400, "eli5": 500}
-
-
-def amrp_alce_base(model_key: str, dataset: str):
-  """AMRP citation-grounded QA (ALCE ASQA / ELI5): [correctness, citation]."""
-  c = paper_base()
-  set_model(c, model_key)
-  c.total_steps = epochs_to_steps(ALCE_TRAIN[dataset], 3)  # three epochs (72 / 75 steps)
-  c.checkpoint_every = 25                            # short runs: checkpoint every 25 steps
-  c.data.name = f"alce_{dataset}"                    # 3 passages + 1 demonstration per prompt
-  c.data.template = "alce"                           # the ALCE prompt carries its instruction
-  c.data.max_prompt_len = 2048                       # instruction + demo + 3 passages + query
-  c.rollout.max_new_tokens = ALCE_MAX_NEW[dataset]   # 400 (ASQA) / 500 (ELI5) tokens
-  c.rewards.channels = "alce_correctness,alce_citation"  # STR-EM or claims-NLI; AutoAIS F1
-  c.rewards.timeout_s = 120.0                        # NLI verifier on the reward host
-  c.eval.num_prompts = ALCE_TEST[dataset]            # the held-out 20% (190 / 200)
-  c.eval.samples_per_prompt = 1                      # one sampled response per prompt
-  c.eval.temperature = 1.0                           # ALCE responses sampled at T = 1
-  return c
-
-
-HELPSTEER2_PROMPTS = 10_162  # ~20,324 train rows with about two responses per prompt (assumed)
-ARMORM_CHANNELS = "armorm_helpfulness,armorm_correctness,armorm_coherence"
-
-
-def amrp_align_base(model_key: str):
-  """AMRP open-ended alignment: HelpSteer2 prompts, ArmoRM [helpfulness, correctness, coherence]."""
-  c = paper_base()
-  set_model(c, model_key)
-  c.total_steps = epochs_to_steps(HELPSTEER2_PROMPTS, 3)  # three epochs (~953 steps)
-  c.data.name = "helpsteer2"                         # unique HelpSteer2 prompts, chat turns
-  c.data.eval_split = "validation"                   # held-out HelpSteer2 prompts
-  c.data.template = "helpsteer2"                     # no extra instruction
-  c.data.max_prompt_len = 4096                       # some prompts hold long documents
-  c.rollout.max_new_tokens = 512                     # max completion length 512
-  c.rewards.channels = ARMORM_CHANNELS               # ArmoRM-Llama3-8B-v0.1 objectives 0 / 1 / 2
-  rm = dict(rescale="helpsteer",                     # rating / 4 in [0, 1] (App. B.2; project map)
-            dtype="bfloat16",                        # the 8B scorer in bf16 (inference only)
-            mesh=dict(MODELS[model_key].mesh))       # sharded over the policy's devices
-  c.rewards.params = _cd(**{ch: _cd(**rm) for ch in ARMORM_CHANNELS.split(",")})  # one shared RM
-  c.rewards.timeout_s = 300.0                        # first call loads and compiles the RM
-  c.eval.samples_per_prompt = 1                      # one response per prompt
-  c.eval.temperature = 0.0                           # greedy (App. B.1)
-  return c
-
-
-BRIEF_THRESHOLD = {"qwen3": 200, "llama": 128, "qwen3_moe": 512}  # TAG: tokens, per model family
-TAG_MATH_CHANNELS = {"brief": "accuracy,brief", "negative": "accuracy,negative",
-                     "three": "accuracy,brief,negative"}
-
-
-def tag_common(c) -> None:
+def tag_probes(c) -> None:
+  """TAG's anchor election (TAG summary): single-channel probes from pi_0, their drift, the gate."""
   c.anchor.probe_steps = 300                         # T = 300 single-channel GRPO steps
   c.anchor.probe_batch_prompts = 4                   # probe rollout batch 32 = 4 x G 8
   c.anchor.held_out_prompts = 256                    # drift measured on 256 held-out prompts
   c.anchor.samples_per_prompt = 1                    # one probe response per held-out prompt
   c.anchor.lam = 1.0                                 # TAG gate lambda (project default)
-
-
-def tag_math_base(model_key: str, task: str, subset: str = "auto"):
-  """TAG math: Big-Math hard (Qwen) / Llama-calibrated (Llama), accuracy + brief / negative."""
-  c = paper_base()
-  set_model(c, model_key)
-  family = MODELS[model_key].family
-  if subset == "auto":
-    subset = "llama_calibrated" if family == "llama" else "hard"
-  c.data.name = f"big_math_{subset}"                 # Big-Math-RL-Verified band (project cut)
-  c.data.template = "tag_math"                       # "... final answer within \boxed{}"
-  c.data.max_prompt_len = 512                        # problem + instruction
-  c.rollout.max_new_tokens = 4096                    # 4,096 (stated for Qwen3-30B; used for all)
-  c.rewards.channels = TAG_MATH_CHANNELS[task]       # RP = accuracy first, then auxiliaries
-  if "brief" in c.rewards.channels:
-    c.rewards.params = _cd(brief=_cd(threshold=BRIEF_THRESHOLD[family]))  # < 200/128/512 tokens
-  c.eval.num_prompts = 1500                          # the whole test split (1,498 / 1,500)
-  c.eval.samples_per_prompt = 4                      # 4 samples: pass@4 and pass@1
-  tag_common(c)
-  return c
-
-
-CODE_AUX = {"fast": "code_fast", "noop": "code_noop"}
-
-
-def tag_code_base(model_key: str, task: str):
-  """TAG code synthesis: DeepCoder, correctness + fast (< 60 ms) / no-op (< 3 ms)."""
-  c = paper_base()
-  set_model(c, model_key)
-  c.data.name = "deepcoder"                          # DeepCoder-Preview, stdio problems
-  c.data.template = "tag_code"                       # one ```python block, stdin -> stdout
-  c.data.max_prompt_len = 2048                       # problem statements with examples
-  c.rollout.max_new_tokens = 4096                    # project choice (not in the summary)
-  aux = CODE_AUX[task]
-  c.rewards.channels = f"code_correct,{aux}"         # RP = all tests pass; RA = runtime
-  c.rewards.params = _cd(**{"code_correct": _cd(timeout_s=10.0),  # 10 s per (small) test
-                            aux: _cd(timeout_s=10.0,  # same sandbox run as code_correct
-                                     threshold_ms=60.0 if task == "fast" else 3.0)})
-  c.rewards.timeout_s = 600.0                        # one program's whole test run
-  c.eval.num_prompts = 185                           # DeepCoder-RT test size
-  c.eval.samples_per_prompt = 8                      # n = 8 samples (unbiased pass@4)
-  tag_common(c)
-  return c

@@ -11,7 +11,7 @@ its inputs are traced.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +64,19 @@ def check_num_channels_arg(num_channels: Any) -> int:
   if not isinstance(num_channels, (int, np.integer)) or num_channels < 1:
     raise ValueError(f"`num_channels` must be a positive int; got {num_channels!r}.")
   return int(num_channels)
+
+
+class ChannelState:
+  """Base of the stateful rules' states: `num_channels` is K, the length of a `[K]` field.
+
+  Attributes:
+    CHANNEL_FIELD: the name of that field (a class constant, not a pytree leaf).
+  """
+  CHANNEL_FIELD: ClassVar[str] = "weights"
+
+  @property
+  def num_channels(self) -> int:
+    return getattr(self, self.CHANNEL_FIELD).shape[-1]
 
 
 def check_rewards(r: Any, name: str = "r", min_ndim: int = 1) -> Array:

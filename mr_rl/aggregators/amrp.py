@@ -58,7 +58,7 @@ Array = jax.Array
 
 
 @flax.struct.dataclass
-class AMRPState:
+class AMRPState(C.ChannelState):
   """AMRP state; every field is an array leaf (hyperparameters included).
 
   Attributes:
@@ -91,10 +91,6 @@ class AMRPState:
   use_p: Array
   additive: Array
   persistent_prior: Array
-
-  @property
-  def num_channels(self) -> int:
-    return self.weights.shape[-1]
 
 
 def _check_flag(x: Any, name: str) -> Array:

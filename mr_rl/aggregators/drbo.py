@@ -43,7 +43,7 @@ Array = jax.Array
 
 
 @flax.struct.dataclass
-class DRBOState:
+class DRBOState(C.ChannelState):
   """DRBO state; all fields are array leaves.
 
   Attributes:
@@ -66,10 +66,6 @@ class DRBOState:
   interval: Array
   tau: Array
   temperature: Array
-
-  @property
-  def num_channels(self) -> int:
-    return self.weights.shape[-1]
 
 
 def init(num_channels: int, *, interval: Any = 25, tau: Any = 0.0,

@@ -20,7 +20,7 @@ valid sample in the batch keeps its multiplier.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.struct
 import jax
@@ -34,7 +34,7 @@ Array = jax.Array
 
 
 @flax.struct.dataclass
-class LagrangianState:
+class LagrangianState(C.ChannelState):
   """Lagrangian state; all fields are array leaves.
 
   Attributes:
@@ -45,16 +45,13 @@ class LagrangianState:
     lr: scalar dual step size.
     step: scalar int32 update count.
   """
+  CHANNEL_FIELD: ClassVar[str] = "multipliers"
   multipliers: Array
   objective: Array
   thresholds: Array
   constrained: Array
   lr: Array
   step: Array
-
-  @property
-  def num_channels(self) -> int:
-    return self.multipliers.shape[-1]
 
 
 def init(num_channels: int, *, objective: Any = 0, thresholds: Any = 0.5,

@@ -262,7 +262,6 @@ def test_errors_name_the_argument():
       (lambda: A.pg_ot(r[0, 0]), "`r_BGK`"),
       (lambda: A.pg_ot(r, eps=0.0), "`eps`"),
       (lambda: A.pg_ot(r, num_iters=0), "`num_iters`"),
-      (lambda: A.get("nope"), "additive, weighted, min"),
       (lambda: A.get("tag", gamma=1.0), "gamma"),
       (lambda: A.get("weighted"), "`w`"),
       (lambda: A.get("weighted", w=[1.0, 1.0]).init(K), "`w`"),
@@ -278,6 +277,14 @@ def test_errors_name_the_argument():
   for fn, needle in cases:
     with pytest.raises(ValueError, match=needle.replace("`", "`?")):
       fn()
+  with pytest.raises(ValueError, match=r"^unknown aggregator 'nope'; valid: additive, amrp, "
+                                       r"drbo_delta, drbo_inverse, lagrangian, lsc_soft_and, "
+                                       r"min_and, pg_ot, rp_only, rubric_dropout, tag, "
+                                       r"weighted_sum$"):
+    A.get("nope")
+  with pytest.raises(ValueError, match=r"^Aggregator 'weighted_sum' needs the hyperparameter"
+                                       r"\(s\) `w`\.$"):
+    A.get("weighted", w=None)
 
 
 def test_traced_hyperparameters_skip_checks():
@@ -287,12 +294,12 @@ def test_traced_hyperparameters_skip_checks():
   np.testing.assert_allclose(out, A.tag(r, 1, 0.5), rtol=1e-6, equal_nan=True)
 
 
-REGISTRY_HP = {"weighted": {"w": [0.5, 1.0, 1.5]}, "tag": {"anchor": 1, "lam": 0.5},
+REGISTRY_HP = {"weighted_sum": {"w": [0.5, 1.0, 1.5]}, "tag": {"anchor": 1, "lam": 0.5},
                "amrp": {"prior": [1.5, 0.75, 0.75]}, "drbo_inverse": {"interval": 1},
                "drbo_delta": {"interval": 1}, "lagrangian": {"thresholds": 0.6}}
 
 
-@pytest.mark.parametrize("name", A.NAMES)
+@pytest.mark.parametrize("name", A.AGGREGATORS.names())
 def test_registry_uniform_interface(name):
   agg = A.get(name, **REGISTRY_HP.get(name, {}))
   assert agg.name == name

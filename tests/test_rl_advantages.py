@@ -162,8 +162,12 @@ def test_registry_uniform_signature_and_errors():
                              adv.gdpo(r),
                              rtol=1e-6)
   assert adv.uses_channels('gdpo') and not adv.uses_channels('rloo')
-  with pytest.raises(ValueError, match='valid names'):
+  with pytest.raises(ValueError,
+                     match=r"^unknown advantage estimator 'ppo2'; valid: dr_grpo, gdpo, grpo, "
+                           r"mo_grpo, rloo$"):
     adv.get_advantage('ppo2')
+  with pytest.raises(ValueError, match=r"^unknown advantage estimator 'ppo2'; valid: "):
+    adv.uses_channels('ppo2')
   with pytest.raises(ValueError, match='unexpected'):
     adv.get_advantage('rloo', eps=1e-3)
   with pytest.raises(ValueError, match='r_BGK'):
@@ -176,6 +180,25 @@ def test_registry_uniform_signature_and_errors():
     adv.grpo(np.ones(4))
   with pytest.raises(ValueError, match='eps'):
     adv.grpo(R, eps=-1.0)
+
+
+def test_estimator_registry_names_are_function_names(monkeypatch):
+  from mr_rl.registry import Registry
+  assert _adv.ESTIMATORS.names() == _adv.ADVANTAGE_NAMES == (
+      'dr_grpo', 'gdpo', 'grpo', 'mo_grpo', 'rloo')
+  assert not _adv.ESTIMATORS.aliases()
+  for name in _adv.ADVANTAGE_NAMES:  # every name resolves, to the function of that name
+    fn = _adv.ESTIMATORS.get(name)
+    assert getattr(_adv, name) is fn and fn.__name__ == name
+    assert _adv.get_advantage(name).__name__ == name
+  assert {n for n in _adv.ADVANTAGE_NAMES if _adv.uses_channels(n)} == {'gdpo', 'mo_grpo'}
+  # An estimator must say what it reads with its first parameter.
+  reg = Registry('advantage estimator')
+  reg.add('odd', lambda rewards: rewards)
+  monkeypatch.setattr(_adv, 'ESTIMATORS', reg)
+  with pytest.raises(ValueError, match="'odd' must take R_BG or r_BGK as its first parameter, "
+                                       "got 'rewards'"):
+    _adv.get_advantage('odd')
 
 
 def test_grpo_gradient_is_finite_with_constant_groups():

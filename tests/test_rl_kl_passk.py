@@ -30,7 +30,7 @@ def test_exact_kl_matches_numpy():
   np.testing.assert_allclose(kl.exact_kl(a, a + 5.0), 0.0, atol=1e-6)  # shift invariance
   big = np.asarray(kl.exact_kl(a * 100, b * 100))  # stable for large logits
   assert np.all(np.isfinite(big))
-  with pytest.raises(ValueError, match='ref_logits_BTV'):
+  with pytest.raises(ValueError, match='ref_logits_NTV'):
     kl.exact_kl(a, b[..., :5])
 
 
@@ -56,6 +56,13 @@ def test_k1_k3_unbiased_on_categorical_samples():
   np.testing.assert_allclose(k2v, 0.5 * (np.asarray(lq) - np.asarray(lp)) ** 2, rtol=1e-6)
 
 
+def test_kl_estimator_registry_names_are_function_names():
+  assert kl.KL_ESTIMATORS.names() == ('k1', 'k2', 'k3') and not kl.KL_ESTIMATORS.aliases()
+  for name in kl.KL_ESTIMATORS:
+    fn = kl.get_kl_estimator(name)
+    assert getattr(kl, name) is fn and fn.__name__ == name
+
+
 def test_k3_clamped_and_nonnegative():
   x = jnp.array([-1e4, -50.0, -20.0, -1.0, 0.0, 1e-3, 20.0, 50.0, 1e4])
   out = np.asarray(kl.k3(jnp.zeros_like(x), x))
@@ -63,9 +70,9 @@ def test_k3_clamped_and_nonnegative():
   np.testing.assert_allclose(out[-1], np.expm1(20.0) - 20.0, rtol=1e-5)
   np.testing.assert_allclose(out[0], np.expm1(-20.0) + 20.0, rtol=1e-6)
   np.testing.assert_allclose(kl.k1(jnp.ones(3), jnp.zeros(3)), 1.0)
-  with pytest.raises(ValueError, match='valid names'):
+  with pytest.raises(ValueError, match=r"^unknown KL estimator 'k4'; valid: k1, k2, k3$"):
     kl.get_kl_estimator('k4')
-  with pytest.raises(ValueError, match='logp_ref_BT'):
+  with pytest.raises(ValueError, match='logp_ref_NT'):
     kl.k1(jnp.ones(3), jnp.ones(4))
 
 

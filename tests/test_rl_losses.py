@@ -60,7 +60,7 @@ def test_policy_loss_matches_numpy(agg, est, beta):
   cfg = losses.PolicyLossConfig(loss_agg=agg, kl_coef=beta, kl_estimator=est, norm_len=12)
   loss, metrics = _jit_policy_loss(jnp.asarray(logp, jnp.float32), jnp.asarray(old, jnp.float32),
                                    jnp.asarray(A, jnp.float32), jnp.asarray(mask), cfg,
-                                   ref_logp_BT=jnp.asarray(ref, jnp.float32))
+                                   ref_logp_NT=jnp.asarray(ref, jnp.float32))
   want = _np_policy_loss(logp, old, A, mask, agg, 0.2, 0.28, 12, beta, ref, est)
   np.testing.assert_allclose(float(loss), want, rtol=2e-5, atol=1e-6)
   m = mask.astype(bool)
@@ -92,6 +92,22 @@ def test_gradient_zero_when_clipped():
   np.testing.assert_allclose(g(jnp.array([[0.0, 0.1]]))[0, 1], -np.exp(0.1), rtol=1e-6)
 
 
+def test_loss_aggregation_registry_names_and_aliases():
+  reg = losses.LOSS_AGGREGATIONS
+  assert reg.names() == ('seq_mean_token_mean', 'seq_mean_token_sum_norm', 'token_mean')
+  assert losses.LOSS_AGG_MODES == ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum-norm')
+  assert reg.aliases() == {m: m.replace('-', '_') for m in losses.LOSS_AGG_MODES}
+  mask = np.array([[0, 1, 1, 1], [0, 0, 1, 0], [0, 0, 0, 0]])
+  for mode in losses.LOSS_AGG_MODES:  # the alias, the name and the function agree
+    name = reg.canonical(mode)
+    fn = getattr(losses, name)
+    assert reg.get(mode) is fn and fn.__name__ == name
+    np.testing.assert_array_equal(losses.token_weights(mask, mode, 8),
+                                  losses.token_weights(mask, name, 8))
+    np.testing.assert_array_equal(losses.token_weights(mask, mode, 8),
+                                  fn(jnp.asarray(mask, jnp.float32), 8))
+
+
 def test_token_weights_and_logprobs():
   mask = np.array([[0, 1, 1, 1], [0, 0, 1, 0], [0, 0, 0, 0]])
   w = np.asarray(losses.token_weights(mask, 'seq-mean-token-mean'))
@@ -117,13 +133,19 @@ def test_token_weights_and_logprobs():
 
 
 def test_config_validation():
-  with pytest.raises(ValueError, match='loss_agg'):
+  with pytest.raises(ValueError, match=r"^unknown loss aggregation 'sum'; valid: "
+                                       r"seq_mean_token_mean, seq_mean_token_sum_norm, "
+                                       r"token_mean$"):
     losses.PolicyLossConfig(loss_agg='sum')
+  with pytest.raises(ValueError, match=r"^unknown loss aggregation 'sum'; valid: "):
+    losses.token_weights(jnp.ones((1, 2)), 'sum')
+  with pytest.raises(ValueError, match=r'response_mask_NT must be \[N, T\]'):
+    losses.token_weights(jnp.ones(2), 'token-mean')
   with pytest.raises(ValueError, match='eps_low'):
     losses.PolicyLossConfig(eps_low=1.5)
-  with pytest.raises(ValueError, match='valid names'):
+  with pytest.raises(ValueError, match=r"^unknown KL estimator 'k9'; valid: k1, k2, k3$"):
     losses.PolicyLossConfig(kl_estimator='k9')
-  with pytest.raises(ValueError, match='ref_logp_BT'):
+  with pytest.raises(ValueError, match='ref_logp_NT is required'):
     losses.policy_loss(jnp.zeros((1, 2)), jnp.zeros((1, 2)), jnp.ones(1), jnp.ones((1, 2)),
                        losses.PolicyLossConfig(kl_coef=0.1))
   with pytest.raises(ValueError, match='advantages'):

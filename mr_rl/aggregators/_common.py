@@ -1,5 +1,7 @@
 """Shared helpers for the aggregators: NaN-aware statistics and argument checks.
 
+Shapes: `B` prompts, `G` responses per prompt, `K` reward channels.
+
 NaN convention (METHODS.md, notation): a NaN reward means "this channel does not
 apply to this sample" and is skipped by every statistic. Checks on hyperparameters
 run only on concrete values, so every function stays jittable and vmappable when
@@ -8,7 +10,8 @@ its inputs are traced.
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from typing import Any, Callable, ClassVar, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +38,45 @@ def concrete(x: Any) -> np.ndarray | None:
     return np.asarray(x)
   except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
     return None
+
+
+def signature_defaults(fn: Callable[..., Any], skip: int = 1,
+                       exclude: Sequence[str] = ()) -> tuple[dict[str, Any], tuple[str, ...]]:
+  """The hyperparameters of `fn` read from its signature: the one place for their defaults.
+
+  Args:
+    fn: a rule function `fn(r, ..., **hp)` or an `init(num_channels, **hp)`.
+    skip: leading parameters that are not hyperparameters (rewards, `num_channels`).
+    exclude: further parameters to leave out (e.g. `key`).
+
+  Returns:
+    `({name: default}, required)`: the default is None for a parameter without one, and
+    `required` names those.
+  """
+  params = [p for p in list(inspect.signature(fn).parameters.values())[skip:]
+            if p.name not in exclude]
+  defaults = {p.name: None if p.default is p.empty else p.default for p in params}
+  return defaults, tuple(p.name for p in params if p.default is p.empty)
+
+
+def check_num_channels_arg(num_channels: Any) -> int:
+  """`num_channels` (K) as an int; raises ValueError unless it is a positive integer."""
+  if not isinstance(num_channels, (int, np.integer)) or num_channels < 1:
+    raise ValueError(f"`num_channels` must be a positive int; got {num_channels!r}.")
+  return int(num_channels)
+
+
+class ChannelState:
+  """Base of the stateful rules' states: `num_channels` is K, the length of a `[K]` field.
+
+  Attributes:
+    CHANNEL_FIELD: the name of that field (a class constant, not a pytree leaf).
+  """
+  CHANNEL_FIELD: ClassVar[str] = "weights"
+
+  @property
+  def num_channels(self) -> int:
+    return getattr(self, self.CHANNEL_FIELD).shape[-1]
 
 
 def check_rewards(r: Any, name: str = "r", min_ndim: int = 1) -> Array:

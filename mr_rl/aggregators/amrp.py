@@ -1,5 +1,7 @@
 """AMRP: Adaptive Multi-Reward Projection (paper 001, Algorithm 1, Eqs. 4-7; METHODS.md section 2).
 
+Shapes: `B` prompts, `G` responses per prompt, `K` reward channels (`r_BGK`, weights `[K]`).
+
 Per step t, with NaN-aware batch statistics over all `B*G` samples (population
 variance, ddof = 0):
 
@@ -16,7 +18,9 @@ variance, ddof = 0):
 
 Initial weights `w^(0)` are the prior `a` (all ones by default, so the first step is
 the equal-weight sum). Defaults `(lam, k_s, k_p, N) = (1.0, 5, 5, 1)` are the paper's;
-`rho = 0.9` and `eps = 1e-6` are project defaults (not given in the paper).
+`rho = 0.9` and `eps = 1e-6` are project defaults (not given in the paper). `init`'s
+signature is the one place they are written: `DEFAULTS` and the registry's hyperparameters
+of `amrp` are read from it.
 
 Ablations (paper Tables 5 and 6), all array-valued flags in the state so `jax.vmap`
 over `init` sweeps them and the update stays jit-safe:
@@ -48,15 +52,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from mr_rl.aggregators import _common as C
+from mr_rl.aggregators.registry import stateful
 
 Array = jax.Array
 
-DEFAULTS = dict(rho=0.9, lam=1.0, k_s=5.0, k_p=5.0, interval=1, eps=1e-6, prior=None,
-                use_s=True, use_v=True, use_p=True, additive=False, persistent_prior=True)
-
 
 @flax.struct.dataclass
-class AMRPState:
+class AMRPState(C.ChannelState):
   """AMRP state; every field is an array leaf (hyperparameters included).
 
   Attributes:
@@ -90,10 +92,6 @@ class AMRPState:
   additive: Array
   persistent_prior: Array
 
-  @property
-  def num_channels(self) -> int:
-    return self.weights.shape[-1]
-
 
 def _check_flag(x: Any, name: str) -> Array:
   v = C.concrete(x)
@@ -126,9 +124,7 @@ def init(num_channels: int, *, rho: Any = 0.9, lam: Any = 1.0, k_s: Any = 5.0, k
     ValueError: a hyperparameter out of range (named in the message), `prior` of
       length != K, negative or not mean-one.
   """
-  if not isinstance(num_channels, (int, np.integer)) or num_channels < 1:
-    raise ValueError(f"`num_channels` must be a positive int; got {num_channels!r}.")
-  k = int(num_channels)
+  k = C.check_num_channels_arg(num_channels)
   C.check_range(rho, "rho", lo=0.0, hi=1.0)
   C.check_range(lam, "lam", lo=0.0)
   C.check_range(k_s, "k_s", lo=0.0)
@@ -159,6 +155,10 @@ def init(num_channels: int, *, rho: Any = 0.9, lam: Any = 1.0, k_s: Any = 5.0, k
       persistent_prior=_check_flag(persistent_prior, "persistent_prior"))
 
 
+# {hyperparameter: default} of `init` (prior None = all ones), read from its signature.
+DEFAULTS: dict[str, Any] = C.signature_defaults(init)[0]
+
+
 def gates(state: AMRPState, mu: Array, sigma: Array, delta: Array) -> dict[str, Array]:
   """Eqs. 5-7: gates S, V, P (ablated ones are 1), score U and mean-one weights."""
   s = jax.nn.softplus(state.k_s * (jnp.mean(mu) - mu))
@@ -174,6 +174,7 @@ def gates(state: AMRPState, mu: Array, sigma: Array, delta: Array) -> dict[str, 
   return {"S": s, "V": v, "P": p, "U": u, "candidate_weights": w}
 
 
+@stateful("amrp", init=init)
 @jax.jit
 def update(state: AMRPState, r_BGK: Any) -> tuple[Array, AMRPState, dict[str, Array]]:
   """One AMRP step (Algorithm 1 lines 3-11).

@@ -1,5 +1,7 @@
 """DRBO dynamic reward weighting (Chen et al. 2025; METHODS.md section 2).
 
+Shapes: `B` prompts, `G` responses per prompt, `K` reward channels (`r_BGK`).
+
 Two rules share one state. Both keep, over all samples seen so far, the running
 per-channel mean `xbar_k` (NaN-aware), the per-channel count of valid samples `n_k`
 and the total sample count `N` (every row of every batch, B*G per step). Weights start
@@ -20,7 +22,8 @@ held before step t (project choice; applies to both rules).
 NaN handling: `R` sums `w_k r_k` over applicable channels (all-NaN row -> NaN); NaN
 entries do not enter `xbar_k` or `n_k`.
 
-Use the namespaces `mr_rl.aggregators.drbo_inverse` / `drbo_delta` (`init`, `update`).
+Use the namespaces `mr_rl.aggregators.drbo_inverse` / `drbo_delta` (`init`, `update`);
+both register under those names with `init`'s defaults (DRBO-inverse without `temperature`).
 """
 
 from __future__ import annotations
@@ -34,12 +37,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from mr_rl.aggregators import _common as C
+from mr_rl.aggregators.registry import stateful
 
 Array = jax.Array
 
 
 @flax.struct.dataclass
-class DRBOState:
+class DRBOState(C.ChannelState):
   """DRBO state; all fields are array leaves.
 
   Attributes:
@@ -63,10 +67,6 @@ class DRBOState:
   tau: Array
   temperature: Array
 
-  @property
-  def num_channels(self) -> int:
-    return self.weights.shape[-1]
-
 
 def init(num_channels: int, *, interval: Any = 25, tau: Any = 0.0,
          temperature: Any = 1.0) -> DRBOState:
@@ -81,14 +81,12 @@ def init(num_channels: int, *, interval: Any = 25, tau: Any = 0.0,
   Raises:
     ValueError: an argument out of range (named in the message).
   """
-  if not isinstance(num_channels, (int, np.integer)) or num_channels < 1:
-    raise ValueError(f"`num_channels` must be a positive int; got {num_channels!r}.")
+  k = C.check_num_channels_arg(num_channels)
   n = C.concrete(interval)
   if n is not None and (n.ndim != 0 or not float(n).is_integer() or n < 1):
     raise ValueError(f"`interval` must be an integer >= 1; got {interval!r}.")
   C.check_range(tau, "tau", lo=0.0)
   C.check_range(temperature, "temperature", lo=0.0, lo_open=True)
-  k = int(num_channels)
   zeros = jnp.zeros((k,), C.float_dtype())
   return DRBOState(weights=jnp.ones((k,), C.float_dtype()), mean=zeros, count=zeros,
                    total=jnp.zeros((), C.float_dtype()), mean_prev=zeros,
@@ -137,12 +135,14 @@ def _update(state: DRBOState, r_BGK: Any, rule: str) -> tuple[Array, DRBOState, 
   return big_r, new_state, metrics
 
 
+@stateful("drbo_inverse", init=init, exclude=("temperature",))
 @jax.jit
 def update_inverse(state: DRBOState, r_BGK: Any) -> tuple[Array, DRBOState, dict]:
   """One DRBO-inverse step: `(R[...], new_state, metrics)`; see the module docstring."""
   return _update(state, r_BGK, "inverse")
 
 
+@stateful("drbo_delta", init=init)
 @jax.jit
 def update_delta(state: DRBOState, r_BGK: Any) -> tuple[Array, DRBOState, dict]:
   """One DRBO-delta step: `(R[...], new_state, metrics)`; see the module docstring."""

@@ -10,6 +10,9 @@ with `M` the number of constraints. After each batch the dual step
 multiplier of a constraint that is violated on average. `R` uses the multipliers
 held before the step (as AMRP's Eq. 4 uses `w^(t-1)`).
 
+Shapes: `B` prompts, `G` responses per prompt, `K` reward channels (`r_BGK`).
+`init`'s signature holds the defaults (the registry's hyperparameters of `lagrangian`).
+
 NaN handling: `R` sums the applicable terms (a NaN channel's term is dropped, no
 renormalisation; all-NaN row -> NaN). `mean_B r_i` is NaN-aware; a constraint with no
 valid sample in the batch keeps its multiplier.
@@ -17,7 +20,7 @@ valid sample in the batch keeps its multiplier.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.struct
 import jax
@@ -25,12 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from mr_rl.aggregators import _common as C
+from mr_rl.aggregators.registry import stateful
 
 Array = jax.Array
 
 
 @flax.struct.dataclass
-class LagrangianState:
+class LagrangianState(C.ChannelState):
   """Lagrangian state; all fields are array leaves.
 
   Attributes:
@@ -41,16 +45,13 @@ class LagrangianState:
     lr: scalar dual step size.
     step: scalar int32 update count.
   """
+  CHANNEL_FIELD: ClassVar[str] = "multipliers"
   multipliers: Array
   objective: Array
   thresholds: Array
   constrained: Array
   lr: Array
   step: Array
-
-  @property
-  def num_channels(self) -> int:
-    return self.multipliers.shape[-1]
 
 
 def init(num_channels: int, *, objective: Any = 0, thresholds: Any = 0.5,
@@ -101,6 +102,7 @@ def coefficients(state: LagrangianState) -> Array:
   return jnp.where(is_obj, m - jnp.sum(s), s)
 
 
+@stateful("lagrangian", init=init)
 @jax.jit
 def update(state: LagrangianState, r_BGK: Any) -> tuple[Array, LagrangianState, dict]:
   """One step: `R` with the current multipliers, then the dual step.

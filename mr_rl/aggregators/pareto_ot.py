@@ -13,8 +13,13 @@ NaN handling (project choice): a channel that is NaN in either of two samples is
 ignored when comparing them (dominance and cost use the channels both samples have);
 a sample whose channels are all NaN takes no part and scores NaN.
 
+Shapes: `G` responses of one group, `K` reward channels, `I` source (dominated) and `J`
+target (frontier) samples of a transport plan; leading axes of `pg_ot`'s input (e.g. `B`
+prompts) index independent groups.
+
 Pure jnp; `pg_ot_group` works on one group `[G, K]` and `pg_ot` vmaps it over all
-leading axes.
+leading axes. `pg_ot` registers itself as the stateless aggregator `pg_ot` (its defaults
+`DEFAULT_EPS`, `DEFAULT_NUM_ITERS` are the registry's).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from mr_rl.aggregators import _common as C
+from mr_rl.aggregators.registry import stateless
 
 Array = jax.Array
 
@@ -144,10 +150,14 @@ def pg_ot(r_BGK: Any, eps: Any = DEFAULT_EPS, num_iters: int = DEFAULT_NUM_ITERS
     ValueError: `r_BGK` has fewer than 2 dims, `eps <= 0` or `num_iters < 1`.
   """
   r = C.check_rewards(r_BGK, "r_BGK", min_ndim=2)
+  _check_pg_ot(eps, num_iters)
+  return _pg_ot_batched(r, C.as_float(eps), num_iters)
+
+
+def _check_pg_ot(eps: Any, num_iters: Any) -> None:
   C.check_range(eps, "eps", lo=0.0, lo_open=True)
   if not isinstance(num_iters, int) or num_iters < 1:
     raise ValueError(f"`num_iters` must be a positive int; got {num_iters!r}.")
-  return _pg_ot_batched(r, C.as_float(eps), num_iters)
 
 
 @functools.partial(jax.jit, static_argnames=("num_iters",))
@@ -157,3 +167,9 @@ def _pg_ot_batched(r: Array, eps: Array, num_iters: int) -> Array:
   flat = r.reshape((-1,) + r.shape[-2:])
   out = jax.vmap(lambda x: pg_ot_group(x, eps, num_iters)[0])(flat)
   return out.reshape(lead + r.shape[-2:-1])
+
+
+@stateless(pg_ot, linear=False, static=("num_iters",), check=_check_pg_ot)
+def _pg_ot_rule(h, r, key, num_iters):
+  del key
+  return pg_ot(r, h["eps"], num_iters), {}

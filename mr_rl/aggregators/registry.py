@@ -1,43 +1,55 @@
-"""Registry: one uniform interface for every aggregation rule (STYLE.md item 4).
+"""Aggregator registry: one uniform interface for every aggregation rule (STYLE.md item 4).
+
+Shapes: `B` prompts, `G` responses per prompt, `K` reward channels (`r_BGK`, `R_BG`).
+
+Every rule registers itself where it is defined, in the project's one registry style
+(`mr_rl.registry.Registry`, here `AGGREGATORS`):
+
+  * a stateless rule (static.py, pareto_ot.py) with `@stateless(rule, ...)` on a small
+    adapter next to the rule function; its hyperparameters and their defaults are the rule
+    function's own parameters after the rewards (and `key`);
+  * a stateful rule (amrp.py, drbo.py, lagrangian.py) with `@stateful(name, init=init)` on
+    its `update`; its hyperparameters and defaults are `init`'s keyword parameters.
+
+So each default is written once, in a signature. A registered name is the public attribute
+of `mr_rl.aggregators` that implements the rule: the rule function (`weighted_sum`, `tag`,
+...) or the namespace holding `init` / `update` (`amrp`, `drbo_inverse`, `drbo_delta`,
+`lagrangian`). The short names the configs use are aliases, declared at the registration:
+`weighted` (`weighted_sum`), `min` (`min_and`), `lsc` (`lsc_soft_and`).
 
 `get(name, **hp)` returns an `Aggregator` with
 
   * `init(num_channels) -> state`: a pytree (flax.struct) holding the rule's
     hyperparameters as array leaves and, for stateful rules, its statistics. Stateless
     rules get a `StatelessState` whose only field is a dict of their hyperparameters
-    (empty for `additive` and `min`), so `jax.vmap` over `init` sweeps those too.
+    (empty for `additive` and `min_and`), so `jax.vmap` over `init` sweeps those too.
   * `apply(state, r_BGK, key) -> (R_BG, new_state, metrics)`: jittable with the state
     as a pytree argument. `key` is a PRNG key, needed only by `rubric_dropout` (others
     accept None).
 
-For the linear rules (`linear = True`: additive, weighted, rp_only, rubric_dropout,
+For the linear rules (`linear = True`: additive, weighted_sum, rp_only, rubric_dropout,
 amrp, drbo_*, lagrangian) `metrics['weights']` holds the `[K]` per-channel
 coefficients used this step, i.e. `R = sum_k weights_k r_k` for a row where every
 channel applies; GDPO multiplies per-channel normalised advantages by these (for AMRP
-they are `w^(t-1)`, mean-one). Non-linear rules (min, lsc, tag, pg_ot) carry no
-`weights` entry. `metrics` of every rule also holds the scalar `frac_nan_R` (share of
+they are `w^(t-1)`, mean-one). Non-linear rules (min_and, lsc_soft_and, tag, pg_ot) carry
+no `weights` entry. `metrics` of every rule also holds the scalar `frac_nan_R` (share of
 samples whose R is NaN).
 
-Hyperparameter names per rule are in `HYPERPARAMETERS`; an unknown name or rule raises
-ValueError naming it.
+An unknown rule raises `UnknownNameError` (a ValueError) `unknown aggregator 'x'; valid:
+...`; an unknown or missing hyperparameter raises ValueError naming it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from mr_rl.aggregators import _common as C
-from mr_rl.aggregators import amrp as amrp_lib
-from mr_rl.aggregators import drbo as drbo_lib
-from mr_rl.aggregators import lagrangian as lagrangian_lib
-from mr_rl.aggregators import pareto_ot
-from mr_rl.aggregators import static
+from mr_rl.registry import Registry
 
 Array = jax.Array
 
@@ -59,7 +71,7 @@ class Aggregator:
   """A named aggregation rule with a uniform functional interface.
 
   Attributes:
-    name: registry name.
+    name: registered name (an alias given to `get` resolves to it).
     init: `init(num_channels) -> state`.
     apply: `apply(state, r_BGK, key=None) -> (R_BG, new_state, metrics)`.
     linear: True when R is a per-channel linear combination (`metrics['weights']`).
@@ -76,22 +88,30 @@ class Aggregator:
   hyperparameters: Mapping[str, Any]
 
 
-HYPERPARAMETERS: dict[str, dict[str, Any]] = {
-    "additive": {},
-    "weighted": {"w": None},
-    "min": {},
-    "rp_only": {"primary": 0},
-    "lsc": {"tau": 0.1},
-    "tag": {"anchor": 0, "lam": 1.0},
-    "rubric_dropout": {"p": 0.5},
-    "pg_ot": {"eps": pareto_ot.DEFAULT_EPS, "num_iters": pareto_ot.DEFAULT_NUM_ITERS},
-    "amrp": dict(amrp_lib.DEFAULTS),
-    "drbo_inverse": {"interval": 25, "tau": 0.0},
-    "drbo_delta": {"interval": 25, "tau": 0.0, "temperature": 1.0},
-    "lagrangian": {"objective": 0, "thresholds": 0.5, "constrained": None, "lr": 0.1,
-                   "init_multiplier": 0.0},
-}
-NAMES = tuple(HYPERPARAMETERS)
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """A registered rule: what `get` needs to build its `Aggregator`.
+
+  Attributes:
+    name: registered name.
+    impl: the public function that implements the rule (stateless: the rule itself;
+      stateful: its `update`).
+    defaults: `{hyperparameter: default}` read from a signature; None for a required one.
+    required: the hyperparameters without a default.
+    build: `build(hp) -> (init, apply)` for the complete hyperparameters `hp`.
+    linear, stateful, needs_key: as in `Aggregator`.
+  """
+  name: str
+  impl: Callable[..., Any]
+  defaults: Mapping[str, Any]
+  required: tuple[str, ...]
+  build: Callable[[dict[str, Any]], tuple[Callable, Callable]]
+  linear: bool
+  stateful: bool
+  needs_key: bool = False
+
+
+AGGREGATORS: Registry[Rule] = Registry("aggregator")
 
 
 def _metrics(big_r: Array, extra: dict[str, Array]) -> dict[str, Array]:
@@ -100,146 +120,124 @@ def _metrics(big_r: Array, extra: dict[str, Array]) -> dict[str, Array]:
   return out
 
 
-def _stateless(name: str, hp: dict[str, Any], make_hp: Callable[[int], dict[str, Array]],
-               fn: Callable[..., tuple[Array, dict[str, Array]]], linear: bool,
-               needs_key: bool = False) -> Aggregator:
-  """Wraps `fn(hp_arrays, r, key) -> (R, extra_metrics)` into an Aggregator."""
-
-  def init(num_channels: int) -> StatelessState:
-    if not isinstance(num_channels, (int, np.integer)) or num_channels < 1:
-      raise ValueError(f"`num_channels` must be a positive int; got {num_channels!r}.")
-    return StatelessState(hp=make_hp(int(num_channels)), num_channels=int(num_channels))
-
-  def apply(state: StatelessState, r_BGK: Any, key: Any = None):
-    r = C.check_rewards(r_BGK, "r_BGK")
-    C.check_num_channels(r, state.num_channels)
-    big_r, extra = fn(state.hp, r, key)
-    return big_r, state, _metrics(big_r, extra)
-
-  return Aggregator(name=name, init=init, apply=apply, linear=linear, stateful=False,
-                    needs_key=needs_key, hyperparameters=hp)
+def _as_float_arrays(num_channels: int, **hp: Any) -> dict[str, Array]:
+  del num_channels
+  return {name: C.as_float(value) for name, value in hp.items()}
 
 
-def _stateful(name: str, hp: dict[str, Any], init_fn: Callable[..., Any],
-              update_fn: Callable[..., Any]) -> Aggregator:
+def stateless(rule: Callable[..., Array], *, linear: bool, aliases: Sequence[str] = (),
+              needs_key: bool = False, check: Callable[..., None] | None = None,
+              arrays: Callable[..., dict[str, Array]] = _as_float_arrays,
+              static: Sequence[str] = ()) -> Callable:
+  """Decorator on the adapter of a stateless rule: registers `rule` under its own name.
 
-  def init(num_channels: int):
-    return init_fn(num_channels, **hp)
+  The decorated adapter is `adapter(h, r, key, **static_hp) -> (R, extra_metrics)`, with
+  `h` the hyperparameter arrays of the state; for a linear rule `extra_metrics` holds
+  `weights`.
 
-  def apply(state: Any, r_BGK: Any, key: Any = None):
-    del key
-    big_r, new_state, metrics = update_fn(state, r_BGK)
-    return big_r, new_state, _metrics(big_r, metrics)
+  Args:
+    rule: the public rule function `rule(r, [key,] **hp) -> R`; its parameters after the
+      rewards (and `key`) are the hyperparameters, their defaults the registry's.
+    linear: R is a per-channel linear combination.
+    aliases: further accepted names.
+    needs_key: `apply` needs a PRNG key.
+    check: `check(**hp)`, the checks that need no K, run by `get`.
+    arrays: `arrays(num_channels, **hp) -> {name: array}` for the hyperparameters held in
+      the state (K-dependent checks); default: each as a float array.
+    static: hyperparameters passed to the adapter as Python values, not state leaves.
+  """
+  defaults, required = C.signature_defaults(rule, skip=1, exclude=("key",))
 
-  return Aggregator(name=name, init=init, apply=apply, linear=True, stateful=True,
-                    needs_key=False, hyperparameters=hp)
+  def deco(adapter: Callable[..., tuple[Array, dict[str, Array]]]):
+
+    def build(hp: dict[str, Any]):
+      if check is not None:
+        check(**hp)
+      static_hp = {n: hp[n] for n in static}
+      array_hp = {n: v for n, v in hp.items() if n not in static_hp}
+
+      def init(num_channels: int) -> StatelessState:
+        k = C.check_num_channels_arg(num_channels)
+        return StatelessState(hp=arrays(k, **array_hp), num_channels=k)
+
+      def apply(state: StatelessState, r_BGK: Any, key: Any = None):
+        r = C.check_rewards(r_BGK, "r_BGK")
+        C.check_num_channels(r, state.num_channels)
+        big_r, extra = adapter(state.hp, r, key, **static_hp)
+        return big_r, state, _metrics(big_r, extra)
+
+      return init, apply
+
+    AGGREGATORS.add(rule.__name__, Rule(rule.__name__, rule, defaults, required, build, linear,
+                                        stateful=False, needs_key=needs_key), aliases)
+    return adapter
+
+  return deco
 
 
-def _ones(r: Array) -> Array:
-  return jnp.ones((r.shape[-1],), r.dtype)
+def stateful(name: str, *, init: Callable[..., Any], aliases: Sequence[str] = (),
+             exclude: Sequence[str] = ()) -> Callable:
+  """Decorator on a stateful rule's `update(state, r_BGK) -> (R, new_state, metrics)`.
 
+  Registers the rule under `name` (the namespace that holds `init` and `update`). Its
+  hyperparameters and defaults are `init`'s keyword parameters, less `exclude` (which
+  keep `init`'s defaults). Stateful rules are linear (`metrics['weights']`).
+  """
+  defaults, required = C.signature_defaults(init, skip=1, exclude=exclude)
 
-def _check_k_free(name: str, hp: dict[str, Any]) -> None:
-  """Range checks that do not need K, run when the aggregator is built."""
-  if name == "lsc":
-    C.check_range(hp["tau"], "tau", lo=0.0, lo_open=True)
-  elif name == "tag":
-    C.check_range(hp["lam"], "lam", lo=0.0)
-  elif name == "rubric_dropout":
-    C.check_range(hp["p"], "p", lo=0.0, hi=1.0, hi_open=True)
-  elif name == "pg_ot":
-    C.check_range(hp["eps"], "eps", lo=0.0, lo_open=True)
+  def deco(update: Callable[..., tuple[Array, Any, dict[str, Array]]]):
+
+    def build(hp: dict[str, Any]):
+
+      def init_fn(num_channels: int):
+        return init(num_channels, **hp)
+
+      def apply(state: Any, r_BGK: Any, key: Any = None):
+        del key
+        big_r, new_state, metrics = update(state, r_BGK)
+        return big_r, new_state, _metrics(big_r, metrics)
+
+      return init_fn, apply
+
+    AGGREGATORS.add(name, Rule(name, update, defaults, required, build, linear=True,
+                               stateful=True), aliases)
+    return update
+
+  return deco
 
 
 def get(name: str, **hp: Any) -> Aggregator:
   """The aggregator registered under `name`, with hyperparameters `hp` (others default).
 
   Args:
-    name: one of `NAMES`.
+    name: a registered name or alias (`mr_rl.aggregators.NAMES`).
     **hp: hyperparameters of that rule (see `HYPERPARAMETERS[name]`).
 
   Raises:
-    ValueError: unknown `name` (lists the valid ones), unknown hyperparameter (names
-      it), or a missing required one (`w` for `weighted`).
+    UnknownNameError (a ValueError): unknown `name` (the message lists the valid ones).
+    ValueError: unknown hyperparameter (names it), a missing required one (`w` for
+      `weighted_sum`), or one that fails a check that needs no K.
   """
-  if name not in HYPERPARAMETERS:
-    raise ValueError(f"Unknown aggregator name {name!r}; valid names: {', '.join(NAMES)}.")
-  allowed = HYPERPARAMETERS[name]
-  unknown = sorted(set(hp) - set(allowed))
+  rule = AGGREGATORS.get(name)
+  unknown = sorted(set(hp) - set(rule.defaults))
   if unknown:
-    raise ValueError(f"Unknown hyperparameter(s) {unknown} for aggregator {name!r}; "
-                     f"valid: {sorted(allowed)}.")
-  full = {**allowed, **hp}
-  _check_k_free(name, full)
+    raise ValueError(f"Unknown hyperparameter(s) {unknown} for aggregator {rule.name!r}; "
+                     f"valid: {sorted(rule.defaults)}.")
+  missing = [n for n in rule.required if hp.get(n) is None]
+  if missing:
+    raise ValueError(f"Aggregator {rule.name!r} needs the hyperparameter(s) "
+                     f"{', '.join(f'`{n}`' for n in missing)}.")
+  full = {**rule.defaults, **hp}
+  init, apply = rule.build(full)
+  return Aggregator(name=rule.name, init=init, apply=apply, linear=rule.linear,
+                    stateful=rule.stateful, needs_key=rule.needs_key, hyperparameters=full)
 
-  if name == "additive":
-    return _stateless(name, full, lambda k: {},
-                      lambda h, r, key: (static.additive(r), {"weights": _ones(r) / r.shape[-1]}),
-                      linear=True)
-  if name == "weighted":
-    if full["w"] is None:
-      raise ValueError("Aggregator 'weighted' needs the hyperparameter `w` ([K] weights).")
 
-    def make_w(k):
-      return {"w": C.check_vector(full["w"], k, "w")}
+def accepted_names() -> tuple[str, ...]:
+  """Every name `get` accepts: the registered names and their aliases, sorted."""
+  return tuple(sorted((*AGGREGATORS.names(), *AGGREGATORS.aliases())))
 
-    return _stateless(name, full, make_w,
-                      lambda h, r, key: (static.weighted_sum(r, h["w"]), {"weights": h["w"]}),
-                      linear=True)
-  if name == "min":
-    return _stateless(name, full, lambda k: {}, lambda h, r, key: (static.min_and(r), {}),
-                      linear=False)
-  if name == "rp_only":
-    def rp(h, r, key):
-      onehot = (jnp.arange(r.shape[-1]) == h["primary"]).astype(r.dtype)
-      return static.rp_only(r, h["primary"]), {"weights": onehot}
 
-    return _stateless(name, full,
-                      lambda k: {"primary": C.check_index(full["primary"], k, "primary")}, rp,
-                      linear=True)
-  if name == "lsc":
-    def make_lsc(k):
-      C.check_range(full["tau"], "tau", lo=0.0, lo_open=True)
-      return {"tau": C.as_float(full["tau"])}
-
-    return _stateless(name, full, make_lsc,
-                      lambda h, r, key: (static.lsc_soft_and(r, h["tau"]), {}), linear=False)
-  if name == "tag":
-    def make_tag(k):
-      anchor = C.check_index(full["anchor"], k, "anchor")
-      return {"anchor": anchor, "lam": static._tag_gates(full["lam"], anchor, k)}
-
-    return _stateless(name, full, make_tag,
-                      lambda h, r, key: (static.tag(r, h["anchor"], h["lam"]), {}),
-                      linear=False)
-  if name == "rubric_dropout":
-    def make_rd(k):
-      C.check_range(full["p"], "p", lo=0.0, hi=1.0, hi_open=True)
-      return {"p": C.as_float(full["p"])}
-
-    def rd(h, r, key):
-      mask = static.rubric_dropout_mask(key, r.shape[-1], h["p"])
-      big_r = static.additive(jnp.where(mask, r, jnp.nan))
-      return big_r, {"weights": mask / jnp.sum(mask).astype(r.dtype), "keep_mask": mask}
-
-    return _stateless(name, full, make_rd, rd, linear=True, needs_key=True)
-  if name == "pg_ot":
-    num_iters = full["num_iters"]
-    if not isinstance(num_iters, int) or num_iters < 1:
-      raise ValueError(f"`num_iters` must be a positive int; got {num_iters!r}.")
-
-    def make_ot(k):
-      C.check_range(full["eps"], "eps", lo=0.0, lo_open=True)
-      return {"eps": C.as_float(full["eps"])}
-
-    return _stateless(name, full, make_ot,
-                      lambda h, r, key: (pareto_ot.pg_ot(r, h["eps"], num_iters), {}),
-                      linear=False)
-  if name == "amrp":
-    return _stateful(name, full, amrp_lib.init, amrp_lib.update)
-  if name == "drbo_inverse":
-    return _stateful(name, full, drbo_lib.init, drbo_lib.update_inverse)
-  if name == "drbo_delta":
-    return _stateful(name, full, drbo_lib.init, drbo_lib.update_delta)
-  assert name == "lagrangian"
-  return _stateful(name, full, lagrangian_lib.init, lagrangian_lib.update)
+def hyperparameters() -> dict[str, dict[str, Any]]:
+  """`{name: {hyperparameter: default}}` for every accepted name (None: required)."""
+  return {name: dict(AGGREGATORS.get(name).defaults) for name in accepted_names()}

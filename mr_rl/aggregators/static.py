@@ -1,5 +1,8 @@
 """Static (stateless) aggregators `r[..., K] -> R[...]` (METHODS.md section 1).
 
+Shapes: `K` reward channels, the last axis; any leading axes (e.g. `B` prompts x `G`
+responses) are kept.
+
 All functions are pure jnp, jittable and vmappable; each validates its concrete
 arguments, then calls a jitted core (so eager calls compile once per shape and the
 core inlines under an outer jit). Hyperparameters may be traced (so `jax.vmap`
@@ -10,6 +13,10 @@ concrete values and raise ValueError naming the argument.
 NaN handling (METHODS.md notation: NaN = channel not applicable): every rule skips
 NaN channels as described in its docstring, and a row whose channels are all NaN
 yields a NaN scalar, which the advantage code turns into advantage 0.
+
+Each rule registers itself in the aggregator registry right after its definition
+(`@stateless(rule, ...)` on a small adapter, see `registry`); the registry reads the
+hyperparameters and their defaults from the rule's own signature.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from mr_rl.aggregators import _common as C
+from mr_rl.aggregators.registry import stateless
 
 Array = jax.Array
 
@@ -48,6 +56,12 @@ def _additive(r: Array) -> Array:
   return jnp.where(n == 0, jnp.nan, out)
 
 
+@stateless(additive, linear=True)
+def _additive_rule(h, r, key):
+  del h, key
+  return additive(r), {"weights": jnp.ones((r.shape[-1],), r.dtype) / r.shape[-1]}
+
+
 def weighted_sum(r: Any, w: Any) -> Array:
   """Weighted sum `sum_k w_k r_k` (METHODS.md section 1, e.g. `0.9 RP + 0.1 RA`).
 
@@ -72,6 +86,13 @@ def weighted_sum(r: Any, w: Any) -> Array:
 _weighted = jax.jit(C.weighted_nansum)
 
 
+@stateless(weighted_sum, aliases=("weighted",), linear=True,
+           arrays=lambda k, w: {"w": C.check_vector(w, k, "w")})
+def _weighted_sum_rule(h, r, key):
+  del key
+  return weighted_sum(r, h["w"]), {"weights": h["w"]}
+
+
 def min_and(r: Any) -> Array:
   """AND rule `min_k r_k` (METHODS.md section 1).
 
@@ -84,6 +105,12 @@ def min_and(r: Any) -> Array:
 @jax.jit
 def _min_and(r: Array) -> Array:
   return jnp.nanmin(r, axis=-1)  # nanmin of an all-NaN row is NaN.
+
+
+@stateless(min_and, aliases=("min",), linear=False)
+def _min_and_rule(h, r, key):
+  del h, key
+  return min_and(r), {}
 
 
 def rp_only(r: Any, primary: Any = 0) -> Array:
@@ -109,6 +136,14 @@ def _take(r: Array, index: Array) -> Array:
   return jnp.take(r, index, axis=-1)
 
 
+@stateless(rp_only, linear=True,
+           arrays=lambda k, primary: {"primary": C.check_index(primary, k, "primary")})
+def _rp_only_rule(h, r, key):
+  del key
+  onehot = (jnp.arange(r.shape[-1]) == h["primary"]).astype(r.dtype)
+  return rp_only(r, h["primary"]), {"weights": onehot}
+
+
 def lsc_soft_and(r: Any, tau: Any = 0.1) -> Array:
   """LSC soft-AND **(project definition, METHODS.md section 1)**.
 
@@ -128,8 +163,12 @@ def lsc_soft_and(r: Any, tau: Any = 0.1) -> Array:
     ValueError: `tau <= 0`.
   """
   r = C.check_rewards(r)
-  C.check_range(tau, "tau", lo=0.0, lo_open=True)
+  _check_tau(tau)
   return _lsc(r, C.as_float(tau))
+
+
+def _check_tau(tau: Any) -> None:
+  C.check_range(tau, "tau", lo=0.0, lo_open=True)
 
 
 @jax.jit
@@ -144,14 +183,24 @@ def _lsc(r: Array, tau: Array) -> Array:
   return jnp.where(n == 0, jnp.nan, out)
 
 
+@stateless(lsc_soft_and, aliases=("lsc",), linear=False, check=_check_tau)
+def _lsc_soft_and_rule(h, r, key):
+  del key
+  return lsc_soft_and(r, h["tau"]), {}
+
+
+def _check_lam(lam: Any) -> None:
+  C.check_range(lam, "lam", lo=0.0)
+
+
 def _tag_gates(lam: Any, anchor: Array, num_channels: int) -> Array:
   """`[K]` gates with the anchor's entry set to 0."""
-  C.check_range(lam, "lam", lo=0.0)
+  _check_lam(lam)
   lam = C.check_vector(lam, num_channels, "lam")
   return jnp.where(jnp.arange(num_channels) == anchor, 0.0, lam)
 
 
-def tag(r: Any, anchor: Any, lam: Any) -> Array:
+def tag(r: Any, anchor: Any = 0, lam: Any = 1.0) -> Array:
   """Trust-Anchored Gating (TAG paper; METHODS.md section 1).
 
   `f = r_a * (1 + sum_{k != a} lam_k r_k) / (1 + sum_{k != a} lam_k)`.
@@ -164,9 +213,9 @@ def tag(r: Any, anchor: Any, lam: Any) -> Array:
 
   Args:
     r: rewards `[..., K]`.
-    anchor: index `a` of the anchor channel in `[0, K)`.
+    anchor: index `a` of the anchor channel in `[0, K)` (default 0).
     lam: gate strengths `lam_k >= 0`, a scalar (same for every auxiliary) or `[K]`
-      (the anchor's entry is ignored). May be traced; differentiable.
+      (the anchor's entry is ignored); default 1. May be traced; differentiable.
 
   Raises:
     ValueError: `anchor` out of range, `lam` negative or of the wrong length.
@@ -184,6 +233,17 @@ def _tag(r: Array, anchor: Array, gates: Array) -> Array:
   num = 1.0 + jnp.sum(g * C.nan_to_zero(r), axis=-1)
   den = 1.0 + jnp.sum(g, axis=-1)
   return jnp.take(r, anchor, axis=-1) * num / den
+
+
+def _tag_arrays(num_channels: int, anchor: Any, lam: Any) -> dict[str, Array]:
+  anchor = C.check_index(anchor, num_channels, "anchor")
+  return {"anchor": anchor, "lam": _tag_gates(lam, anchor, num_channels)}
+
+
+@stateless(tag, linear=False, check=lambda anchor, lam: _check_lam(lam), arrays=_tag_arrays)
+def _tag_rule(h, r, key):
+  del key
+  return tag(r, h["anchor"], h["lam"]), {}
 
 
 def rubric_dropout_mask(key: Array, num_channels: int, p: Any) -> Array:
@@ -206,8 +266,12 @@ def rubric_dropout_mask(key: Array, num_channels: int, p: Any) -> Array:
   """
   if key is None:
     raise ValueError("`key` is required for rubric dropout (a PRNG key, e.g. jax.random.key(0)).")
-  C.check_range(p, "p", lo=0.0, hi=1.0, hi_open=True)
+  _check_p(p)
   return _dropout_mask(key, num_channels, C.as_float(p))
+
+
+def _check_p(p: Any) -> None:
+  C.check_range(p, "p", lo=0.0, hi=1.0, hi_open=True)
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -218,7 +282,7 @@ def _dropout_mask(key: Array, num_channels: int, p: Array) -> Array:
   return jnp.where(jnp.any(keep), keep, fallback)
 
 
-def rubric_dropout(r: Any, key: Array, p: Any) -> Array:
+def rubric_dropout(r: Any, key: Array, p: Any = 0.5) -> Array:
   """Rubric Dropout **(project definition, METHODS.md section 1)**.
 
   Draws one keep-mask over channels for the whole call (one step), see
@@ -230,7 +294,7 @@ def rubric_dropout(r: Any, key: Array, p: Any) -> Array:
   Args:
     r: rewards `[..., K]`.
     key: PRNG key (fold in the step number outside).
-    p: drop probability in `[0, 1)`.
+    p: drop probability in `[0, 1)` (default 0.5).
 
   Raises:
     ValueError: `p` outside `[0, 1)`, or `key` is None.
@@ -238,3 +302,10 @@ def rubric_dropout(r: Any, key: Array, p: Any) -> Array:
   r = C.check_rewards(r)
   mask = rubric_dropout_mask(key, r.shape[-1], p)
   return _additive(jnp.where(mask, r, jnp.nan))
+
+
+@stateless(rubric_dropout, linear=True, needs_key=True, check=_check_p)
+def _rubric_dropout_rule(h, r, key):
+  mask = rubric_dropout_mask(key, r.shape[-1], h["p"])
+  big_r = additive(jnp.where(mask, r, jnp.nan))
+  return big_r, {"weights": mask / jnp.sum(mask).astype(r.dtype), "keep_mask": mask}

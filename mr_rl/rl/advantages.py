@@ -15,6 +15,12 @@ and, for GDPO, over the batch (project choice for GDPO; the torch ``std``
 default that GRPO implementations use).
 
 All functions are pure jnp and jit-compatible.
+
+Every estimator registers itself in ``ESTIMATORS`` (``mr_rl.registry.Registry``) under its
+own function name, with ``@ESTIMATORS.register`` where it is defined; its first parameter
+says what it reads: ``R_BG`` (scalar estimators) or ``r_BGK`` (multi-channel ones, which
+also take ``weights_K``); its other parameters are its hyperparameters. ``get_advantage``
+wraps any of them into one signature.
 """
 
 from __future__ import annotations
@@ -24,7 +30,10 @@ from typing import Callable, Optional
 
 import jax.numpy as jnp
 
+from mr_rl.registry import Registry
+
 Array = jnp.ndarray
+ESTIMATORS: Registry[Callable[..., Array]] = Registry('advantage estimator')
 
 
 def _as_float(x, name: str, ndim: int) -> Array:
@@ -64,6 +73,7 @@ def _stats_last(x: Array):
   return valid, n, mean, std, const
 
 
+@ESTIMATORS.register
 def grpo(R_BG, eps: float = 1e-6) -> Array:
   """GRPO advantage ``(R - mean_g R) / (std_g R + eps)`` (METHODS.md section 3).
 
@@ -80,6 +90,7 @@ def grpo(R_BG, eps: float = 1e-6) -> Array:
   return jnp.where(valid & ~const, (R_BG - mean) / (std + eps), 0.0)
 
 
+@ESTIMATORS.register
 def dr_grpo(R_BG) -> Array:
   """Dr.GRPO advantage ``R - mean_g R`` (Liu et al. 2025; METHODS.md section 3).
 
@@ -90,6 +101,7 @@ def dr_grpo(R_BG) -> Array:
   return jnp.where(valid & ~const, R_BG - mean, 0.0)
 
 
+@ESTIMATORS.register
 def rloo(R_BG) -> Array:
   """RLOO advantage: ``R_i`` minus the mean of the other valid samples of its group.
 
@@ -131,6 +143,7 @@ def _channel_sum(r_BGK, weights_K, eps: float):
   return S_BG, row_valid, all_const
 
 
+@ESTIMATORS.register
 def mo_grpo(r_BGK, weights_K=None, eps: float = 1e-6) -> Array:
   """MO-GRPO (Ichihara et al.): ``sum_k w_k (r_k - mean_g r_k)/(std_g r_k + eps)``.
 
@@ -141,6 +154,7 @@ def mo_grpo(r_BGK, weights_K=None, eps: float = 1e-6) -> Array:
   return jnp.where(row_valid & ~all_const, S_BG, 0.0)
 
 
+@ESTIMATORS.register
 def gdpo(r_BGK, weights_K=None, eps: float = 1e-4) -> Array:
   """GDPO (Liu et al. 2026): per-channel group normalisation, weighted sum, batch norm.
 
@@ -177,20 +191,22 @@ def frac_zero_std_channels(r_BGK) -> Array:
 # scalar estimators ignore ``r_BGK``/``weights_K``, channel estimators ignore ``R_BG``.
 AdvantageFn = Callable[[Optional[Array], Optional[Array], Optional[Array]], Array]
 
-_SCALAR = {'grpo': grpo, 'dr_grpo': dr_grpo, 'rloo': rloo}
-_CHANNEL = {'gdpo': gdpo, 'mo_grpo': mo_grpo}
-ADVANTAGE_NAMES = tuple(sorted({**_SCALAR, **_CHANNEL}))
+ADVANTAGE_NAMES = ESTIMATORS.names()
+_INPUTS = ('R_BG', 'r_BGK', 'weights_K')
 
 
 def uses_channels(name: str) -> bool:
-  """Whether the estimator ``name`` reads the reward profile ``r_BGK``."""
-  _check_name(name)
-  return name in _CHANNEL
+  """Whether the estimator ``name`` reads the reward profile ``r_BGK`` (its first parameter).
 
-
-def _check_name(name: str) -> None:
-  if name not in ADVANTAGE_NAMES:
-    raise ValueError(f'Unknown advantage estimator {name!r}; valid names: {list(ADVANTAGE_NAMES)}.')
+  Raises:
+    UnknownNameError (a ValueError): unknown ``name``; the message lists the valid ones.
+    ValueError: the registered function takes neither ``R_BG`` nor ``r_BGK`` first.
+  """
+  first = next(iter(inspect.signature(ESTIMATORS.get(name)).parameters), None)
+  if first not in ('R_BG', 'r_BGK'):
+    raise ValueError(f'Advantage estimator {name!r} must take R_BG or r_BGK as its first '
+                     f'parameter, got {first!r}.')
+  return first == 'r_BGK'
 
 
 def get_advantage(name: str, **hparams) -> AdvantageFn:
@@ -204,16 +220,16 @@ def get_advantage(name: str, **hparams) -> AdvantageFn:
     ``fn(R_BG, r_BGK, weights_K=None) -> A_BG``.
 
   Raises:
-    ValueError: unknown name or a hyperparameter the estimator does not take.
+    UnknownNameError (a ValueError): unknown name (the message lists the valid ones).
+    ValueError: a hyperparameter the estimator does not take.
   """
-  _check_name(name)
-  base = {**_SCALAR, **_CHANNEL}[name]
-  accepted = set(inspect.signature(base).parameters) - {'R_BG', 'r_BGK', 'weights_K'}
+  base = ESTIMATORS.get(name)
+  accepted = set(inspect.signature(base).parameters) - set(_INPUTS)
   bad = set(hparams) - accepted
   if bad:
     raise ValueError(f'Advantage estimator {name!r} takes hyperparameters {sorted(accepted)}, '
                      f'got unexpected {sorted(bad)}.')
-  if name in _SCALAR:
+  if not uses_channels(name):
 
     def fn(R_BG, r_BGK=None, weights_K=None):
       del r_BGK, weights_K

@@ -1,20 +1,24 @@
 """Policy-gradient and value losses (METHODS.md sections 4 and 5).
 
-Shapes: ``B`` here counts sequences (a rollout batch of ``B_prompts * G`` responses
-flattened), ``T`` tokens, ``V`` vocabulary. Per-token quantities are aligned with the
-tokens they score: ``logp_BT[b, t] = log pi(tokens[b, t] | tokens[b, :t])``; position 0
-has no prediction and is never a response token.
+Shapes: ``N`` rows (sequences: a rollout batch of ``B`` prompts x ``G`` responses,
+flattened, or a micro-batch of them), ``T`` token positions, ``V`` vocabulary. Per-token
+quantities are aligned with the tokens they score:
+``logp_NT[n, t] = log pi(tokens[n, t] | tokens[n, :t])``; position 0 has no prediction and
+is never a response token.
 
-Aggregation is expressed as per-token weights ``w_BT`` (``loss = sum_bt w_bt l_bt``)
+Aggregation is expressed as per-token weights ``w_NT`` (``loss = sum_nt w_nt l_nt``)
 computed once on the whole batch by ``token_weights``. Because the normalisers (token
 count, sequence count, sequence lengths) live inside the weights, splitting the batch
 into micro-batches and summing ``sum(w * l)`` over them reproduces the full-batch loss
-and gradient exactly for every mode:
+and gradient exactly for every mode. Each mode registers itself in ``LOSS_AGGREGATIONS``
+(``mr_rl.registry.Registry``) under its function name, with verl's spelling as its alias
+(``LOSS_AGG_MODES`` lists those, the names the configs use):
 
-* ``token-mean``: ``w = m / sum(m)`` over all valid tokens of the batch;
-* ``seq-mean-token-mean`` (original GRPO): ``w_bt = m_bt / (|y_b| * B_nonempty)``;
-* ``seq-mean-token-sum-norm`` (Dr.GRPO): ``w = m / (B * L)`` with ``L = norm_len``
-  (the maximum response length; defaults to ``T``).
+* ``token_mean`` (``token-mean``): ``w = m / sum(m)`` over all valid tokens of the batch;
+* ``seq_mean_token_mean`` (``seq-mean-token-mean``, original GRPO):
+  ``w_nt = m_nt / (|y_n| * N_nonempty)``;
+* ``seq_mean_token_sum_norm`` (``seq-mean-token-sum-norm``, Dr.GRPO): ``w = m / (N * L)``
+  with ``L = norm_len`` (the maximum response length; defaults to ``T``).
 """
 
 from __future__ import annotations
@@ -25,10 +29,38 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from mr_rl.registry import Registry
 from mr_rl.rl.kl import get_kl_estimator
 
-LOSS_AGG_MODES = ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum-norm')
 LOG_RATIO_CLAMP = 20.0
+LOSS_AGGREGATIONS: Registry = Registry('loss aggregation')
+
+
+@LOSS_AGGREGATIONS.register(aliases=('token-mean',))
+def token_mean(m_NT: jax.Array, norm_len: Optional[int] = None) -> jax.Array:
+  """``w = m / sum(m)``: every valid token of the batch weighs the same."""
+  del norm_len
+  return m_NT / jnp.maximum(m_NT.sum(), 1.0)
+
+
+@LOSS_AGGREGATIONS.register(aliases=('seq-mean-token-mean',))
+def seq_mean_token_mean(m_NT: jax.Array, norm_len: Optional[int] = None) -> jax.Array:
+  """``w_nt = m_nt / (|y_n| * N_nonempty)``: the mean over sequences of per-sequence means."""
+  del norm_len
+  len_N1 = m_NT.sum(-1, keepdims=True)
+  n_seq = jnp.maximum((len_N1 > 0).sum(), 1)
+  return m_NT / (jnp.maximum(len_N1, 1.0) * n_seq)
+
+
+@LOSS_AGGREGATIONS.register(aliases=('seq-mean-token-sum-norm',))
+def seq_mean_token_sum_norm(m_NT: jax.Array, norm_len: Optional[int] = None) -> jax.Array:
+  """``w = m / (N * L)`` with ``L = norm_len`` (None -> T): Dr.GRPO's constant normaliser."""
+  L = m_NT.shape[1] if norm_len is None else norm_len
+  return m_NT / (m_NT.shape[0] * L)
+
+
+# verl's spellings, which the configs use (each an alias of the function-named mode).
+LOSS_AGG_MODES = tuple(LOSS_AGGREGATIONS.aliases())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +70,7 @@ class PolicyLossConfig:
   Attributes:
     eps_low: epsilon_low, lower clip ``1 - eps_low`` of the ratio rho.
     eps_high: epsilon_high, upper clip ``1 + eps_high`` (clip-higher; papers use 0.28).
-    loss_agg: one of ``LOSS_AGG_MODES``.
+    loss_agg: one of ``LOSS_AGG_MODES`` (or a registered name of ``LOSS_AGGREGATIONS``).
     norm_len: L of ``seq-mean-token-sum-norm`` (max response length); None -> T.
     kl_coef: beta, weight of the per-token KL penalty to the frozen reference (0 = off).
     kl_estimator: 'k1' | 'k2' | 'k3' (METHODS.md section 5).
@@ -57,8 +89,7 @@ class PolicyLossConfig:
       raise ValueError(f'eps_low must be in [0, 1), got {self.eps_low}.')
     if self.eps_high < 0.0:
       raise ValueError(f'eps_high must be >= 0, got {self.eps_high}.')
-    if self.loss_agg not in LOSS_AGG_MODES:
-      raise ValueError(f'loss_agg must be one of {LOSS_AGG_MODES}, got {self.loss_agg!r}.')
+    LOSS_AGGREGATIONS.get(self.loss_agg)
     if self.norm_len is not None and (not isinstance(self.norm_len, int) or self.norm_len < 1):
       raise ValueError(f'norm_len must be a positive int or None, got {self.norm_len!r}.')
     if self.kl_coef < 0.0:
@@ -68,54 +99,48 @@ class PolicyLossConfig:
       raise ValueError(f'entropy_coef must be >= 0, got {self.entropy_coef}.')
 
 
-def token_weights(response_mask_BT, loss_agg: str, norm_len: Optional[int] = None) -> jax.Array:
+def token_weights(response_mask_NT, loss_agg: str, norm_len: Optional[int] = None) -> jax.Array:
   """Per-token weights implementing an aggregation mode (module docstring).
 
   Args:
-    response_mask_BT: 1 on response tokens that enter the loss, 0 elsewhere.
-    loss_agg: one of ``LOSS_AGG_MODES``.
+    response_mask_NT: 1 on response tokens that enter the loss, 0 elsewhere.
+    loss_agg: one of ``LOSS_AGG_MODES`` (or a registered name of ``LOSS_AGGREGATIONS``).
     norm_len: L for ``seq-mean-token-sum-norm``; None -> T.
 
   Returns:
-    w_BT float32 with ``sum(w * l)`` the aggregated loss.
+    w_NT float32 with ``sum(w * l)`` the aggregated loss.
+
+  Raises:
+    UnknownNameError (a ValueError): unknown ``loss_agg`` (the message lists the valid ones).
   """
-  m = jnp.asarray(response_mask_BT).astype(jnp.float32)
+  m = jnp.asarray(response_mask_NT).astype(jnp.float32)
   if m.ndim != 2:
-    raise ValueError(f'response_mask_BT must be [B, T], got shape {m.shape}.')
-  if loss_agg == 'token-mean':
-    return m / jnp.maximum(m.sum(), 1.0)
-  if loss_agg == 'seq-mean-token-mean':
-    len_B1 = m.sum(-1, keepdims=True)
-    n_seq = jnp.maximum((len_B1 > 0).sum(), 1)
-    return m / (jnp.maximum(len_B1, 1.0) * n_seq)
-  if loss_agg == 'seq-mean-token-sum-norm':
-    L = m.shape[1] if norm_len is None else norm_len
-    return m / (m.shape[0] * L)
-  raise ValueError(f'loss_agg must be one of {LOSS_AGG_MODES}, got {loss_agg!r}.')
+    raise ValueError(f'response_mask_NT must be [N, T], got shape {m.shape}.')
+  return LOSS_AGGREGATIONS.get(loss_agg)(m, norm_len)
 
 
-def token_logprobs_and_entropy(logits_BTV, tokens_BT):
+def token_logprobs_and_entropy(logits_NTV, tokens_NT):
   """Log-probs of each token under the logits of the previous position, and entropies.
 
   Args:
-    logits_BTV: model logits; position t predicts token t + 1.
-    tokens_BT: int tokens.
+    logits_NTV: model logits; position t predicts token t + 1.
+    tokens_NT: int tokens.
 
   Returns:
-    (logp_BT, entropy_BT), float32, aligned with ``tokens_BT``; column 0 is 0.
+    (logp_NT, entropy_NT), float32, aligned with ``tokens_NT``; column 0 is 0.
   """
-  logits = logits_BTV[:, :-1].astype(jnp.float32)
+  logits = logits_NTV[:, :-1].astype(jnp.float32)
   lse = jax.nn.logsumexp(logits, axis=-1)
-  tok = jnp.take_along_axis(logits, tokens_BT[:, 1:, None], axis=-1)[..., 0]
+  tok = jnp.take_along_axis(logits, tokens_NT[:, 1:, None], axis=-1)[..., 0]
   logp = tok - lse
   ent = lse - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
-  pad = jnp.zeros((tokens_BT.shape[0], 1), jnp.float32)
+  pad = jnp.zeros((tokens_NT.shape[0], 1), jnp.float32)
   return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
 
 
-def entropy_from_logits(logits_BTV) -> jax.Array:
+def entropy_from_logits(logits_NTV) -> jax.Array:
   """Per-position entropy ``-sum_v p log p`` of the next-token distribution (float32)."""
-  logits = jnp.asarray(logits_BTV).astype(jnp.float32)
+  logits = jnp.asarray(logits_NTV).astype(jnp.float32)
   lse = jax.nn.logsumexp(logits, axis=-1)
   return lse - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
 
@@ -130,39 +155,39 @@ def _per_token_adv(advantages, shape) -> jax.Array:
                    f'(per token), got {a.shape}.')
 
 
-def policy_loss(logp_BT, old_logp_BT, advantages, response_mask_BT, config: PolicyLossConfig, *,
-                weights_BT=None, metric_weights_BT=None, ref_logp_BT=None, entropy_BT=None):
+def policy_loss(logp_NT, old_logp_NT, advantages, response_mask_NT, config: PolicyLossConfig, *,
+                weights_NT=None, metric_weights_NT=None, ref_logp_NT=None, entropy_NT=None):
   """Clipped surrogate ``-min(rho A, clip(rho, 1-eps_low, 1+eps_high) A)`` (METHODS.md s. 4).
 
   Args:
-    logp_BT: log-probs of the current policy (differentiated).
-    old_logp_BT: behaviour log-probs (the sampler's, reused as old log-probs).
-    advantages: ``[B]`` per sequence or ``[B, T]`` per token.
-    response_mask_BT: 1 on response tokens.
+    logp_NT: log-probs of the current policy (differentiated).
+    old_logp_NT: behaviour log-probs (the sampler's, reused as old log-probs).
+    advantages: ``[N]`` per sequence or ``[N, T]`` per token.
+    response_mask_NT: 1 on response tokens.
     config: PolicyLossConfig.
-    weights_BT: aggregation weights; None -> ``token_weights(mask, config.loss_agg, ...)``.
+    weights_NT: aggregation weights; None -> ``token_weights(mask, config.loss_agg, ...)``.
       Pass global weights when the batch is a micro-batch.
-    metric_weights_BT: token-mean weights for metrics; None -> over this batch.
-    ref_logp_BT: reference-policy log-probs; required if ``config.kl_coef > 0`` (the kl
+    metric_weights_NT: token-mean weights for metrics; None -> over this batch.
+    ref_logp_NT: reference-policy log-probs; required if ``config.kl_coef > 0`` (the kl
       metric is reported whenever they are given).
-    entropy_BT: per-token entropies; required if ``config.entropy_coef > 0``.
+    entropy_NT: per-token entropies; required if ``config.entropy_coef > 0``.
 
   Returns:
-    (loss, metrics): metrics are sums over tokens with ``metric_weights_BT`` (so they add
+    (loss, metrics): metrics are sums over tokens with ``metric_weights_NT`` (so they add
     up over micro-batches): pg_loss, clip_frac, clip_frac_low, clip_frac_high, approx_kl
     (k3 of pi vs pi_old), ratio_mean, and kl / entropy when given.
   """
-  shape = logp_BT.shape
-  for name, x in (('old_logp_BT', old_logp_BT), ('response_mask_BT', response_mask_BT)):
+  shape = logp_NT.shape
+  for name, x in (('old_logp_NT', old_logp_NT), ('response_mask_NT', response_mask_NT)):
     if x.shape != shape:
-      raise ValueError(f'{name} shape {x.shape} != logp_BT shape {shape}.')
-  m = response_mask_BT > 0
-  w = token_weights(response_mask_BT, config.loss_agg, config.norm_len) if weights_BT is None \
-      else weights_BT
-  mw = token_weights(response_mask_BT, 'token-mean') if metric_weights_BT is None \
-      else metric_weights_BT
+      raise ValueError(f'{name} shape {x.shape} != logp_NT shape {shape}.')
+  m = response_mask_NT > 0
+  w = token_weights(response_mask_NT, config.loss_agg, config.norm_len) if weights_NT is None \
+      else weights_NT
+  mw = token_weights(response_mask_NT, 'token-mean') if metric_weights_NT is None \
+      else metric_weights_NT
   A = _per_token_adv(advantages, shape)
-  log_ratio = jnp.clip(jnp.where(m, logp_BT - old_logp_BT, 0.0), -LOG_RATIO_CLAMP,
+  log_ratio = jnp.clip(jnp.where(m, logp_NT - old_logp_NT, 0.0), -LOG_RATIO_CLAMP,
                        LOG_RATIO_CLAMP)
   rho = jnp.exp(log_ratio)
   pg1 = -A * rho
@@ -174,19 +199,19 @@ def policy_loss(logp_BT, old_logp_BT, advantages, response_mask_BT, config: Poli
   def wsum(weights, x):
     return jnp.sum(jnp.where(m, weights * x, 0.0))
 
-  if config.kl_coef > 0.0 and ref_logp_BT is None:
-    raise ValueError('ref_logp_BT is required when kl_coef (beta) > 0.')
-  if ref_logp_BT is not None:  # logged whenever a reference is given, penalised if beta > 0
-    kl_t = get_kl_estimator(config.kl_estimator)(jnp.where(m, logp_BT, 0.0),
-                                                 jnp.where(m, ref_logp_BT, 0.0))
+  if config.kl_coef > 0.0 and ref_logp_NT is None:
+    raise ValueError('ref_logp_NT is required when kl_coef (beta) > 0.')
+  if ref_logp_NT is not None:  # logged whenever a reference is given, penalised if beta > 0
+    kl_t = get_kl_estimator(config.kl_estimator)(jnp.where(m, logp_NT, 0.0),
+                                                 jnp.where(m, ref_logp_NT, 0.0))
     if config.kl_coef > 0.0:
       per_token = per_token + config.kl_coef * kl_t
     metrics['kl'] = wsum(mw, kl_t)
-  if config.entropy_coef > 0.0 and entropy_BT is None:
-    raise ValueError('entropy_BT is required when entropy_coef > 0.')
-  if entropy_BT is not None:
-    per_token = per_token - config.entropy_coef * entropy_BT
-    metrics['entropy'] = wsum(mw, jax.lax.stop_gradient(entropy_BT))
+  if config.entropy_coef > 0.0 and entropy_NT is None:
+    raise ValueError('entropy_NT is required when entropy_coef > 0.')
+  if entropy_NT is not None:
+    per_token = per_token - config.entropy_coef * entropy_NT
+    metrics['entropy'] = wsum(mw, jax.lax.stop_gradient(entropy_NT))
   loss = wsum(w, per_token)
   fm = lambda b: b.astype(jnp.float32)
   metrics.update(
@@ -201,36 +226,36 @@ def policy_loss(logp_BT, old_logp_BT, advantages, response_mask_BT, config: Poli
   return loss, metrics
 
 
-def value_loss(values_BT, old_values_BT, returns_BT, weights_BT, clip: Optional[float] = 0.2,
-               metric_weights_BT=None):
+def value_loss(values_NT, old_values_NT, returns_NT, weights_NT, clip: Optional[float] = 0.2,
+               metric_weights_NT=None):
   """PPO clipped value loss ``0.5 max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)``.
 
   Args:
-    values_BT: current value predictions (differentiated).
-    old_values_BT: values at rollout time.
-    returns_BT: GAE returns (targets).
-    weights_BT: aggregation weights (e.g. ``token_weights(mask, 'token-mean')``); zero off
+    values_NT: current value predictions (differentiated).
+    old_values_NT: values at rollout time.
+    returns_NT: GAE returns (targets).
+    weights_NT: aggregation weights (e.g. ``token_weights(mask, 'token-mean')``); zero off
       the response.
     clip: value clip range c; None disables clipping.
-    metric_weights_BT: token-mean weights for metrics; None -> ``weights_BT``.
+    metric_weights_NT: token-mean weights for metrics; None -> ``weights_NT``.
 
   Returns:
     (loss, metrics) with vf_loss, vf_clip_frac, value_mean.
   """
-  mw = weights_BT if metric_weights_BT is None else metric_weights_BT
-  on = weights_BT != 0
-  err = values_BT - returns_BT
+  mw = weights_NT if metric_weights_NT is None else metric_weights_NT
+  on = weights_NT != 0
+  err = values_NT - returns_NT
   if clip is None:
     l = 0.5 * err * err
     clipped = jnp.zeros_like(err, bool)
   else:
-    v_clip = old_values_BT + jnp.clip(values_BT - old_values_BT, -clip, clip)
-    err_c = v_clip - returns_BT
+    v_clip = old_values_NT + jnp.clip(values_NT - old_values_NT, -clip, clip)
+    err_c = v_clip - returns_NT
     l = 0.5 * jnp.maximum(err * err, err_c * err_c)
     clipped = err_c * err_c > err * err
-  loss = jnp.sum(jnp.where(on, weights_BT * l, 0.0))
+  loss = jnp.sum(jnp.where(on, weights_NT * l, 0.0))
   mon = mw != 0
   metrics = dict(vf_loss=jax.lax.stop_gradient(loss),
                  vf_clip_frac=jnp.sum(jnp.where(mon, mw * clipped, 0.0)),
-                 value_mean=jax.lax.stop_gradient(jnp.sum(jnp.where(mon, mw * values_BT, 0.0))))
+                 value_mean=jax.lax.stop_gradient(jnp.sum(jnp.where(mon, mw * values_NT, 0.0))))
   return loss, metrics

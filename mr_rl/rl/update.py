@@ -197,8 +197,8 @@ def _policy_grad_fn(logits_fn, cfg: PolicyLossConfig):
     logits = logits_fn(params, mb['tokens_NT'], mb['mask_NT'])
     logp, ent = token_logprobs_and_entropy(logits, mb['tokens_NT'])
     loss, metrics = policy_loss(logp, mb['old_logp_NT'], mb['adv'], mb['response_mask_NT'], cfg,
-                                weights_BT=mb['w'], metric_weights_BT=mb['mw'],
-                                ref_logp_BT=mb.get('ref_logp_NT'), entropy_BT=ent)
+                                weights_NT=mb['w'], metric_weights_NT=mb['mw'],
+                                ref_logp_NT=mb.get('ref_logp_NT'), entropy_NT=ent)
     return loss, {**metrics, 'policy_loss': loss}
 
   return jax.value_and_grad(loss_fn, has_aux=True)

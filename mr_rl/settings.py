@@ -24,7 +24,11 @@ from mr_rl.rl.losses import PolicyLossConfig
 from mr_rl.rl.update import UpdateConfig
 from mr_rl.rollout import SamplingSettings
 
-ADVANTAGES = adv_lib.ADVANTAGE_NAMES + ("ppo",)
+
+
+def _registered(registry) -> tuple[str, ...]:
+  """A registry's names and aliases, read now (after the run's plugins registered theirs)."""
+  return registry.names() + tuple(registry.aliases())
 
 
 def _choice(field: str, value: str, valid) -> str:
@@ -51,7 +55,7 @@ def _eval_sets(d) -> tuple[tuple[str, ...], dict]:
   from mr_rl import data as data_lib
   names = tuple(n.strip() for n in str(d.eval_sets).split(",") if n.strip())
   for n in names:
-    _choice("data.eval_sets", n, data_lib.DATASETS.names())
+    _choice("data.eval_sets", n, _registered(data_lib.DATASETS))
   if len(set(names)) != len(names):
     raise ValueError(f"config.data.eval_sets has duplicates: {names}")
   opts = _as_dict(d.get("eval_set_options"))
@@ -206,7 +210,7 @@ def default_config():
       params=ml_collections.ConfigDict(),  # per-channel parameters, e.g. {'brief': {'threshold': 200}}
       timeout_s=10.0))            # per-call reward timeout
   c.aggregator = ml_collections.ConfigDict(dict(
-      name="additive",            # any mr_rl.aggregators.NAMES entry
+      name="additive",            # a mr_rl.aggregators registry name or alias
       hp=ml_collections.ConfigDict()))  # its hyperparameters (lam, k_s, k_p, ...)
   c.advantage = ml_collections.ConfigDict(dict(name="grpo"))  # grpo | dr_grpo | gdpo | mo_grpo | rloo | ppo
   # (ppo also reads c.advantage.gamma / c.advantage.lam for GAE; value lr: c.optim.value_lr)
@@ -252,7 +256,7 @@ def from_config(cfg) -> RunSettings:
 
   c = cfg
   import_plugins(c.get("plugins", ""))
-  pipeline = _choice("pipeline", c.pipeline, pipelines.PIPELINES.names())
+  pipeline = _choice("pipeline", c.pipeline, _registered(pipelines.PIPELINES))
   channels = tuple(s.strip() for s in str(c.rewards.channels).split(",") if s.strip())
   if not channels:
     raise ValueError("config.rewards.channels is empty; give comma-separated reward names")
@@ -270,9 +274,10 @@ def from_config(cfg) -> RunSettings:
     if name not in channels:
       raise ValueError(f"config.rewards.params names {name!r}, which is not among the channels "
                        f"{channels}")
-  agg_name = _choice("aggregator.name", c.aggregator.name, aggregators.NAMES)
+  agg_name = _choice("aggregator.name", c.aggregator.name, _registered(aggregators.AGGREGATORS))
   agg_hp = {k: v for k, v in _as_dict(c.aggregator.get("hp")).items() if v is not None}
-  advantage = _choice("advantage.name", c.advantage.name, ADVANTAGES)
+  advantage = _choice("advantage.name", c.advantage.name,
+                      _registered(adv_lib.ESTIMATORS) + ("ppo",))
   adv_hp = {k: v for k, v in _as_dict(c.advantage).items() if k != "name" and v is not None}
   if advantage == "ppo":
     bad = set(adv_hp) - {"gamma", "lam"}
@@ -310,7 +315,7 @@ def from_config(cfg) -> RunSettings:
     raise ValueError("config.data.skip_long_prompts must be True or False, got "
                      f"{c.data.skip_long_prompts!r}")
   data = DataSettings(
-      name=_choice("data.name", c.data.name, data_lib.DATASETS.names()), path=c.data.path,
+      name=_choice("data.name", c.data.name, _registered(data_lib.DATASETS)), path=c.data.path,
       split=c.data.split, eval_split=c.data.eval_split,
       batch_prompts=_positive("data.batch_prompts", int(c.data.batch_prompts)),
       max_prompt_len=_positive("data.max_prompt_len", int(c.data.max_prompt_len)),

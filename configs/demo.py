@@ -3,12 +3,19 @@ r"""The embedded CPU demo: multi-reward GRPO on synthetic arithmetic (runs on 2 
     python -m mr_rl.main --config=configs/demo.py --workdir=/tmp/mr_rl_demo
 
 Starts from the shipped base policy (mr_rl/demo/assets/base_policy, made by
-`python -m mr_rl.demo.warmstart`), then compares rp_only, additive, weighted (0.9/0.1), min,
-amrp and tag (anchor elected by single-channel probes) on three tasks: `brief` (correct &
-brief), `negative` (correct & negative answer) and `acc_fmt_len` (AMRP's three channels).
-Writes WORKDIR/report.json, WORKDIR/report.md and WORKDIR/<task>_profiles.png.
-Expected runtime: about 8 minutes on 2 idle cores (7.5 min measured, 11 min on one core).
-Variant `configs/demo.py:smoke` runs in seconds (tests) and `:seed=N` changes the seed;
+`python -m mr_rl.demo.warmstart`, command in BUILD_NOTES.md "The CPU demo"), then compares
+rp_only, additive, weighted (0.9/0.1), min, amrp and tag (anchor elected by single-channel
+probes) on three tasks: `brief` (correct & brief), `negative` (correct & negative answer) and
+`acc_fmt_len` (AMRP's three channels). Writes WORKDIR/report.json, WORKDIR/report.md (every
+target with yes / no) and WORKDIR/<task>_{profiles,weights}.png.
+Expected runtime: see BUILD_NOTES.md "The CPU demo" (at most 15 minutes on 2 idle cores).
+
+Variants (`configs/demo.py:ARG[,ARG]`):
+  seed=N  another seed (it also draws the arithmetic problems);
+  full    more of the papers' tables (at most 40 minutes): AMRP with GDPO and PPO on
+          acc_fmt_len, Additive+KL at beta 0.01 and 1 and the down-weighting sweep 0.5 -> 0.1
+          on negative, and correct + brief + negative (additive, Rubric Dropout, TAG);
+  smoke   seconds (tests).
 `python -m mr_rl.demo.summary DIR1 DIR2 ...` tabulates several seeds against the targets.
 """
 
@@ -20,6 +27,14 @@ from mr_rl import settings
 
 _BASE_POLICY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                             "mr_rl", "demo", "assets", "base_policy")
+DEFAULT_METHODS = "rp_only,additive,weighted,min,amrp,tag"
+FULL_METHODS = {
+    "brief": DEFAULT_METHODS,
+    "negative": DEFAULT_METHODS + ",additive_kl0.01,additive_kl1,weighted_0.5,weighted_0.3,"
+                                  "weighted_0.1",
+    "acc_fmt_len": DEFAULT_METHODS + ",additive_gdpo,amrp_gdpo,additive_ppo,amrp_ppo",
+    "brief_negative": "rp_only,additive,dropout,tag",
+}
 
 
 def _parse(arg):
@@ -32,14 +47,17 @@ def _parse(arg):
 
 def get_config(arg=None):
   args = _parse(arg)
-  unknown = set(args) - {"smoke", "seed"}
+  unknown = set(args) - {"smoke", "seed", "full"}
   if unknown:
-    raise ValueError(f"configs/demo.py: unknown arguments {sorted(unknown)}; valid: smoke, seed")
+    raise ValueError(f"configs/demo.py: unknown arguments {sorted(unknown)}; valid: smoke, "
+                     "seed, full")
+  if "smoke" in args and "full" in args:
+    raise ValueError("configs/demo.py: smoke and full exclude each other")
   c = settings.default_config()
   c.plugins = "mr_rl.demo"          # registers the arithmetic data set, arith_* channels, 'demo'
   c.pipeline = "demo"
   c.seed = int(args.get("seed", 0))
-  c.total_steps = 30                # GRPO steps per (task, method)
+  c.total_steps = 40                # GRPO steps per (task, method)
   c.checkpoint_every = 0            # the demo's sub-runs are short; no checkpoints
   c.log_every = 10
   c.alarm_window = 10
@@ -47,12 +65,13 @@ def get_config(arg=None):
   c.model.path = _BASE_POLICY
   c.data.name = "arithmetic"
   c.data.batch_prompts = 8          # B; rollout batch B * G = 64
-  c.data.max_prompt_len = 16
+  c.data.max_prompt_len = 18        # prompts of 7 terms are 17 tokens with <bos>
   c.data.options = ml_collections.ConfigDict(dict(
       num_train=20000, num_eval=512,  # generated train / held-out problems
+      min_terms=2, max_terms=7,     # chains of 2-7 single-digit terms
       seed=c.seed))                 # problem draw (follows the run's seed)
   c.rollout.group_size = 8
-  c.rollout.max_new_tokens = 48
+  c.rollout.max_new_tokens = 48     # the cap: verbose reasoning of long chains overshoots it
   c.optim.lr = 2e-4                 # a tiny model moves slowly at the papers' 1e-6
   c.optim.weight_decay = 0.0
   c.rewards.channels = "arith_acc"  # set per task by the demo driver
@@ -62,15 +81,21 @@ def get_config(arg=None):
   c.anchor.held_out_prompts = 64
   c.anchor.samples_per_prompt = 2
   c.anchor.lam = 1.0
-  c.eval.num_prompts = 128
-  c.eval.samples_per_prompt = 4
+  c.eval.num_prompts = 512          # every held-out problem
+  c.eval.samples_per_prompt = 2
   c.eval.temperature = 1.0
   c.demo = ml_collections.ConfigDict(dict(
+      variant="full" if "full" in args else "smoke" if "smoke" in args else "default",
       tasks="brief,negative,acc_fmt_len",
-      methods="rp_only,additive,weighted,min,amrp,tag",
-      brief_threshold=14,           # tokens (incl. EOS) below which a response is brief
-      len_full_until=12,            # AMRP length rule at toy scale: full reward up to 12 tokens
-      len_zero_at=24))              # ... and 0 from 24 tokens
+      methods=DEFAULT_METHODS,      # run on every task ...
+      methods_for=ml_collections.ConfigDict(),  # ... unless a task has its own list here
+      brief_threshold=28,           # tokens (incl. EOS) below which a response is brief
+      len_full_until=40,            # AMRP length rule at toy scale: full reward up to 40 tokens
+      len_zero_at=48,               # ... and 0 at the 48-token cap (paper: 2,800 and 3,000)
+      ppo_value_lr=1e-3))           # PPO critic learning rate (full variant)
+  if "full" in args:
+    c.demo.tasks = "brief,negative,acc_fmt_len,brief_negative"
+    c.demo.methods_for = ml_collections.ConfigDict(dict(FULL_METHODS))
   if "smoke" in args:
     c.total_steps = 2
     c.data.batch_prompts = 4

@@ -1,13 +1,15 @@
-"""The embedded CPU demo (`configs/demo.py:smoke`) runs end to end through `mr_rl.main`'s
-pipeline and writes the report, the drift table of TAG's election and the profile plots."""
+"""The embedded CPU demo: its task and rewards (attacks included), the base-policy recipe, the
+method names, the targets and the multi-seed summary on synthetic reports, and the smoke
+variant (`configs/demo.py:smoke`) end to end through `mr_rl.main`'s pipeline."""
 
 import json
 import os
 
+import numpy as np
 import pytest
 
 from mr_rl import pipelines
-from mr_rl.demo import task
+from mr_rl.demo import plots, run, summary, task, warmstart
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -20,17 +22,308 @@ def _demo_config(arg):
   return mod.get_config(arg)
 
 
-def test_shipped_base_policy_is_a_loadable_hf_checkpoint():
+# ---------------------------------------------------------------------------------- task
+def _tok_len(tok, text):
+  return len(tok(text, add_special_tokens=False)["input_ids"]) + 1  # + <eos>
+
+
+def test_solution_styles_and_their_lengths():
+  p = task.Problem((7, 5, 9, 3), ("+", "-", "+"))
+  assert p.answer == 6
+  assert p.solution() == "<r>7+5=12;12-9=3;3+3=6</r><a>6</a>"
+  assert p.solution("verbose") == "<r>7+5=12;7+5=12;12-9=3;12-9=3;3+3=6;3+3=6</r><a>6</a>"
+  assert p.solution("direct") == "<r></r><a>6</a>"
+  assert p.solution(answer=-6, broken_format=True) == "<r>7+5=12;12-9=3;3+3=6</r>=-6"
+  with pytest.raises(ValueError, match="unknown solution style 'chatty'"):
+    p.solution("chatty")
+  # The regime of the demo (configs/demo.py: cap 48, length rule full to 40, brief < 28):
+  # concise reasoning fits the cap up to 6 terms and is brief up to 3; verbose reasoning of
+  # 5+ terms always overshoots the cap (a runaway); direct answers are always brief.
+  tok, rng = task.make_tokenizer(), np.random.default_rng(0)
+  by_k = {}
+  for q in task.sample_problems(rng, 3000, max_terms=7):
+    by_k.setdefault(len(q.terms), []).append(q)
+  cfg = _demo_config(None)
+  cap, full, brief = (cfg.rollout.max_new_tokens, cfg.demo.len_full_until,
+                      cfg.demo.brief_threshold)
+  lens = {(k, s): [_tok_len(tok, q.solution(s)) for q in qs]
+          for k, qs in by_k.items() for s in task.STYLES}
+  assert all(max(lens[k, "concise"]) <= full for k in (2, 3, 4))
+  assert all(max(lens[k, "concise"]) <= cap for k in (2, 3, 4, 5))
+  assert all(max(lens[k, "concise"]) < brief for k in (2, 3))
+  assert min(lens[4, "concise"]) < brief < max(lens[4, "concise"])
+  assert all(min(lens[k, "verbose"]) > cap for k in (5, 6, 7))
+  assert min(lens[3, "verbose"]) >= brief  # verbose reasoning of 3 terms is not brief
+  assert np.mean(np.array(lens[7, "concise"]) > cap) > 0.5  # 7 terms: reasoning hits the cap
+  assert max(max(v) for (k, s), v in lens.items() if s == "direct") < brief
+
+
+@pytest.mark.parametrize("response, answer", [
+    ("<r>7+5=12</r><a>12</a>", 12),
+    ("<r>7+5=12</r>=12", 12),          # broken format: still an answer
+    ("<r></r> = -4 ", -4),
+    ("<r>1</r><a>2</a><a>3</a>", 3),   # the last block counts
+    ("<r>7+5=12;12-9=3;3+3", None),    # cut off by the cap: the last total is no answer
+    ("12", None),                       # a bare number is no answer
+    ("<r></r><a>x</a>", None),
+    ("<r></r>=3=4", None),
+])
+def test_extract_answer(response, answer):
+  assert task.extract_answer(response) == answer
+
+
+def test_rewards_resist_the_obvious_attacks():
+  # A truncated (runaway) response whose last running total happens to be the answer scores
+  # nothing on any channel but `brief`-by-length; a format wrapper around a second answer
+  # block is not format-compliant.
+  runaway = "<r>7+5=12;7+5=12;12-9=3;12-9=3;3+3=6;3+3=6;6"
+  assert task.accuracy(runaway, 6) == 0.0 and task.negative(runaway) == 0.0
+  assert task.fmt(runaway) == 0.0
+  assert task.fmt("<r>7+5=12</r><a>12</a>") == 1.0
+  assert task.fmt(" <r></r> <a>-3</a> ") == 1.0
+  assert task.fmt("<r>7+5=12</r>=12") == 0.0
+  assert task.fmt("<r>1</r><a>2</a><a>3</a>") == 0.0  # two answers: not the format
+  assert task.fmt("<r><a>1</a></r><a>1</a>") == 0.0   # a tag inside a block
+  assert task.negative("<r></r><a>-1</a>") == 1.0 and task.negative("<r></r><a>0</a>") == 0.0
+  assert task.soft_length(40, 40, 48) == 1.0 and task.soft_length(44, 40, 48) == 0.5
+  assert task.soft_length(48, 40, 48) == 0.0
+
+
+# ----------------------------------------------------------------------------- warm start
+def test_warmstart_targets_follow_the_mixture():
+  cfg = warmstart.WarmStartConfig(p_direct=0.3, p_verbose=0.4, p_broken_format=0.4,
+                                  p_sign_slip=0.1)
+  rng = np.random.default_rng(0)
+  probs = task.sample_problems(rng, 4000, max_terms=7)
+  texts = [warmstart.target_text(p, rng, cfg) for p in probs]
+  direct = np.mean([t.startswith("<r></r>") for t in texts])
+  verbose = np.mean([t == p.solution("verbose", answer=task.extract_answer(t),
+                                     broken_format="<a>" not in t)
+                     for p, t in zip(probs, texts) if len(p.terms) > 1])
+  broken = np.mean(["<a>" not in t for t in texts])
+  slips = np.mean([task.extract_answer(t) == -p.answer for p, t in zip(probs, texts)
+                   if p.answer != 0])
+  assert abs(direct - 0.3) < 0.03 and abs(verbose - 0.7 * 0.4) < 0.03
+  assert abs(broken - 0.4) < 0.03 and abs(slips - 0.1) < 0.02
+  # A runaway target is cut to RESPONSE_LEN tokens without <eos>; others end with <eos>.
+  tok = task.make_tokenizer()
+  long_p = task.Problem((9,) * 7, ("+",) * 6)
+  _, _, r_tok, r_mask = warmstart.encode_batch(
+      tok, [long_p.prompt] * 2, [long_p.solution("verbose"), long_p.solution("direct")])
+  assert r_mask[0].sum() == warmstart.RESPONSE_LEN and tok.eos_token_id not in r_tok[0]
+  assert r_tok[1][r_mask[1].sum() - 1] == tok.eos_token_id
+
+
+def test_shipped_base_policy_is_the_documented_recipe():
+  """The asset is a loadable HF checkpoint made by `warmstart.RECIPE` (the command in
+  BUILD_NOTES.md), so it can be regenerated."""
   cfg = _demo_config("smoke")
   from transformers import AutoConfig, AutoTokenizer
   hf = AutoConfig.from_pretrained(cfg.model.path)
-  assert hf.model_type == "qwen3"
+  assert hf.model_type == "qwen3" and hf.max_position_embeddings == warmstart.MAX_SEQ_LEN
   tok = AutoTokenizer.from_pretrained(cfg.model.path)
-  p = task.sample_problems(__import__("numpy").random.default_rng(0), 1)[0]
+  p = task.sample_problems(np.random.default_rng(0), 1)[0]
   ids = tok(p.prompt + p.solution(), add_special_tokens=False)["input_ids"]
   assert tok.decode(ids) == p.prompt + p.solution()
+  with open(os.path.join(cfg.model.path, "warmstart.json")) as f:
+    made = json.load(f)
+  made.pop("final_loss")
+  assert made == dataclasses_asdict(warmstart.RECIPE)
+  size = sum(os.path.getsize(os.path.join(cfg.model.path, f)) for f in os.listdir(cfg.model.path))
+  assert size < 5e6
 
 
+def dataclasses_asdict(x):
+  import dataclasses
+  return dataclasses.asdict(x)
+
+
+# ------------------------------------------------------------------------------- methods
+def test_method_names():
+  pm = run.parse_method
+  assert pm("rp_only") == run.Method("rp_only", "rp_only")
+  assert pm("weighted_0.3").aux_weight == 0.3
+  assert pm("amrp_gdpo").advantage == "gdpo" and pm("additive_ppo").advantage == "ppo"
+  assert pm("additive_kl0.01").kl_coef == 0.01 and pm("additive_kl1").kl_coef == 1.0
+  assert run.method_aggregator("weighted_0.3", 3) == ("weighted", {"w": [0.7, 0.15, 0.15]})
+  assert run.method_aggregator("weighted", 2) == ("weighted", {"w": [0.9, 0.1]})
+  assert run.method_aggregator("dropout", 3) == ("rubric_dropout", {})
+  for bad, msg in (("sgd", "unknown demo method 'sgd'"), ("amrp_adam", "unknown modifier 'adam'"),
+                   ("weighted_1.5", r"must be in \(0, 1\)"), ("tag_gdpo", "tag takes no"),
+                   ("additive_gdpo_ppo", "more than one advantage"),
+                   ("additive_klx", "bad KL coefficient")):
+    with pytest.raises(ValueError, match=msg):
+      pm(bad)
+
+
+def test_demo_configs_resolve():
+  from mr_rl import settings as settings_lib
+  default, full = _demo_config(None), _demo_config("full")
+  assert default.demo.tasks == "brief,negative,acc_fmt_len" and not default.demo.methods_for
+  assert set(full.demo.methods_for) == set(full.demo.tasks.split(","))
+  for cfg in (default, full, _demo_config("seed=2")):
+    settings_lib.from_config(cfg)
+    for t in cfg.demo.tasks.split(","):
+      assert run.task_methods(cfg.demo, t)
+  assert _demo_config("seed=2").data.options.seed == 2
+  assert "amrp_ppo" in run.task_methods(full.demo, "acc_fmt_len")
+  assert run.task_methods(full.demo, "brief_negative") == ["rp_only", "additive", "dropout",
+                                                           "tag"]
+  with pytest.raises(ValueError, match="unknown arguments"):
+    _demo_config("smoke,fast")
+  with pytest.raises(ValueError, match="exclude each other"):
+    _demo_config("smoke,full")
+
+
+# ------------------------------------------------------------------------------- targets
+def _trace(profiles, weights=None, negative=None):
+  n = len(next(iter(profiles.values())))
+  tr = {"step": list(range(n)), "profiles": profiles, "reward": {}, "length": [20.0] * n}
+  if negative is not None:
+    tr["reward"]["negative"] = negative
+  if weights:
+    tr["weights"] = weights
+  return tr
+
+
+def _report(seed, rp=0.6, base=0.4, add_neg_acc=0.2, add_neg=0.9, tag=0.58, tag_brief=0.58,
+            add_brief=0.3,
+            tag_joint=0.4, rp_joint=0.3, amrp=0.5, static=0.4, static_shortcut=0.6,
+            amrp_full=0.5, static_full=0.3, anchor="arith_acc"):
+  row = lambda acc, aux=0.5, joint=0.3: {"accuracy": acc, "aux_rate": aux, "joint_rate": joint,
+                                         "mean_length": 20.0}
+  short_prof = lambda shortcut, full: {
+      summary.SHORTCUT: [0.2, shortcut, 0.3, 0.3, 0.3, 0.3, 0.3],
+      summary.FULL_PROFILE: [0.3, 0.2, full, full, full, full, full],
+      "acc=1,fmt=0,len=1": [0.5, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1]}
+  tag_row = lambda acc, joint=0.3: dict(row(acc, joint=joint), anchor=anchor)
+  return {
+      "negative": {"base": row(base), "rp_only": row(rp), "additive": row(add_neg_acc, add_neg),
+                   "tag": tag_row(tag)},
+      "brief": {"base": row(base), "rp_only": row(rp, joint=rp_joint),
+                "additive": row(add_brief), "tag": tag_row(tag_brief, tag_joint)},
+      "acc_fmt_len": {
+          "base": row(base), "rp_only": row(rp), "tag": tag_row(0.58),
+          "additive": dict(row(static), trace=_trace(short_prof(static_shortcut, static_full))),
+          "amrp": dict(row(amrp), trace=_trace(short_prof(0.25, amrp_full),
+                                               weights={"acc": [1.0] * 7}))},
+      "_meta": {"seed": seed, "seconds": 100.0}}
+
+
+def test_every_target_passes_and_fails_on_synthetic_reports():
+  good = {r["target"]: r for r in summary.target_rows(_report(0))}
+  assert [r["target"] for r in summary.target_rows(_report(0))] == [n for n, _ in summary.TARGETS]
+  assert all(r["passed"] is True for r in good.values()), [
+      n for n, r in good.items() if not r["passed"]]
+  assert good["negative: additive accuracy <= 0.5x RP-only"]["value"] == pytest.approx(1 / 3)
+  assert good["brief: TAG correct&brief - RP-only's >= +0.05"]["value"] == pytest.approx(0.1)
+  assert "first at step 1" in good[
+      "acc_fmt_len: static rollouts' most common profile is (0,1,1) at some step"]["text"]
+  # Each target fails on its own violation (the others keep passing).
+  cases = {
+      "negative: additive negative rate >= 0.8": dict(add_neg=0.79),
+      "negative: additive accuracy <= 0.5x RP-only": dict(add_neg_acc=0.31),
+      "negative: TAG accuracy >= 0.9x RP-only": dict(tag=0.53),
+      "brief: TAG accuracy >= 0.9x RP-only": dict(tag_brief=0.53),
+      "brief: additive accuracy <= 0.6x RP-only": dict(add_brief=0.37),
+      "brief: TAG correct&brief - RP-only's >= +0.05": dict(tag_joint=0.34),
+      "acc_fmt_len: static rollouts' most common profile is (0,1,1) at some step":
+          dict(static_shortcut=0.2),   # ties with another profile: not the mode
+      "acc_fmt_len: AMRP accuracy - static >= +0.05": dict(amrp=0.44),
+      "acc_fmt_len: AMRP final (1,1,1) rollout share > static's": dict(amrp_full=0.3),
+      "RP-only accuracy - base > 0": dict(base=0.6),
+  }
+  for name, kw in cases.items():
+    rows = {r["target"]: r for r in summary.target_rows(_report(0, **kw))}
+    assert rows[name]["passed"] is False, name
+    assert sum(r["passed"] is False for r in rows.values()) == 1, (name, [
+        n for n, r in rows.items() if r["passed"] is False])
+  rows = {r["target"]: r for r in summary.target_rows(_report(0, anchor="arith_brief"))}
+  assert rows["brief: TAG elects arith_acc"]["passed"] is False
+  assert rows["brief: TAG elects arith_acc"]["text"] == "arith_brief"
+  # A missing task or method is n/a, never a pass.
+  partial = {"negative": {"rp_only": {"accuracy": 0.5}}, "_meta": {"seed": 0}}
+  assert all(r["passed"] is None for r in summary.target_rows(partial))
+
+
+def test_full_checks_on_a_synthetic_full_report():
+  rep = _report(0)
+  row = lambda acc, neg=0.1, brief=0.5: {"accuracy": acc, "aux_rate": neg,
+                                         "rate/arith_negative": neg, "rate/arith_brief": brief}
+  rep["acc_fmt_len"].update({"additive_gdpo": row(0.4), "amrp_gdpo": row(0.5),
+                             "additive_ppo": row(0.4), "amrp_ppo": row(0.42)})
+  rep["negative"]["base"]["aux_rate"] = 0.15
+  rep["negative"].update({
+      "additive_kl0.01": row(0.1, 0.9), "additive_kl1": row(0.42, 0.17),
+      **{f"weighted_{w}": dict(row(0.3, 0.6), trace=_trace(
+          {"acc=0,negative=1": [0.1] * 4}, negative=neg))
+         for w, neg in (("0.5", [0.2, 0.6, 0.9, 0.9]), ("0.3", [0.2, 0.3, 0.6, 0.9]),
+                        ("0.1", [0.2, 0.2, 0.3, 0.4]))}})
+  rep["brief_negative"] = {"rp_only": row(0.6, 0.1, 0.4), "additive": row(0.02, 0.95, 0.99),
+                           "dropout": row(0.03, 0.9, 0.7),
+                           "tag": dict(row(0.55, 0.12, 0.6), anchor="arith_acc")}
+  rows = {r["target"]: r for r in summary.target_rows(rep)}
+  expect = {
+      "acc_fmt_len: AMRP+GDPO accuracy - static GDPO >= +0.05": True,
+      "acc_fmt_len: AMRP+PPO accuracy - static PPO >= +0.05": False,
+      "negative: Additive+KL beta 0.01 negative rate >= 0.8": True,
+      "negative: Additive+KL beta 1 stalls (within 0.05 of base)": True,
+      "brief_negative: additive takes both shortcuts (rates >= 0.8)": True,
+      "brief_negative: Rubric Dropout takes both shortcuts (rates >= 0.8)": False,
+      "brief_negative: TAG accuracy >= 0.8x RP-only": True,
+      "brief_negative: TAG negative rate - RP-only's <= +0.05": True,
+      "brief_negative: TAG brief rate - RP-only's >= +0.05": True,
+      "brief_negative: TAG elects arith_acc": True,
+      "negative: down-weighting 0.5 -> 0.1 delays, not prevents (rollout negative >= 0.5)":
+          False,  # weight 0.1 never reaches 0.5 in this report
+  }
+  assert {n: rows[n]["passed"] for n in expect} == expect
+  assert "weighted_0.1: never" in rows[
+      "negative: down-weighting 0.5 -> 0.1 delays, not prevents (rollout negative >= 0.5)"]["text"]
+  # The default report shows no full-variant rows (their methods did not run).
+  assert not any(r["full"] for r in summary.target_rows(_report(0)))
+
+
+def test_summary_tabulates_seeds_against_targets(tmp_path):
+  reports = [_report(0), _report(1, add_neg=0.7, amrp=0.42), _report(2)]
+  for i, r in enumerate(reports):
+    os.makedirs(tmp_path / f"s{i}")
+    json.dump(r, open(tmp_path / f"s{i}" / "report.json", "w"))
+  md = summary.main([str(tmp_path / f"s{i}") for i in range(3)] + ["--out", str(tmp_path / "s.md")])
+  assert open(tmp_path / "s.md").read() == md
+  res = {t["target"]: t for t in summary.check_targets(reports)}
+  neg = res["negative: additive negative rate >= 0.8"]
+  assert [c["passed"] for c in neg["per_seed"]] == [True, False, True]
+  assert (neg["passes"], neg["seeds"]) == (2, 3)
+  lines = md.splitlines()
+  assert "| negative: additive negative rate >= 0.8 | yes (0.90) | NO (0.70) | yes (0.90) | 2/3 |" \
+      in lines
+  assert ("| acc_fmt_len: AMRP accuracy - static >= +0.05 | yes (+0.100) | NO (+0.020) | "
+          "yes (+0.100) | 2/3 |") in lines
+  assert "| additive | 0.200 +- 0.000 | 0.833 +- 0.115 | 0.300 +- 0.000 | 20.000 +- 0.000 |" \
+      in lines
+  assert "Run time per seed: 100 s, 100 s, 100 s." in md
+
+
+def test_summary_rejects_missing_or_mismatched_reports(tmp_path):
+  with pytest.raises(FileNotFoundError, match="no demo report"):
+    summary.load_report(str(tmp_path))
+  json.dump(_report(0), open(tmp_path / "a.json", "w"))
+  json.dump({"brief": {}, "_meta": {"seed": 1}}, open(tmp_path / "b.json", "w"))
+  with pytest.raises(ValueError, match="different tasks"):
+    summary.main([str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+
+
+def test_figures_from_report_traces(tmp_path):
+  rows = _report(0)["acc_fmt_len"]
+  written = plots.task_figures(rows, str(tmp_path), "acc_fmt_len")
+  assert [os.path.basename(p) for p in written] == ["acc_fmt_len_profiles.png",
+                                                     "acc_fmt_len_weights.png"]
+  assert all(os.path.getsize(p) > 1000 for p in written)
+  assert plots.task_figures({"base": {"accuracy": 0.1}}, str(tmp_path), "none") == []
+
+
+# --------------------------------------------------------------------------------- smoke
 def test_demo_smoke_writes_report(tmp_path):
   cfg = _demo_config("smoke")
   wd = str(tmp_path)
@@ -39,68 +332,31 @@ def test_demo_smoke_writes_report(tmp_path):
     saved = json.load(f)
   assert saved["negative"].keys() == {"base", "additive", "tag"}
   for method, row in saved["negative"].items():
-    for key in ("accuracy", "aux_rate", "joint_rate", "mean_length"):
-      assert 0.0 <= row[key] or key == "mean_length", (method, key)
     assert 0.0 <= row["accuracy"] <= 1.0 and 0.0 <= row["aux_rate"] <= 1.0
+    assert 0.0 <= row["joint_rate"] <= row["accuracy"]
     assert row["mean_length"] > 0
+  for method in ("additive", "tag"):
+    tr = saved["negative"][method]["trace"]
+    assert tr["step"] == [0, 1] and saved["negative"][method]["seconds"] > 0
+    shares = np.sum([v for v in tr["profiles"].values()], axis=0)
+    assert all(k.startswith("acc=") for k in tr["profiles"])
+    np.testing.assert_allclose(shares, 1.0, atol=1e-6)
+  assert "weights" in saved["negative"]["additive"]["trace"]  # a linear rule logs its weights
   assert saved["negative"]["tag"]["anchor"] in ("arith_acc", "arith_negative")
-  assert report["negative"]["tag"] == saved["negative"]["tag"]
+  assert report["negative"]["tag"]["anchor"] == saved["negative"]["tag"]["anchor"]
   md = open(os.path.join(wd, "report.md")).read()
   assert "| additive |" in md and "anchor" in md
+  # Every target is in report.md; those of absent tasks / methods say n/a.
+  for row in saved["_targets"]:
+    assert f"| {row['target']} | {summary.cell(row)} |" in md
+  neg_rate = next(r for r in saved["_targets"]
+                  if r["target"] == "negative: additive negative rate >= 0.8")
+  assert neg_rate["passed"] in (True, False)
+  assert f"| negative: additive negative rate >= 0.8 | {'yes' if neg_rate['passed'] else 'NO'}" \
+      in md
+  assert "| brief: TAG accuracy >= 0.9x RP-only | n/a |" in md
   assert os.path.getsize(os.path.join(wd, "negative_profiles.png")) > 1000
+  assert not os.path.exists(os.path.join(wd, "negative_weights.png"))  # no AMRP run
   drift = json.load(open(os.path.join(wd, "negative", "tag", "drift.json")))
   assert [c["channel"] for c in drift["channels"]] == ["arith_acc", "arith_negative"]
   assert os.path.exists(os.path.join(wd, "negative", "additive", "metrics.jsonl"))
-  from mr_rl.demo import summary  # the multi-seed summary reads real reports (no rp_only: n/a)
-  targets = {t["target"]: t["mean"] for t in summary.check_targets([saved])}
-  assert targets["negative: additive aux rate >= 0.8"][0] in (True, False)
-  assert targets["negative: TAG accuracy >= 0.9x RP-only"] == (None, None)
-
-
-def test_demo_config_rejects_unknown_argument():
-  with pytest.raises(ValueError, match="unknown arguments"):
-    _demo_config("smoke,fast")
-
-
-def _report(seed, rp, add_acc, add_neg, tag, amrp, static):
-  row = lambda acc, aux=0.5: {"accuracy": acc, "aux_rate": aux, "mean_length": 20.0}
-  return {"negative": {"rp_only": row(rp), "additive": row(add_acc, add_neg), "tag": row(tag)},
-          "acc_fmt_len": {"rp_only": row(rp), "additive": row(static), "amrp": row(amrp),
-                          "tag": row(tag)},
-          "_meta": {"seed": seed}}
-
-
-def test_demo_summary_targets_per_seed_and_mean(tmp_path):
-  from mr_rl.demo import summary
-  reports = [_report(0, 0.4, 0.1, 0.9, 0.38, 0.20, 0.18),     # every target met
-             _report(1, 0.4, 0.3, 0.7, 0.30, 0.15, 0.18)]     # none met
-  for i, r in enumerate(reports):
-    os.makedirs(tmp_path / f"s{i}")
-    json.dump(r, open(tmp_path / f"s{i}" / "report.json", "w"))
-  md = summary.main([str(tmp_path / "s0"), str(tmp_path / "s1"), "--out", str(tmp_path / "s.md")])
-  assert open(tmp_path / "s.md").read() == md
-  res = {t["target"]: t for t in summary.check_targets(reports)}
-  neg_rate = res["negative: additive aux rate >= 0.8"]
-  assert [c[0] for c in neg_rate["per_seed"]] == [True, False]
-  assert neg_rate["mean"] == (True, pytest.approx(0.8))
-  ratio = res["negative: additive accuracy <= 0.5x RP-only"]
-  assert ratio["per_seed"][0] == (True, pytest.approx(0.25))
-  assert ratio["mean"] == (True, pytest.approx(0.5))           # 0.2 / 0.4
-  tag = res["negative: TAG accuracy >= 0.9x RP-only"]
-  assert [c[0] for c in tag["per_seed"]] == [True, False] and tag["mean"][0] is False  # 0.85x
-  amrp = res["acc_fmt_len: AMRP accuracy - static (additive) > 0"]
-  assert amrp["per_seed"][0] == (True, pytest.approx(0.02)) and amrp["mean"][0] is False
-  assert res["brief: TAG accuracy >= 0.9x RP-only"]["mean"] == (None, None)  # no brief task
-  assert "| additive | 0.200 +- 0.141 | 0.800 +- 0.141 | 20.000 +- 0.000 |" in md
-  assert "n/a" in md and "NO (0.85)" in md
-
-
-def test_demo_summary_rejects_missing_or_mismatched_reports(tmp_path):
-  from mr_rl.demo import summary
-  with pytest.raises(FileNotFoundError, match="no demo report"):
-    summary.load_report(str(tmp_path))
-  a, b = _report(0, 0.4, 0.1, 0.9, 0.38, 0.2, 0.18), {"brief": {}, "_meta": {"seed": 1}}
-  json.dump(a, open(tmp_path / "a.json", "w"))
-  json.dump(b, open(tmp_path / "b.json", "w"))
-  with pytest.raises(ValueError, match="different tasks"):
-    summary.main([str(tmp_path / "a.json"), str(tmp_path / "b.json")])

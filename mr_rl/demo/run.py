@@ -1,4 +1,4 @@
-"""The demo driver: tasks x methods of multi-reward GRPO from one base policy, and the report.
+"""The demo driver: tasks x methods of multi-reward RL from one base policy, and the report.
 
 For each task (a set of reward channels, the first one the task's correctness) every method
 trains from the same base policy with the same data order and seed, then is evaluated by
@@ -6,10 +6,22 @@ sampling on held-out problems. `tag` first elects its anchor by single-channel p
 (mr_rl.rl.anchor) and records the drift table. Results:
 
   WORKDIR/report.json   {task: {method: {"accuracy", "aux_rate", "joint_rate", "mean_length",
-                          per-channel rates, "anchor" (tag)}}}
-  WORKDIR/report.md     the same as Markdown tables, with the drift tables
-  WORKDIR/<task>_profiles.png   reward-profile shares over training steps, one panel per method
+                          per-channel rates, "seconds", "anchor" (tag), "trace" (per-step
+                          rollout profile shares, channel means, AMRP weights)}},
+                         "_meta": {...}, "_targets": [...]}
+  WORKDIR/report.md     the same as Markdown tables, the drift tables and every target of
+                        `mr_rl.demo.summary` with yes / no and its value
+  WORKDIR/<task>_profiles.png   rollout profile shares over steps, one panel per method
+  WORKDIR/<task>_weights.png    AMRP's channel weights over steps (tasks where AMRP ran)
   WORKDIR/<task>/<method>/metrics.jsonl   the per-step metrics of each run
+
+Methods (`parse_method`): a base rule, optionally with modifiers joined by '_':
+
+  rp_only, additive, weighted (0.9 primary / 0.1 auxiliaries), min, amrp, tag, dropout
+  (Rubric Dropout, p = 0.5); `weighted_<w>` gives the auxiliaries weight w in all (primary
+  1 - w: TAG Figure 6's sweep); `_gdpo` / `_ppo` swap GRPO for GDPO or PPO (AMRP Table 4);
+  `_kl<beta>` adds the KL penalty beta (TAG Table 7's Additive+KL).
+  e.g. `weighted_0.3`, `amrp_gdpo`, `additive_ppo`, `additive_kl0.01`.
 """
 
 from __future__ import annotations
@@ -28,24 +40,91 @@ TASKS = {
     "brief": (("arith_acc", "arith_brief"), ("arith_brief",)),
     "negative": (("arith_acc", "arith_negative"), ("arith_negative",)),
     "acc_fmt_len": (("arith_acc", "arith_fmt", "arith_len"), ("arith_fmt", "arith_len")),
+    # TAG Table 8: the compatible and the incompatible auxiliary at once.
+    "brief_negative": (("arith_acc", "arith_brief", "arith_negative"),
+                       ("arith_brief", "arith_negative")),
 }
-METHODS = ("rp_only", "additive", "weighted", "min", "amrp", "tag")
+BASE_METHODS = ("rp_only", "additive", "weighted", "min", "amrp", "tag", "dropout")
+METHODS = BASE_METHODS  # the plain names (modifiers: see parse_method)
+TRACE_TAIL = 5  # "final" rollout shares are the mean over the last TRACE_TAIL steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """A parsed demo method name (see the module docstring)."""
+  name: str
+  base: str
+  aux_weight: float | None = None   # weighted_<w>: total auxiliary weight
+  advantage: str = "grpo"           # grpo | gdpo | ppo
+  kl_coef: float = 0.0
+
+
+def parse_method(name: str) -> Method:
+  """`Method` of a demo method name; ValueError naming the bad part."""
+  base = next((b for b in sorted(BASE_METHODS, key=len, reverse=True)
+               if name == b or name.startswith(b + "_")), None)
+  if base is None:
+    raise ValueError(f"unknown demo method {name!r}; valid bases: {BASE_METHODS} (with "
+                     "optional modifiers _gdpo, _ppo, _kl<beta>, weighted_<w>)")
+  m = Method(name, base)
+  for part in filter(None, name[len(base):].split("_")):
+    if part in ("gdpo", "ppo"):
+      if m.advantage != "grpo":
+        raise ValueError(f"demo method {name!r}: more than one advantage modifier")
+      m = dataclasses.replace(m, advantage=part)
+    elif part.startswith("kl"):
+      try:
+        m = dataclasses.replace(m, kl_coef=float(part[2:]))
+      except ValueError:
+        raise ValueError(f"demo method {name!r}: bad KL coefficient {part!r}") from None
+    elif base == "weighted" and m.aux_weight is None:
+      try:
+        w = float(part)
+      except ValueError:
+        raise ValueError(f"demo method {name!r}: unknown modifier {part!r}") from None
+      if not 0.0 < w < 1.0:
+        raise ValueError(f"demo method {name!r}: auxiliary weight must be in (0, 1), got {w}")
+      m = dataclasses.replace(m, aux_weight=w)
+    else:
+      raise ValueError(f"demo method {name!r}: unknown modifier {part!r} (valid: gdpo, ppo, "
+                       "kl<beta>, and a weight after weighted_)")
+  if base == "tag" and (m.advantage != "grpo" or m.kl_coef):
+    raise ValueError(f"demo method {name!r}: tag takes no modifiers")
+  return m
 
 
 def method_aggregator(method: str, num_channels: int):
   """(aggregator name, hyperparameters) of a demo method; tag is filled in after election."""
-  if method == "rp_only":
+  m = parse_method(method)
+  if m.base == "rp_only":
     return "rp_only", {"primary": 0}
-  if method == "additive":
+  if m.base == "additive":
     return "additive", {}
-  if method == "weighted":  # 0.9 on the primary, 0.1 shared by the auxiliaries
-    aux = 0.1 / (num_channels - 1)
-    return "weighted", {"w": [0.9] + [aux] * (num_channels - 1)}
-  if method == "min":
+  if m.base == "weighted":  # 1 - w on the primary, w shared by the auxiliaries
+    w = 0.1 if m.aux_weight is None else m.aux_weight
+    return "weighted", {"w": [1.0 - w] + [w / (num_channels - 1)] * (num_channels - 1)}
+  if m.base == "min":
     return "min", {}
-  if method == "amrp":
+  if m.base == "amrp":
     return "amrp", {}
-  raise ValueError(f"unknown demo method {method!r}; valid: {METHODS}")
+  if m.base == "dropout":
+    return "rubric_dropout", {}
+  raise ValueError(f"demo method {method!r} has no fixed aggregator (tag is elected)")
+
+
+def method_settings(ts: settings_lib.RunSettings, method: str, demo_cfg=None):
+  """The run settings of a non-TAG method on the task settings `ts`."""
+  m = parse_method(method)
+  name, hp = method_aggregator(method, len(ts.rewards.channels))
+  s = dataclasses.replace(ts, aggregator=settings_lib.AggregatorSettings(name, hp),
+                          advantage=m.advantage, advantage_hp={})
+  update = s.update
+  if m.kl_coef:
+    update = dataclasses.replace(update, loss=dataclasses.replace(update.loss,
+                                                                  kl_coef=m.kl_coef))
+  if m.advantage == "ppo" and demo_cfg is not None:
+    update = dataclasses.replace(update, value_lr=float(demo_cfg.ppo_value_lr))
+  return dataclasses.replace(s, update=update)
 
 
 def task_settings(base: settings_lib.RunSettings, demo_cfg, task: str):
@@ -61,6 +140,10 @@ def task_settings(base: settings_lib.RunSettings, demo_cfg, task: str):
   return dataclasses.replace(base, pipeline="train", rewards=rewards)
 
 
+def short(channel: str) -> str:
+  return channel[len("arith_"):] if channel.startswith("arith_") else channel
+
+
 def summarize(ev: dict, task: str) -> dict:
   channels, aux = TASKS[task]
   out = {"accuracy": ev["eval/arith_acc"],
@@ -68,52 +151,86 @@ def summarize(ev: dict, task: str) -> dict:
          "joint_rate": float(np.mean([ev[f"eval/arith_acc&{a}"] for a in aux])),
          "mean_length": ev["eval/length_mean"]}
   out.update({f"rate/{c}": ev[f"eval/{c}"] for c in channels})
+  out.update({f"joint/{a}": ev[f"eval/arith_acc&{a}"] for a in aux})
   return out
+
+
+def trace(history: list[dict], channels) -> dict:
+  """Per-step rollout statistics kept in the report: profile shares (short channel names,
+  e.g. `acc=0,fmt=1,len=1`; 0 where a profile did not occur), channel means, AMRP weights."""
+  prof_keys = sorted({k for h in history for k in h
+                      if k.startswith("profile/") and k != "profile/nan"})
+  def name(k):
+    return ",".join(short(p) for p in k[len("profile/"):].split(","))
+  out = {"step": [int(h["step"]) for h in history],
+         "profiles": {name(k): [float(h.get(k, 0.0)) for h in history] for k in prof_keys},
+         "reward": {short(c): [h.get(f"reward/{c}/mean") for h in history] for c in channels},
+         "length": [h.get("response/length_mean") for h in history]}
+  if history and all(f"weights/{c}" in h for h in history for c in channels):
+    out["weights"] = {short(c): [float(h[f"weights/{c}"]) for h in history] for c in channels}
+  return out
+
+
+def task_methods(demo_cfg, task: str) -> list[str]:
+  """The methods run on `task`: `demo.methods`, or `demo.methods_for[task]` where given."""
+  per_task = demo_cfg.get("methods_for") or {}
+  spec = per_task.get(task, demo_cfg.methods) if hasattr(per_task, "get") else demo_cfg.methods
+  methods = [m.strip() for m in str(spec).split(",") if m.strip()]
+  for m in methods:
+    parse_method(m)  # unknown names fail before any training
+  if len(set(methods)) != len(methods):
+    raise ValueError(f"config.demo: task {task!r} lists a method twice: {methods}")
+  return methods
 
 
 @pipelines.PIPELINES.register
 def demo(config, workdir: str, log=print) -> dict:
   """The `demo` pipeline (`config.pipeline = "demo"`): every task x method, then the report."""
+  from mr_rl.demo import plots, summary
   base = settings_lib.from_config(config)
-  demo = config.demo
-  tasks = [t.strip() for t in demo.tasks.split(",") if t.strip()]
-  methods = [m.strip() for m in demo.methods.split(",") if m.strip()]
-  for m in methods:
-    if m not in METHODS:
-      raise ValueError(f"config.demo.methods: unknown method {m!r}; valid: {METHODS}")
+  demo_cfg = config.demo
+  tasks = [t.strip() for t in demo_cfg.tasks.split(",") if t.strip()]
+  for t in tasks:
+    if t not in TASKS:
+      raise ValueError(f"config.demo.tasks: unknown task {t!r}; valid: {sorted(TASKS)}")
+  plan = {t: task_methods(demo_cfg, t) for t in tasks}
+  for t in (demo_cfg.get("methods_for") or {}):
+    if t not in tasks:
+      raise ValueError(f"config.demo.methods_for names task {t!r}, which is not among "
+                       f"config.demo.tasks {tasks}")
   os.makedirs(workdir, exist_ok=True)
-  report, drift_tables, histories = {}, {}, {}
+  report, drift_tables = {}, {}
   t_start = time.time()
   comp = None
   for task in tasks:
-    ts = task_settings(base, demo, task)
+    ts = task_settings(base, demo_cfg, task)
     # One build (model, data, base policy); each task gets its own reward runner.
     comp = (train_lib.build(ts) if comp is None else
             dataclasses.replace(comp, settings=ts, runner=train_lib.build_runner(ts)))
-    report[task], histories[task] = {}, {}
+    report[task] = {}
     base_ev = evaluation.final_eval(comp, comp.base_params)
     report[task]["base"] = summarize(base_ev, task)
-    for method in methods:
+    for method in plan[task]:
       t0 = time.time()
       if method == "tag":
         a, table = pipelines.elect_anchor(ts, comp, os.path.join(workdir, task, "tag"), log=log)
         drift_tables[task] = table
         ms = pipelines.tag_settings(ts, a)
       else:
-        name, hp = method_aggregator(method, len(ts.rewards.channels))
-        ms = dataclasses.replace(ts, aggregator=settings_lib.AggregatorSettings(name, hp))
+        ms = method_settings(ts, method, demo_cfg)
       res = train_lib.train(ms, os.path.join(workdir, task, method), comp=comp, log=None)
       ev = evaluation.final_eval(dataclasses.replace(comp, settings=ms), res.params)
-      report[task][method] = summarize(ev, task)
+      r = report[task][method] = summarize(ev, task)
       if method == "tag":
-        report[task][method]["anchor"] = ts.rewards.channels[a]
-      histories[task][method] = res.history
-      r = report[task][method]
-      log(f"[demo] {task:12s} {method:9s} acc {r['accuracy']:.3f} aux {r['aux_rate']:.3f} "
-          f"joint {r['joint_rate']:.3f} len {r['mean_length']:.1f} ({time.time() - t0:.0f}s)")
-    _plot_profiles(histories[task], os.path.join(workdir, f"{task}_profiles.png"), task)
+        r["anchor"] = ts.rewards.channels[a]
+      r["trace"] = trace(res.history, ts.rewards.channels)
+      r["seconds"] = time.time() - t0
+      log(f"[demo] {task:14s} {method:16s} acc {r['accuracy']:.3f} aux {r['aux_rate']:.3f} "
+          f"joint {r['joint_rate']:.3f} len {r['mean_length']:.1f} ({r['seconds']:.0f}s)")
+    plots.task_figures(report[task], workdir, task)
   report["_meta"] = {"seed": base.seed, "total_steps": base.total_steps,
-                     "seconds": time.time() - t_start}
+                     "seconds": time.time() - t_start, "variant": demo_cfg.get("variant", "")}
+  report["_targets"] = summary.target_rows(report)
   with open(os.path.join(workdir, "report.json"), "w") as f:
     json.dump(report, f, indent=1)
   with open(os.path.join(workdir, "report.md"), "w") as f:
@@ -123,16 +240,20 @@ def demo(config, workdir: str, log=print) -> dict:
 
 
 def markdown(report: dict, drift_tables: dict) -> str:
+  from mr_rl.demo import summary
   lines = ["# mr_rl CPU demo", ""]
   for task, rows in report.items():
     if task.startswith("_"):
       continue
-    lines += [f"## {task}", "", "| method | accuracy | aux rate | joint rate | mean length |",
-              "|---|---|---|---|---|"]
+    aux = ", ".join(short(a) for a in TASKS[task][1])
+    lines += [f"## {task}", "", f"Held-out evaluation (aux: {aux}; joint: correct and aux).", "",
+              "| method | accuracy | aux rate | joint rate | mean length | run time |",
+              "|---|---|---|---|---|---|"]
     for method, r in rows.items():
       name = method + (f" (anchor: {r['anchor']})" if "anchor" in r else "")
+      secs = f"{r['seconds']:.0f} s" if "seconds" in r else ""
       lines.append(f"| {name} | {r['accuracy']:.3f} | {r['aux_rate']:.3f} | "
-                   f"{r['joint_rate']:.3f} | {r['mean_length']:.1f} |")
+                   f"{r['joint_rate']:.3f} | {r['mean_length']:.1f} | {secs} |")
     if task in drift_tables:
       lines += ["", "Anchor election (per-token drift of single-channel probes):", "",
                 "| channel | KLrev/token | KLrev exact | KLfwd/token | probe reward |",
@@ -142,35 +263,10 @@ def markdown(report: dict, drift_tables: dict) -> str:
                      f"{d.rev_kl_exact_per_token:.4g} | {d.fwd_kl_per_token:.4g} | "
                      f"{d.probe_reward:.3f} |")
     lines.append("")
+  lines += ["## Targets", "", "| target | result |", "|---|---|"]
+  for row in summary.target_rows(report):
+    lines.append(f"| {row['target']} | {summary.cell(row)} |")
   meta = report.get("_meta", {})
-  lines.append(f"seed {meta.get('seed')}, {meta.get('total_steps')} steps per run, "
-               f"{meta.get('seconds', 0):.0f} s in all.")
+  lines += ["", f"seed {meta.get('seed')}, {meta.get('total_steps')} steps per run, "
+            f"{meta.get('seconds', 0):.0f} s in all."]
   return "\n".join(lines) + "\n"
-
-
-def _plot_profiles(histories: dict, path: str, task: str) -> None:
-  """One panel per method: the share of each reward profile over steps (same colour per profile)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  methods = list(histories)
-  keys = sorted({k for hist in histories.values() for h in hist for k in h
-                 if k.startswith("profile/") and k != "profile/nan"})
-  colors = {k: plt.cm.tab10(i % 10) for i, k in enumerate(keys)}
-  fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 3.2), sharey=True,
-                           squeeze=False)
-  for ax, method in zip(axes[0], methods):
-    hist = histories[method]
-    steps = [h["step"] for h in hist]
-    for k in keys:
-      ax.plot(steps, [h.get(k, 0.0) for h in hist], color=colors[k], lw=1.2)
-    ax.set_title(method)
-    ax.set_xlabel("step")
-  axes[0][0].set_ylabel("share of rollouts")
-  handles = [plt.Line2D([], [], color=colors[k]) for k in keys]
-  fig.legend(handles, [k[len("profile/"):] for k in keys], loc="lower center",
-             ncol=min(4, max(1, len(keys))), fontsize=7)
-  fig.suptitle(f"reward profiles: {task}")
-  fig.tight_layout(rect=(0, 0.08 + 0.04 * (len(keys) // 4), 1, 1))
-  fig.savefig(path, dpi=80)
-  plt.close(fig)

@@ -65,16 +65,38 @@ class Problem:
     expr = str(self.terms[0]) + "".join(o + str(t) for o, t in zip(self.ops, self.terms[1:]))
     return f"Q:{expr}="
 
-  def solution(self, direct: bool = False) -> str:
-    """The step-by-step solution, or the direct (no reasoning) answer."""
-    if direct:
-      return f"<r></r><a>{self.answer}</a>"
+  def steps(self) -> list[str]:
+    """The running-total steps, e.g. ['7+5=12', '12-9=3', '3+3=6']."""
     steps, total = [], self.terms[0]
     for op, t in zip(self.ops, self.terms[1:]):
       new = total + t if op == "+" else total - t
       steps.append(f"{total}{op}{t}={new}")
       total = new
-    return "<r>" + ";".join(steps) + f"</r><a>{total}</a>"
+    return steps
+
+  def solution(self, style: str = "concise", answer: int | None = None,
+               broken_format: bool = False) -> str:
+    """A response in one of the base policy's styles (see `STYLES`).
+
+    Args:
+      style: 'concise' (each running-total step once), 'verbose' (each step written twice,
+        about twice as long: on 4-5 terms it overshoots the demo's 48-token cap) or 'direct'
+        (no reasoning: `<r></r><a>6</a>`, short, and for a small model a guess on long chains).
+      answer: the answer written (default the true one; a sign slip writes `-answer`).
+      broken_format: write the answer as `=6` after `</r>` instead of `<a>6</a>` (still
+        scored by `accuracy`, fails `fmt`).
+    """
+    if style not in STYLES:
+      raise ValueError(f"unknown solution style {style!r}; valid: {STYLES}")
+    answer = self.answer if answer is None else int(answer)
+    steps = [] if style == "direct" else self.steps()
+    if style == "verbose":
+      steps = [s for step in steps for s in (step, step)]
+    tail = f"={answer}" if broken_format else f"<a>{answer}</a>"
+    return "<r>" + ";".join(steps) + "</r>" + tail
+
+
+STYLES = ("concise", "verbose", "direct")
 
 
 def sample_problems(rng: np.random.Generator, n: int, *, min_terms: int = 2,
@@ -96,19 +118,26 @@ def sample_problems(rng: np.random.Generator, n: int, *, min_terms: int = 2,
 
 
 _ANSWER_RE = re.compile(r"<a>(.*?)</a>", re.S)
-_INT_RE = re.compile(r"-?\d+")
-_FORMAT_RE = re.compile(r"\s*<r>.*?</r>\s*<a>.*?</a>\s*", re.S)
+_LOOSE_RE = re.compile(r"\s*=\s*(-?\d+)\s*")
+_FORMAT_RE = re.compile(r"\s*<r>[^<]*</r>\s*<a>[^<]*</a>\s*")  # no tag inside a block
 
 
 def extract_answer(response: str) -> int | None:
-  """The integer in the last `<a>...</a>` block, else the last integer in the response."""
+  """The final answer: the integer in the last `<a>...</a>` block, or, without one, the
+  broken-format answer `</r>=6` (an integer after the last `</r>`, after `=`).
+
+  Anything else has no answer: a response cut off by the cap mid-reasoning is not credited
+  with the last running total it wrote, and a bare number without `</r>` is not an answer.
+  """
   blocks = _ANSWER_RE.findall(response)
-  text = blocks[-1] if blocks else response
-  text = text.strip()
   if blocks:
+    text = blocks[-1].strip()
     return int(text) if re.fullmatch(r"-?\d+", text) else None
-  nums = _INT_RE.findall(text)
-  return int(nums[-1]) if nums else None
+  head, sep, tail = response.rpartition("</r>")
+  if not sep:
+    return None
+  m = _LOOSE_RE.fullmatch(tail)
+  return int(m.group(1)) if m else None
 
 
 def accuracy(response: str, answer: int) -> float:

@@ -28,20 +28,31 @@ import optax
 from mr_rl import models
 from mr_rl.demo import task
 
-PROMPT_LEN = 16        # prompts are left-padded to this bucket (the RL sampler uses the same)
+PROMPT_LEN = 18        # prompts (<= 17 tokens for 7 terms) are left-padded to this bucket
 RESPONSE_LEN = 48      # responses (with <eos>) are right-padded to this length
+# The sampler pads prompts to a power-of-two bucket (32 for 17 tokens), so its KV cache spans
+# up to 32 + 48 positions; RoPE positions themselves never exceed PROMPT_LEN + RESPONSE_LEN.
+MAX_SEQ_LEN = 80
 
 
 @dataclasses.dataclass(frozen=True)
 class WarmStartConfig:
-  steps: int = 1500
+  """The warm start's settings; the defaults are the recipe of the shipped base policy."""
+  steps: int = 3000
   batch_size: int = 64
   lr: float = 3e-3
   seed: int = 0
-  p_direct: float = 0.2       # share of direct (no-reasoning) answers in the targets
-  p_broken_format: float = 0.2  # share of targets whose answer is not wrapped in <a></a>
+  min_terms: int = 2          # problems of min_terms..max_terms single-digit terms
+  max_terms: int = 7
+  p_direct: float = 0.3       # share of direct (no-reasoning) answers in the targets
+  p_verbose: float = 0.4      # share of reasoned targets written verbosely (each step twice)
+  p_broken_format: float = 0.4  # share of targets whose answer is not wrapped in <a></a>
+  p_sign_slip: float = 0.1    # share of targets whose (nonzero) answer has the wrong sign
   d_model: int = 128
   n_layers: int = 2
+
+
+RECIPE = WarmStartConfig()  # mr_rl/demo/assets/base_policy (tests check its warmstart.json)
 
 
 def model_config(vocab_size: int, cfg: WarmStartConfig) -> models.ModelConfig:
@@ -49,19 +60,29 @@ def model_config(vocab_size: int, cfg: WarmStartConfig) -> models.ModelConfig:
       family="qwen3", vocab_size=vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
       n_heads=4, n_kv_heads=2, head_dim=cfg.d_model // 4, d_ff=4 * cfg.d_model,
       rope_theta=10000.0, qk_norm=True, tie_embeddings=True,
-      max_seq_len=PROMPT_LEN + RESPONSE_LEN)
+      max_seq_len=MAX_SEQ_LEN)
 
 
 def target_text(problem: task.Problem, rng: np.random.Generator, cfg: WarmStartConfig) -> str:
-  text = problem.solution(direct=rng.random() < cfg.p_direct)
-  if rng.random() < cfg.p_broken_format:
-    # Answer left outside the tags: still scored by `accuracy`, fails `fmt`.
-    text = text.replace("<a>", "=").replace("</a>", "")
-  return text
+  """One supervised target: a style drawn from the config's mixture, then its slips."""
+  u = rng.random()
+  style = ("direct" if u < cfg.p_direct else
+           "verbose" if u < cfg.p_direct + (1 - cfg.p_direct) * cfg.p_verbose else "concise")
+  answer = problem.answer
+  if answer != 0 and rng.random() < cfg.p_sign_slip:
+    answer = -answer  # a sign slip: wrong, and negative on a positive problem
+  # Answer left outside the tags: still scored by `accuracy`, fails `fmt`.
+  return problem.solution(style, answer=answer,
+                          broken_format=rng.random() < cfg.p_broken_format)
 
 
 def encode_batch(tokenizer, prompts: list[str], responses: list[str] | None = None):
-  """Left-padded prompts [B, PROMPT_LEN] (with <bos>) and right-padded responses [B, RESPONSE_LEN]."""
+  """Left-padded prompts [B, PROMPT_LEN] (with <bos>) and right-padded responses [B, RESPONSE_LEN].
+
+  A response longer than RESPONSE_LEN (with its <eos>) is cut to RESPONSE_LEN tokens without
+  <eos>: a runaway target (a verbose solution of a long chain), taught as it would be sampled
+  under a RESPONSE_LEN cap.
+  """
   B = len(prompts)
   p_tok = np.full((B, PROMPT_LEN), tokenizer.pad_token_id, np.int32)
   p_mask = np.zeros((B, PROMPT_LEN), np.int32)
@@ -76,9 +97,8 @@ def encode_batch(tokenizer, prompts: list[str], responses: list[str] | None = No
   r_tok = np.full((B, RESPONSE_LEN), tokenizer.pad_token_id, np.int32)
   r_mask = np.zeros((B, RESPONSE_LEN), np.int32)
   for i, r in enumerate(responses):
-    ids = tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    if len(ids) > RESPONSE_LEN:
-      raise ValueError(f"response {r!r} has {len(ids)} tokens > RESPONSE_LEN {RESPONSE_LEN}")
+    ids = (tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
+    ids = ids[:RESPONSE_LEN]
     r_tok[i, :len(ids)] = ids
     r_mask[i, :len(ids)] = 1
   return p_tok, p_mask, r_tok, r_mask
@@ -121,7 +141,8 @@ def train(cfg: WarmStartConfig, out_dir: str | None = None, log_every: int = 100
   rng = np.random.default_rng(cfg.seed)
   t0, loss = time.time(), float("nan")
   for i in range(cfg.steps):
-    probs = task.sample_problems(rng, cfg.batch_size)
+    probs = task.sample_problems(rng, cfg.batch_size, min_terms=cfg.min_terms,
+                                 max_terms=cfg.max_terms)
     batch = encode_batch(tokenizer, [p.prompt for p in probs],
                          [target_text(p, rng, cfg) for p in probs])
     params, opt_state, loss = step(params, opt_state, *batch)

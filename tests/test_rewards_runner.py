@@ -50,9 +50,9 @@ def _token_count(response, example, num_tokens):
 
 def test_registry_names_and_errors():
   assert {"accuracy", "format", "length", "brief", "negative"} <= set(rr.available_rewards())
-  with pytest.raises(ValueError, match="valid names.*accuracy"):
+  with pytest.raises(ValueError, match=r"^unknown reward channel 'acuracy'; valid: .*accuracy"):
     rr.get_reward("acuracy")
-  with pytest.raises(ValueError, match="already registered"):
+  with pytest.raises(ValueError, match="reward channel 'format' is already registered"):
     rr.register_reward("format", lambda: None)
   with pytest.raises(ValueError, match="threshold"):
     rr.get_reward("brief", threshold=-1)

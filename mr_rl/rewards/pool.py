@@ -217,7 +217,7 @@ def shared_pool() -> HardTimeoutPool:
       _SHARED_POOL = HardTimeoutPool(
           max_workers=min(4, os.cpu_count() or 1),
           initializer=_math_worker_init,
-          preload=("mr_rl.rewards._forkserver_preload", "mr_rl.rewards.runner"))
+          preload=("mr_rl.rewards._forkserver_preload", "mr_rl.rewards.math_channels"))
       atexit.register(_SHARED_POOL.close)
     return _SHARED_POOL
 

@@ -18,16 +18,13 @@ Two execution kinds:
   wall-clock timeout. ``fn`` and its arguments must be picklable (a
   module-level function or a ``functools.partial`` of one).
 
-The registry maps a name to a factory of ``RewardChannel``s, so a config can
-pick channels by name and set their parameters:
+Channels come from the registry in ``mr_rl.rewards.channels`` (re-exported here), so a
+config can pick channels by name and set their parameters:
 ``get_reward("brief", threshold=128)``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import importlib
 import logging
 import queue
 import threading
@@ -36,146 +33,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from mr_rl.rewards import math as math_rewards
+from mr_rl.rewards.channels import (KINDS, REWARDS, RewardChannel, available_rewards,
+                                    get_reward, register_reward)
 from mr_rl.rewards.pool import HardTimeoutPool, RewardTimeoutError, RewardWorkerError, shared_pool
 
-__all__ = ["KINDS", "RewardChannel", "RewardRunner", "available_rewards", "get_reward",
+__all__ = ["KINDS", "REWARDS", "RewardChannel", "RewardRunner", "available_rewards", "get_reward",
            "register_reward", "HardTimeoutPool", "RewardTimeoutError", "RewardWorkerError",
            "shared_pool"]
 
-KINDS = ("thread", "process")
 _LOG = logging.getLogger(__name__)
-RewardFn = Callable[[str, Mapping[str, Any], int], float]
-
-
-# ----------------------------------------------------------------------------
-# Registry.
-# ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class RewardChannel:
-  """One named reward channel.
-
-  Attributes:
-    name: channel name (a column k of r[B, G, K]).
-    fn: ``fn(response, example, num_tokens) -> float``.
-    kind: "thread" (light rule) or "process" (heavy / untrusted; picklable fn).
-  """
-  name: str
-  fn: RewardFn
-  kind: str = "thread"
-
-  def __post_init__(self):
-    if not isinstance(self.name, str) or not self.name:
-      raise ValueError(f"name must be a non-empty str, got {self.name!r}")
-    if not callable(self.fn):
-      raise TypeError(f"fn of channel {self.name!r} must be callable, got {type(self.fn)}")
-    if self.kind not in KINDS:
-      raise ValueError(f"kind of channel {self.name!r} must be one of {KINDS}, got {self.kind!r}")
-
-
-_REGISTRY: dict[str, Callable[..., RewardChannel]] = {}
-# Other reward modules register their channels when imported; get_reward
-# imports them on first lookup. A module that does not exist is skipped.
-_PLUGIN_MODULES = ("mr_rl.rewards.code", "mr_rl.rewards.alce",
-                   # added by the reward-model / code-channels helper: code_correct,
-                   # code_fast, code_noop and the armorm_* reward-model channels.
-                   "mr_rl.rewards.code_channels", "mr_rl.rewards.reward_model")
-_plugins_loaded = False
-
-
-def register_reward(name: str, factory: Callable[..., RewardChannel]) -> None:
-  """Registers ``factory(**params) -> RewardChannel`` under ``name``."""
-  if name in _REGISTRY:
-    raise ValueError(f"reward {name!r} is already registered")
-  _REGISTRY[name] = factory
-
-
-def _load_plugins() -> None:
-  global _plugins_loaded
-  if _plugins_loaded:
-    return
-  _plugins_loaded = True
-  for module in _PLUGIN_MODULES:
-    try:
-      importlib.import_module(module)
-    except ModuleNotFoundError as e:
-      if e.name != module:  # the module exists but one of its imports is missing
-        raise
-
-
-def available_rewards() -> list[str]:
-  _load_plugins()
-  return sorted(_REGISTRY)
-
-
-def get_reward(name: str, **params: Any) -> RewardChannel:
-  """Builds the registered channel ``name`` with ``params``.
-
-  Raises:
-    ValueError: unknown name (the message lists the valid ones).
-  """
-  _load_plugins()
-  if name not in _REGISTRY:
-    raise ValueError(f"unknown reward {name!r}; valid names: {sorted(_REGISTRY)}")
-  return _REGISTRY[name](**params)
-
-
-def _accuracy_channel(response, example, num_tokens, *, reference_key):
-  del num_tokens
-  if reference_key not in example:
-    raise KeyError(f"example has no {reference_key!r} (keys: {sorted(example)})")
-  return math_rewards.accuracy_in_process(response, example[reference_key])
-
-
-def _format_channel(response, example, num_tokens):
-  del example, num_tokens
-  return math_rewards.format_reward(response)
-
-
-def _length_channel(response, example, num_tokens, *, max_full, zero_at):
-  del response, example
-  return math_rewards.length_reward(num_tokens, max_full=max_full, zero_at=zero_at)
-
-
-def _brief_channel(response, example, num_tokens, *, threshold):
-  del response, example
-  return math_rewards.brief(num_tokens, threshold)
-
-
-def _negative_channel(response, example, num_tokens):
-  del example, num_tokens
-  return math_rewards.negative_in_process(response)
-
-
-def _accuracy_factory(reference_key: str = "reference") -> RewardChannel:
-  return RewardChannel(
-      "accuracy", functools.partial(_accuracy_channel, reference_key=reference_key), "process")
-
-
-def _length_factory(max_full: int = 2800, zero_at: int = 3000) -> RewardChannel:
-  math_rewards.length_reward(0, max_full=max_full, zero_at=zero_at)  # validates
-  return RewardChannel(
-      "length", functools.partial(_length_channel, max_full=max_full, zero_at=zero_at))
-
-
-def _brief_factory(threshold: int = 200) -> RewardChannel:
-  math_rewards.brief(0, threshold)  # validates
-  return RewardChannel("brief", functools.partial(_brief_channel, threshold=threshold))
-
-
-# Built-in channels (METHODS.md section 7):
-#   accuracy(reference_key="reference")  process  math-verify vs example[reference_key]
-#   format()                             thread   AMRP <reasoning>/<answer> format
-#   length(max_full=2800, zero_at=3000)  thread   AMRP soft length rule on num_tokens
-#   brief(threshold=200)                 thread   TAG: num_tokens < threshold
-#   negative()                           process  TAG: final answer is a number < 0
-register_reward("accuracy", _accuracy_factory)
-register_reward("format", lambda: RewardChannel("format", _format_channel))
-register_reward("length", _length_factory)
-register_reward("brief", _brief_factory)
-register_reward("negative", lambda: RewardChannel("negative", _negative_channel, "process"))
 
 
 # ----------------------------------------------------------------------------

@@ -18,6 +18,10 @@ import functools
 
 from mr_rl.rewards import math as math_rewards
 from mr_rl.rewards.channels import REWARDS, RewardChannel
+from mr_rl.rewards.pool import shared_pool
+
+# The process channels' functions unpickle from this module: have the zygote load it once.
+shared_pool().add_setup(preload=("mr_rl.rewards.math_channels",))
 
 # pylint: disable=redefined-builtin  (the `format` factory is named as its channel)
 

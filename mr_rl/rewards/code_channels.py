@@ -51,7 +51,7 @@ from typing import Any, Callable, Mapping
 
 from mr_rl.data.code import CodeTestSpec
 from mr_rl.rewards import code
-from mr_rl.rewards.channels import REWARDS, RewardChannel
+from mr_rl.rewards.channels import REWARDS, MissingFieldError, RewardChannel
 
 __all__ = ["extract_program", "tests_from_spec", "tests_from_example", "prepare_program",
            "RunCache", "shared_run_cache", "code_channel"]
@@ -159,7 +159,8 @@ def tests_from_example(example: Mapping[str, Any]) -> code.CodeTests:
 
   Raises:
     TypeError: example is not a mapping, or example['tests'] has an unknown type.
-    KeyError: the example has neither 'tests' nor HumanEval 'test' + 'entry_point'.
+    MissingFieldError (a KeyError): the example has neither 'tests' nor HumanEval 'test' +
+      'entry_point'.
   """
   if not isinstance(example, Mapping):
     raise TypeError(f"example must be a mapping, got {type(example).__name__}")
@@ -176,8 +177,8 @@ def tests_from_example(example: Mapping[str, Any]) -> code.CodeTests:
   if "test" in example and "entry_point" in example:
     return code.CodeTests.humaneval(example["test"], example["entry_point"],
                                     prompt=example.get("prompt"))
-  raise KeyError(f"example has no code tests: need 'tests' (CodeTestSpec) or HumanEval 'test' "
-                 f"and 'entry_point' (keys: {sorted(example)})")
+  raise MissingFieldError(f"example has no code tests: need 'tests' (CodeTestSpec) or HumanEval "
+                          f"'test' and 'entry_point' (keys: {sorted(example)})")
 
 
 def _top_level_names(program: str) -> set[str] | None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from mr_rl.rewards.channels import RewardConfigError
 from mr_rl.rewards.pool import shared_pool
 
 MAX_ANSWER_CHARS = 1000
@@ -131,7 +132,7 @@ def _verify_parsed(pred_input: str, gold_input: str) -> bool:
   from math_verify import parse, verify  # pylint: disable=import-outside-toplevel
   gold = parse(gold_input, parsing_timeout=None)
   if not gold:
-    raise ValueError(f"reference {gold_input!r} could not be parsed by math-verify")
+    raise RewardConfigError(f"reference {gold_input!r} could not be parsed by math-verify")
   pred = parse(pred_input, parsing_timeout=None)
   return bool(pred) and verify(gold, pred, timeout_seconds=None)
 
@@ -219,8 +220,9 @@ def accuracy(response: str, reference: str, *, timeout_s: float = DEFAULT_TIMEOU
 
   Raises:
     pool.RewardTimeoutError: math-verify ran longer than `timeout_s`
-      (the runner turns this into NaN and an error count).
-    ValueError: the reference cannot be parsed.
+      (the runner scores it as the channel's failure value, 0, and counts it).
+    channels.RewardConfigError (a ValueError): the reference cannot be parsed (the
+      runner stops the run: no response can fix it).
   """
   _check_str(response, "response")
   _check_str(reference, "reference")

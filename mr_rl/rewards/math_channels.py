@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 
 from mr_rl.rewards import math as math_rewards
-from mr_rl.rewards.channels import REWARDS, RewardChannel
+from mr_rl.rewards.channels import REWARDS, MissingFieldError, RewardChannel, RewardConfigError
 from mr_rl.rewards.pool import shared_pool
 
 # The process channels' functions unpickle from this module: have the zygote load it once.
@@ -29,8 +29,13 @@ shared_pool().add_setup(preload=("mr_rl.rewards.math_channels",))
 def _accuracy_channel(response, example, num_tokens, *, reference_key):
   del num_tokens
   if reference_key not in example:
-    raise KeyError(f"example has no {reference_key!r} (keys: {sorted(example)})")
-  return math_rewards.accuracy_in_process(response, example[reference_key])
+    raise MissingFieldError(f"example has no field {reference_key!r} (keys: "
+                            f"{sorted(map(str, example))})")
+  reference = example[reference_key]
+  if not isinstance(reference, str):
+    raise RewardConfigError(f"example[{reference_key!r}] must be a str (LaTeX), got "
+                            f"{type(reference).__name__} {reference!r:.80}")
+  return math_rewards.accuracy_in_process(response, reference)
 
 
 def _format_channel(response, example, num_tokens):

@@ -90,6 +90,12 @@ def dumps_importable(obj: Any) -> bytes:
   return buf.getvalue()
 
 
+def _last_line(tb: str) -> str:
+  """The exception line of a formatted traceback."""
+  lines = tb.strip().splitlines()
+  return lines[-1] if lines else "?"
+
+
 def _describe(status: int | None) -> str:
   if status is None:
     return "exit status unknown"
@@ -130,8 +136,8 @@ class _Zygote:
       raise WorkerSetupError(f"worker pool failed to start: {e!r}") from e
     if status != "ready":
       self.close()
-      raise WorkerSetupError(f"worker pool failed to start (preload {list(self.preload)}):\n"
-                             f"{detail}")
+      raise WorkerSetupError(f"worker pool failed to start: {_last_line(detail)} (preload "
+                             f"{list(self.preload)})\n{detail}")
 
   def alive(self) -> bool:
     return self._proc.poll() is None
@@ -281,8 +287,9 @@ class HardTimeoutPool:
         raise WorkerSetupError(f"a reward worker failed to start: {e!r}") from e
       if status != "ready":
         self._discard(worker)
-        raise WorkerSetupError(f"a reward worker failed to start (imports {imports}, "
-                               f"initializers):\n{detail}")
+        raise WorkerSetupError(f"a reward worker failed to start: {_last_line(detail)} (imports "
+                               f"{imports}, initializers {[f for f, _ in self._inits]})\n"
+                               f"{detail}")
       return worker
     raise WorkerSetupError(f"the worker zygote died {self._MAX_ZYGOTE_RETRIES} times in a row")
 
@@ -376,9 +383,8 @@ class HardTimeoutPool:
     if kind == "raise":
       exc, tb = rest
       raise exc from _RemoteTraceback(tb)
-    last = rest[0].strip().splitlines()[-1] if rest[0].strip() else "?"
-    raise WorkerSetupError(f"a reward worker could not load the call to {name!s}: {last}"
-                           ) from _RemoteTraceback(rest[0])
+    raise WorkerSetupError(f"a reward worker could not load the call to {name!s}: "
+                           f"{_last_line(rest[0])}") from _RemoteTraceback(rest[0])
 
   def close(self) -> None:
     """Kills every worker and the zygote; later calls raise RuntimeError."""

@@ -61,7 +61,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from mr_rl.models import hf_io
 from mr_rl.models import sharding as shd
 from mr_rl.models.transformer import Transformer, abstract_params, positions_from_mask
-from mr_rl.rewards.channels import REWARDS, RewardChannel
+from mr_rl.rewards.channels import REWARDS, MissingFieldError, RewardChannel
 
 ARMORM_HUB = "RLHFlow/ArmoRM-Llama3-8B-v0.1"
 ARMORM_OBJECTIVES = (  # model card order; AMRP's help / corr / coh are 0 / 1 / 2
@@ -572,8 +572,8 @@ def conversation_of(example: Mapping[str, Any]):
     return example["messages"]
   if "prompt" in example:
     return example["prompt"]
-  raise KeyError(f"reward-model channels need example['messages'] or example['prompt'] "
-                 f"(keys: {sorted(example)})")
+  raise MissingFieldError(f"reward-model channels need example['messages'] or example['prompt'] "
+                          f"(keys: {sorted(example)})")
 
 
 def _rm_channel_fn(response, example, num_tokens, *, scorer, index, rescale):

@@ -88,9 +88,9 @@ def test_builtin_channels_shape_and_values():
 def test_missing_reference_stops_the_run():
   runner = rr.RewardRunner(["accuracy"], timeout_s=30)
   with pytest.raises(rr.RewardConfigError,
-                     match=r"^reward channel 'accuracy' cannot run on this data \(3 of its calls in "
-                           r"this batch\): MissingFieldError: example has no field 'reference' "
-                           r"\(keys: \[\]\)$"):
+                     match=r"^reward channel 'accuracy' cannot run on this data \(3 of its "
+                           r"calls in this batch\): MissingFieldError: example has no field "
+                           r"'reference' \(keys: \[\]\)$"):
     runner(RESPONSES_BG, [{}, {"reference": "-3"}], NUM_TOKENS_BG)
 
 

@@ -2,9 +2,9 @@
 ``mr_rl.rewards.math``).
 
 Importing math-verify and parsing / verifying one expression builds latex2sympy's ANTLR
-caches and sympy's lazily built tables (about 1 s); every worker forked afterwards inherits them, so a worker replaced after a timeout is
-ready in milliseconds. Its "timeout is disabled" warning is silenced: the pool times calls
-out from the parent.
+caches and sympy's lazily built tables (about 1 s); every worker forked afterwards inherits
+them, so a worker replaced after a timeout is ready in milliseconds. Its "timeout is
+disabled" warning is silenced: the pool times calls out from the parent.
 """
 
 import logging

@@ -15,6 +15,24 @@ Channel modules are the registry's plugins, imported on the first lookup:
 ``get_reward(name, **params)`` builds one; ``register_reward(name, factory)`` is the
 function form of the decorator.
 
+Your own reward without editing the package: an *import path* ``"my_pkg.rewards:concise"``
+in place of a name (``config.rewards.channels = "accuracy,my_pkg.rewards:concise"``).
+
+* The channel is named after the function (``concise``: ``channel_name(spec)``); that name
+  is its column, its metric prefix and the key of its parameters
+  (``config.rewards.params.concise``: ConfigDict keys cannot hold dots or colons). Two
+  import paths whose functions share a name need distinct function names.
+* The parameters are bound as keyword arguments, except the reserved ``kind`` ("thread",
+  the default, or "process": the worker imports the module by name), ``on_failure``
+  (default 0.0) and ``batched``.
+* Per-sample ``fn(response, example, num_tokens, **params) -> float | None``, or batched
+  ``fn(responses, examples, num_tokens, **params) -> list[float | None]`` over the flattened
+  batch (TRL's ``reward_funcs`` convention). Batched is never guessed from the signature:
+  mark the function with ``@batched_reward`` or pass the parameter ``batched=True``.
+* A module that does not import, a missing or non-callable attribute, or a signature that
+  cannot take the three arguments plus the parameters raises ``RewardConfigError``, naming
+  the channel, when the channel is built.
+
 Return values (TRL's ``reward_funcs`` convention): a real number, or ``None`` / NaN when the
 channel does not apply to this sample on purpose. A *failure* (the scorer raised, timed out
 or its worker died on this response) is never "does not apply": it scores the channel's
@@ -25,17 +43,26 @@ here at all (see ``mr_rl.rewards.runner`` for where the line is drawn).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
+import inspect
 import math
 import numbers
 import pickle
+import re
 from typing import Any, Callable, Mapping
 
 from mr_rl.registry import Registry
 
-__all__ = ["KINDS", "REWARDS", "MissingFieldError", "RewardChannel", "RewardConfigError",
-           "available_rewards", "get_reward", "register_reward"]
+__all__ = ["KINDS", "RESERVED_PARAMS", "REWARDS", "ExampleFields", "MissingFieldError",
+           "RewardChannel", "RewardConfigError", "available_rewards", "batched_reward",
+           "channel_name", "get_reward", "is_import_path", "register_reward"]
 
 KINDS = ("thread", "process")
+RESERVED_PARAMS = ("kind", "on_failure", "batched")  # of import-path channels
+_BATCHED_ATTR = "__batched_reward__"
+_IMPORT_PATH_RE = re.compile(r"^(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):"
+                             r"(?P<attr>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
 RewardFn = Callable[[str, Mapping[str, Any], int], float]
 
 
@@ -126,11 +153,96 @@ def available_rewards() -> list[str]:
   return list(REWARDS.names())
 
 
+def batched_reward(fn: Callable) -> Callable:
+  """Marks ``fn(responses, examples, num_tokens) -> list[float | None]`` as batched."""
+  setattr(fn, _BATCHED_ATTR, True)
+  return fn
+
+
+def is_import_path(spec: str) -> bool:
+  """True for ``"module:function"`` channel specs (registered names never hold a colon)."""
+  return isinstance(spec, str) and ":" in spec
+
+
+def channel_name(spec: str) -> str:
+  """The channel name of a spec: a registered name itself; ``"pkg.mod:fn"`` -> ``"fn"``
+  (the last part after the colon), which is also its key in ``config.rewards.params``.
+
+  Raises:
+    ValueError: a malformed import path.
+  """
+  if not is_import_path(spec):
+    return spec
+  m = _IMPORT_PATH_RE.match(spec)
+  if m is None:
+    raise ValueError(f"reward channel {spec!r} is not a valid import path: expected "
+                     f"'package.module:function'")
+  return m["attr"].rsplit(".", 1)[-1]
+
+
+def _check_signature(name: str, spec: str, fn: Callable, params: Mapping[str, Any],
+                     batched: bool) -> None:
+  try:
+    sig = inspect.signature(fn)
+  except (TypeError, ValueError):  # some builtins have no signature: nothing to check
+    return
+  try:
+    sig.bind(None, None, None, **params)
+  except TypeError as e:
+    args = "responses, examples, num_tokens" if batched else "response, example, num_tokens"
+    raise RewardConfigError(
+        f"reward channel {name!r} ({spec!r}): {'batched ' if batched else ''}function "
+        f"{getattr(fn, '__qualname__', fn)}{sig} must accept ({args}) positionally"
+        f"{' and the parameters ' + str(sorted(params)) + ' by keyword' if params else ''}: "
+        f"{e}") from e
+
+
+def _from_import_path(spec: str, params: Mapping[str, Any]) -> RewardChannel:
+  name = channel_name(spec)
+  module_name, attr = spec.split(":", 1)
+  try:
+    obj = importlib.import_module(module_name)
+  except Exception as e:  # pylint: disable=broad-except  (ImportError or the module's own)
+    raise RewardConfigError(f"reward channel {name!r} ({spec!r}): module {module_name!r} did "
+                            f"not import: {e!r}") from e
+  for part in attr.split("."):
+    if not hasattr(obj, part):
+      raise RewardConfigError(f"reward channel {name!r} ({spec!r}): module {module_name!r} has "
+                              f"no attribute {attr!r}")
+    obj = getattr(obj, part)
+  if not callable(obj):
+    raise RewardConfigError(f"reward channel {name!r} ({spec!r}): {attr!r} is a "
+                            f"{type(obj).__name__}, not a function")
+  params = dict(params)
+  kind = params.pop("kind", "thread")
+  on_failure = params.pop("on_failure", 0.0)
+  batched = params.pop("batched", bool(getattr(obj, _BATCHED_ATTR, False)))
+  _check_signature(name, spec, obj, params, bool(batched))
+  fn = functools.partial(obj, **params) if params else obj
+  try:
+    return RewardChannel(name, fn, kind, on_failure=on_failure, batched=batched)
+  except (TypeError, ValueError) as e:
+    raise RewardConfigError(f"reward channel {name!r} ({spec!r}): {e}") from e
+
+
 def get_reward(name: str, **params: Any) -> RewardChannel:
-  """Builds the registered channel ``name`` with ``params``.
+  """Builds the registered channel ``name`` (or the import path ``"module:function"``, see
+  the module docstring) with ``params``.
 
   Raises:
     mr_rl.registry.UnknownNameError (a ValueError): unknown name (the message lists the
       valid ones).
+    RewardConfigError: an import path that does not import, or whose function has the wrong
+      signature.
+    ValueError / TypeError: bad parameters of a registered channel (on Python >= 3.11 with a
+      note naming the channel).
   """
-  return REWARDS.get(name)(**params)
+  if is_import_path(name):
+    return _from_import_path(name, params)
+  factory = REWARDS.get(name)
+  try:
+    return factory(**params)
+  except Exception as e:
+    if hasattr(e, "add_note"):
+      e.add_note(f"while building reward channel {name!r} with parameters {params}")
+    raise

@@ -59,14 +59,16 @@ import numpy as np
 
 from mr_rl.rewards.channels import (KINDS, REWARDS, ExampleFields, MissingFieldError,
                                     RewardChannel, RewardConfigError, available_rewards,
-                                    get_reward, register_reward)
+                                    batched_reward, channel_name, get_reward, is_import_path,
+                                    register_reward)
 from mr_rl.rewards.pool import (HardTimeoutPool, RewardTimeoutError, RewardWorkerError,
                                 WorkerSetupError, shared_pool)
 
 __all__ = ["KINDS", "REWARDS", "ExampleFields", "HardTimeoutPool", "MissingFieldError",
            "RewardChannel", "RewardConfigError", "RewardFailureError", "RewardRunner",
            "RewardTimeoutError", "RewardWorkerError", "WorkerSetupError", "available_rewards",
-           "get_reward", "register_reward", "shared_pool"]
+           "batched_reward", "channel_name", "get_reward", "is_import_path", "register_reward",
+           "shared_pool"]
 
 _LOG = logging.getLogger(__name__)
 _FATAL = (RewardConfigError, WorkerSetupError)

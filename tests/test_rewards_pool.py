@@ -244,3 +244,30 @@ def test_bad_preload_and_initializer_fail_as_setup_errors():
   p.close()
   with pytest.raises(pickle.PicklingError):
     pl.HardTimeoutPool(1, initializer=lambda: None)
+
+
+def test_a_forked_child_gets_its_own_workers(tmp_path):
+  # The child of os.fork must not talk to the parent's workers over the inherited sockets.
+  script = tmp_path / "fork_after_use.py"
+  script.write_text(textwrap.dedent(r"""
+      import os
+      import mr_rl.rewards.math as m
+      from mr_rl.rewards import pool
+      assert m.accuracy(r"\boxed{2}", "2") == 1.0
+      parent_zygote = pool.shared_pool()._zygote._proc.pid
+      r, w = os.pipe()
+      pid = os.fork()
+      if pid == 0:
+        ok = [m.accuracy(r"\boxed{%d}" % i, str(i)) for i in range(20)] == [1.0] * 20
+        child_zygote = pool.shared_pool()._zygote._proc.pid
+        os.write(w, f"{ok} {child_zygote != parent_zygote}".encode())
+        pool.shared_pool().close()
+        os._exit(0)
+      parent_ok = [m.accuracy(r"\boxed{%d}" % i, str(i + 1)) for i in range(20)] == [0.0] * 20
+      os.waitpid(pid, 0)
+      print("child", os.read(r, 100).decode(), "parent", parent_ok)
+  """))
+  out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       cwd=tmp_path, env=_env(), timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.split() == ["child", "True", "True", "parent", "True"], out.stdout

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from typing import Any, Callable, Sequence
 
 from mr_rl.rewards import _worker
@@ -200,7 +201,9 @@ class HardTimeoutPool:
   overruns gets its own worker killed (nothing else is disturbed) and a worker that dies is
   blamed on exactly the call it was running; replacements fork from the zygote in
   milliseconds. The caller's current ``sys.path`` goes with every call whose worker has not
-  seen it, so functions of modules added to the path later still import. Thread-safe.
+  seen it, so functions of modules added to the path later still import. Thread-safe; a
+  process forked from the caller (``os.fork``, multiprocessing's "fork") starts its own
+  zygote instead of sharing the parent's workers.
 
   Args:
     max_workers: number of worker processes.
@@ -231,6 +234,16 @@ class HardTimeoutPool:
     self._closed = False
     self.restarts = 0  # workers killed after a timeout or a crash
     self.add_setup(preload, initializer, initargs)
+    _POOLS.add(self)
+
+  def _forget_after_fork(self) -> None:
+    """In a child made by ``os.fork``: the zygote and workers are the parent's; start afresh."""
+    self._cv, self._zlock = threading.Condition(), threading.Lock()
+    for worker in self._idle:
+      worker.sock.close()  # our copy only: the parent's connection stays open
+    if self._zygote is not None:
+      self._zygote._sock.close()  # pylint: disable=protected-access
+    self._idle, self._count, self._zygote = [], 0, None
 
   def add_setup(self, preload: Sequence[str] = (),
                 initializer: Callable[..., None] | None = None,
@@ -323,6 +336,7 @@ class HardTimeoutPool:
         self._idle.append(worker)
       else:
         self._count -= 1
+        worker.sock.close()
       self._cv.notify()
 
   # --------------------------------------------------------------------------- calls
@@ -399,6 +413,16 @@ class HardTimeoutPool:
         self._zygote.close()
         self._zygote = None
 
+
+_POOLS: weakref.WeakSet[HardTimeoutPool] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+  for p in list(_POOLS):
+    p._forget_after_fork()  # pylint: disable=protected-access
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 _SHARED_POOL: HardTimeoutPool | None = None
 _SHARED_POOL_LOCK = threading.Lock()

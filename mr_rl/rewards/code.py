@@ -83,6 +83,7 @@ import tempfile
 import time
 from typing import Any, Sequence
 
+from mr_rl.rewards import _sandbox_kernel
 from mr_rl.rewards._sandbox_process import SandboxError, _ForkServer, _env, _exchange, _launch, _rmtree
 
 SMALL_TEST_TIMEOUT_S = 10.0  # TAG: per-test timeout of small tests
@@ -198,17 +199,25 @@ class CodeResult:
 
 @dataclasses.dataclass(frozen=True)
 class SandboxConfig:
-  """Limits and policy of the sandbox (the defaults suit HumanEval / DeepCoder)."""
-  memory_bytes: int = 1 << 30  # RLIMIT_AS of the worker and of the supervisor
-  max_processes: int = 64  # RLIMIT_NPROC (counts all processes of the sandbox uid)
+  """Limits and policy of the sandbox (the defaults suit HumanEval / DeepCoder).
+
+  ``memory_limit`` says how ``memory_bytes`` holds: "cgroup" (default) for every process of
+  a run together, in a memory cgroup (v2, or v1 where the machine has that; needs root),
+  ``SandboxError`` where there is none; "per-process" only as ``RLIMIT_AS`` of each process,
+  so a run can hold up to ``memory_bytes * max_processes``.
+  """
+  memory_bytes: int = 1 << 30  # whole run (memory_limit="cgroup"); also RLIMIT_AS of each process
+  memory_limit: str = "cgroup"  # "cgroup" or "per-process" (see the class docstring)
+  max_processes: int = 64  # RLIMIT_NPROC, counted per run (each run has its own user namespace)
   max_file_bytes: int = 32 << 20  # RLIMIT_FSIZE: largest file / captured stdout
   max_open_files: int = 256  # RLIMIT_NOFILE
   tmpfs_bytes: int = 64 << 20  # size of the private /tmp (namespace mode)
   uid: int = 65534  # sandbox user when running as root (nobody)
   gid: int = 65534  # sandbox group when running as root (nogroup)
-  startup_grace_s: float = 10.0  # wall-clock slack for process start-up, on top of the tests
+  startup_grace_s: float = 5.0  # fixed wall-clock slack per run, on top of the tests' time budget
   require_network_isolation: bool = True  # raise SandboxError where no network namespace is possible
   require_privilege_drop: bool = True  # raise SandboxError where the uid cannot be changed (not root)
+  require_seccomp: bool = True  # raise SandboxError where the syscall filter cannot be installed
   python: str = sys.executable  # interpreter for the sandbox (stdlib only is needed)
 
   def __post_init__(self):
@@ -220,6 +229,8 @@ class SandboxConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive int (not root), got {value!r}")
+    if self.memory_limit not in ("cgroup", "per-process"):
+      raise ValueError(f"memory_limit must be 'cgroup' or 'per-process', got {self.memory_limit!r}")
     _require_timeout("startup_grace_s", self.startup_grace_s)
     if not os.access(self.python, os.X_OK):
       raise ValueError(f"python must be an executable interpreter, got {self.python!r}")
@@ -231,12 +242,17 @@ class SandboxCapabilities:
 
   Attributes:
     is_root: the caller is root.
-    namespaces: "root" (unshare as root), "user" (unprivileged user
-      namespace) or None (no namespaces: no network / pid / /tmp isolation).
+    namespaces: "root" (as root, with a user namespace mapping only the sandbox uid),
+      "user" (unprivileged user namespace) or None (no namespaces: no network / pid / IPC /
+      /tmp isolation, and the host is writable wherever the uid may write).
     network_isolated: a connect to a listener on the host's 127.0.0.1 failed.
     pid_namespace: the run's processes die with its zygote (pid 1).
+    ipc_namespace: SysV / POSIX IPC objects are private to the run.
     private_tmp: /tmp, /var/tmp, /dev/shm are private to the run.
     private_proc: /proc inside shows only the run's processes.
+    read_only_host: every mount but the private tmpfs and /proc is read-only inside.
+    memory_cgroup: 1 or 2 (the cgroup version bounding a whole run's memory) or None.
+    seccomp: the syscall filter is installed (and no_new_privs set) before candidate code.
     privilege_drop: the candidate runs as ``SandboxConfig.uid`` (root only).
     stdlib_readable: the sandboxed interpreter could import a stdlib module.
     notes: consequences of what is missing, in words.
@@ -245,8 +261,12 @@ class SandboxCapabilities:
   namespaces: str | None
   network_isolated: bool
   pid_namespace: bool
+  ipc_namespace: bool
   private_tmp: bool
   private_proc: bool
+  read_only_host: bool
+  memory_cgroup: int | None
+  seccomp: bool
   privilege_drop: bool
   stdlib_readable: bool
   notes: tuple[str, ...]
@@ -285,6 +305,19 @@ def _make_workdir(config, drop):
 
 
 # ----------------------------------------------------------------------------- capabilities
+@functools.lru_cache(maxsize=1)
+def _cgroup_parent():
+  return _sandbox_kernel.find_memory_cgroup()
+
+
+def _cgroup_spec(config):
+  """The fork server's cgroup for ``config`` (``{"version", "parent", "limit"}``) or None."""
+  version, parent = _cgroup_parent()
+  if config.memory_limit != "cgroup" or version is None:
+    return None
+  return {"version": version, "parent": parent, "limit": config.memory_bytes}
+
+
 def _probe(config, namespaces, drop):
   with socket.socket() as listener:
     listener.bind(("127.0.0.1", 0))
@@ -293,7 +326,8 @@ def _probe(config, namespaces, drop):
     workdir = _make_workdir(config, drop)
     try:
       cfg = _harness_cfg(config, "probe", namespaces, drop, workdir)
-      cfg["probe_port"] = listener.getsockname()[1]
+      cfg.update(probe_port=listener.getsockname()[1], host_ipc_ns=os.readlink("/proc/self/ns/ipc"),
+                 cgroup=_cgroup_spec(config))
       out, err, timed_out, _ = _launch(config, cfg, b"", 30.0, workdir, "/tmp" if namespaces else workdir)
     finally:
       _rmtree(workdir)
@@ -309,13 +343,17 @@ def _probe(config, namespaces, drop):
   return report
 
 
+_WRITABLE_INSIDE = {"/tmp", "/var/tmp", "/dev/shm", "/proc"}
+
+
 @functools.lru_cache(maxsize=8)
 def sandbox_capabilities(config: SandboxConfig | None = None) -> SandboxCapabilities:
   """Probes (once per config) which isolation ``run`` can use here.
 
-  Tries, in order: as root, new network + pid + mount namespaces and a uid
-  drop; as a normal user, an unprivileged user namespace with the same
-  namespaces; finally no namespaces. Each attempt runs the real harness.
+  Tries, in order: as root, new user (mapping only the sandbox uid), network, pid, mount,
+  IPC and UTS namespaces and a uid drop; as a normal user, an unprivileged user namespace
+  with the same namespaces; finally no namespaces. Each attempt runs the real harness, and
+  with ``memory_limit="cgroup"`` also creates, joins and removes a memory cgroup.
   """
   config = config or SandboxConfig()
   is_root = os.geteuid() == 0
@@ -326,17 +364,32 @@ def sandbox_capabilities(config: SandboxConfig | None = None) -> SandboxCapabili
     if report.get("namespaces") == namespaces and not report.get("error"):
       break
   ns = report.get("namespaces") if not report.get("error") else None
+  writable = set(report.get("writable_mounts") or ["/"])
   caps = dict(is_root=is_root, namespaces=ns, network_isolated=bool(report.get("network_blocked")),
-              pid_namespace=ns is not None, private_tmp=ns is not None,
-              private_proc=bool(report.get("private_proc")),
+              pid_namespace=ns is not None, ipc_namespace=bool(ns and report.get("ipc_namespace")),
+              private_tmp=ns is not None, private_proc=bool(report.get("private_proc")),
+              read_only_host=bool(ns) and writable <= _WRITABLE_INSIDE,
+              memory_cgroup=report.get("memory_cgroup"),
+              seccomp=bool(report.get("seccomp") and report.get("no_new_privs")),
               privilege_drop=is_root and report.get("uid") == config.uid,
               stdlib_readable=bool(report.get("stdlib_readable")))
   notes = []
   if not is_root:
-    notes.append("not root: programs run as the calling user and can write wherever it can")
+    notes.append("not root: programs run as the calling user (no uid drop), and no memory cgroup")
   if ns is None:
-    notes.append("no namespaces: network reachable, /tmp shared with the host, and processes "
-                 "that leave the process group (setsid) survive the run")
+    notes.append("no namespaces: network reachable, /tmp and IPC shared with the host, the host "
+                 "writable, and processes that leave the process group (setsid) survive the run")
+  elif not caps["read_only_host"]:
+    notes.append(f"host mounts left writable inside: {sorted(writable - _WRITABLE_INSIDE)}")
+  if caps["memory_cgroup"] is None:
+    why = report.get("cgroup_error") or _cgroup_parent()[1]
+    notes.append(f"no memory cgroup ({why if config.memory_limit == 'cgroup' else 'memory_limit=per-process'}):"
+                 " memory_bytes holds per process, a run can hold memory_bytes * max_processes")
+  if not caps["seccomp"]:
+    notes.append(f"no syscall filter (arch {_sandbox_kernel.ARCH}: "
+                 f"{'supported' if _sandbox_kernel.ARCH in _sandbox_kernel.SYSCALLS else 'no table'}; "
+                 f"{report.get('child_error') or 'filter not active'}); without a table the "
+                 "trainer's session keyring is not replaced either")
   if not caps["stdlib_readable"]:
     notes.append(f"the sandbox cannot import the standard library ({report.get('child_error')})")
   return SandboxCapabilities(notes=tuple(notes), **caps)
@@ -352,6 +405,12 @@ def _plan(config):
   if config.require_privilege_drop and not caps.privilege_drop:
     raise SandboxError(f"cannot run programs as an unprivileged uid ({caps.notes}); "
                        "set SandboxConfig(require_privilege_drop=False) to run as the caller")
+  if config.memory_limit == "cgroup" and caps.memory_cgroup is None:
+    raise SandboxError(f"no memory cgroup for a whole-run memory limit ({caps.notes}); set "
+                       "SandboxConfig(memory_limit='per-process') to bound each process only")
+  if config.require_seccomp and not caps.seccomp:
+    raise SandboxError(f"no syscall filter on this machine ({caps.notes}); "
+                       "set SandboxConfig(require_seccomp=False) to run without it")
   return caps
 
 
@@ -391,10 +450,11 @@ def run(program: str, tests: CodeTests, *, timeout_s: float = SMALL_TEST_TIMEOUT
     nonce = secrets.token_hex(16)
     job = json.dumps({"nonce": nonce, "program": program, "tests": tests.payload(),
                       "n_tests": n_tests, "timeout_s": float(timeout_s)}).encode()
-    wall_s = config.startup_grace_s + budget + 5.0 * n_tests
+    wall_s = config.startup_grace_s + budget  # whatever the program returns or prints
     home = "/tmp" if caps.namespaces else workdir
-    spawned = _ForkServer.get(config.python).spawn(cfg, _env(home), workdir)
-    out, err, timed_out, wall = _exchange(*spawned, job, wall_s)
+    with _ForkServer.acquire(config.python, _cgroup_spec(config), (config.uid, config.gid)) as server:
+      spawned = server.spawn(cfg, _env(home), workdir)
+      out, err, timed_out, wall = _exchange(*spawned, job, wall_s)
     if caps.namespaces is None:  # no pid namespace: let stragglers die before removing workdir
       time.sleep(0.01)
   finally:

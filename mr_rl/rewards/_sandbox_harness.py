@@ -1,26 +1,29 @@
-"""Sandbox harness for ``mr_rl.rewards.code`` (runs inside the sandbox, stdlib only).
+"""Process roles of the code sandbox (runs inside the sandbox, stdlib only).
 
-``code.py`` starts this code with ``python -I -S -c`` (as a marshalled code
-object, so no file on disk can be swapped under a run), once as a FORK SERVER
-that forks one supervisor per run (``fork_server``) and once per machine as a
-capability probe (``probe``). Three processes take part in a run:
+``_sandbox_process`` starts the harness with ``python -I -S -c``: the files of
+``_HARNESS_FILES`` (wire format, kernel interfaces, checker, this file) as marshalled code
+objects on the command line, run in order in one namespace, so no file on disk can be
+swapped under a run. It runs as a FORK SERVER (``fork_server``: one per concurrent run
+slot, in its own memory cgroup and user namespace, forking one supervisor per run) and
+once per machine as a capability probe (``probe``). Three processes take part in a run:
 
-* the SUPERVISOR (S, this process): sets up namespaces and mounts as root, forks
-  the zygote, drops privileges, THEN reads the job (program, tests, expected
-  outputs, nonce) from fd 0, runs the checks and writes one JSON verdict to fd 1.
-  S never executes candidate code: for HumanEval it executes the data set's
-  trusted ``check`` with ``candidate`` bound to a remote stub.
-* the ZYGOTE (Z): forked before the job was read, so its memory holds no test
-  data; pid 1 of a fresh pid namespace when available. It never executes
-  candidate code either; it forks one WORKER per execution, and after each one
-  kills every other process of the namespace.
-* the WORKER (W): drops to hard rlimits and executes the candidate. For call /
-  HumanEval tests it answers remote calls over a pipe; for stdin/stdout tests it
-  runs the program once per test with files as fd 0/1/2.
+* the SUPERVISOR (S): sets up the run's namespaces and mounts (``setup_namespaces``),
+  forks the zygote, drops privileges, THEN reads the job (program, tests, expected
+  outputs, nonce) from fd 0, runs the checks (``check_job``) and writes one JSON verdict to
+  fd 1. S never executes candidate code: for HumanEval it executes the data set's trusted
+  ``check`` with ``candidate`` bound to a remote stub.
+* the ZYGOTE (Z): forked before the job was read, so its memory holds no test data; pid 1
+  of the run's pid namespace, under the syscall filter. It never executes candidate code
+  either; it forks one WORKER per execution, and after each one kills every other process
+  of the namespace.
+* the WORKER (W): drops to hard rlimits and executes the candidate. For call / HumanEval
+  tests it answers remote calls over a pipe; for stdin/stdout tests it runs the program
+  once per test with files as fd 0/1/2.
 
-Evidence of success is produced only in S, from plain data (JSON) sent by W:
-W can return values, never verdicts, so exits, monkeypatching, printed markers
-or objects with a rigged ``__eq__`` cannot pass. See ``code.py`` for the API.
+Evidence of success is produced only in S, from plain data (JSON) sent by W: W can return
+values, never verdicts, so exits, monkeypatching, printed markers or objects with a rigged
+``__eq__`` cannot pass. See ``code.py`` for the API and BUILD_NOTES.md "Code sandbox: threat
+model" for what each layer closes.
 """
 
 import errno
@@ -32,22 +35,11 @@ import signal
 import sys
 import time
 
-# Defined by the files run before this one in the same namespace (see _sandbox_wire.py):
-# encode, decode, send, recv, brief, Opaque (wire); mount, setup_namespaces, drop_privileges,
-# set_worker_limits, install_seccomp, seccomp_filter, cgroup_* ... (kernel).
+# Defined by the files run before this one in the same namespace: send, recv (wire); mount,
+# setup_namespaces, make_user_namespace, drop_privileges, set_worker_limits, seccomp_filter,
+# install_seccomp, cgroup_*, _libc, MS_* (kernel); Channel, Abort, check_job (checker).
 SECCOMP = seccomp_filter()  # noqa: F821  (built once per fork server; None where unsupported)
 DEFAULT_INT_DIGITS = 4300  # CPython's default int/str conversion limit, kept in S and Z
-
-
-class Abort(BaseException):
-  """Infrastructure failure inside a check (timeout, dead worker, bad message).
-
-  A BaseException so that a test's ``except Exception`` cannot swallow it.
-  """
-
-
-class CandidateError(Exception):
-  """The candidate raised an exception that is not a builtin exception type."""
 
 
 # ----------------------------------------------------------------------------- worker (W)
@@ -222,151 +214,6 @@ def zygote(cfg, r, w, workdir):
 
 
 # ----------------------------------------------------------------------------- supervisor (S)
-class Channel:
-  """S's side of the pipes to Z/W; times every exchange with the worker."""
-
-  def __init__(self, r, w, max_bytes):
-    self.r, self.w, self.max_bytes = r, w, max_bytes
-    self.runtime = 0.0
-    self.deadline = None
-    self.calls = 0
-
-  def request(self, msg, timed=True):
-    t0 = time.perf_counter()
-    send(self.w, msg)
-    try:
-      reply = recv(self.r, self.deadline, self.max_bytes)
-    except TimeoutError:
-      self.runtime += time.perf_counter() - t0
-      raise Abort("timeout: the test exceeded its time limit") from None
-    except (EOFError, ValueError, OSError) as e:
-      raise Abort(f"protocol error: {e}") from None
-    if timed:
-      self.runtime += time.perf_counter() - t0
-    if not isinstance(reply, dict):
-      raise Abort("protocol error: reply is not an object")
-    if reply.get("op") == "exited":
-      raise Abort(f"worker exited (wait status {reply.get('status')}); stderr: {reply.get('stderr', '')[-500:]}")
-    return reply
-
-  def call(self, fn, args, kwargs, method=False):
-    self.calls += 1
-    reply = self.request({"op": "call", "fn": fn, "method": method,
-                          "args": encode(list(args)), "kwargs": encode(dict(kwargs))})
-    if reply.get("ok") is True:
-      try:
-        return decode(reply.get("value"))
-      except (ValueError, TypeError, KeyError, IndexError) as e:
-        raise Abort(f"protocol error: undecodable value ({e})") from None
-    name, text = str(reply.get("exc_type")), str(reply.get("error"))[:2000]
-    exc = getattr(__builtins__, name, None) if isinstance(__builtins__, type(sys)) else __builtins__.get(name)
-    if isinstance(exc, type) and issubclass(exc, Exception):
-      raise exc(f"[candidate] {text}")
-    raise CandidateError(text)
-
-  def start_worker(self, src, deadline):
-    send(self.w, {"op": "spawn"})
-    self.deadline = deadline
-    try:
-      ready = recv(self.r, deadline, self.max_bytes)
-    except (TimeoutError, EOFError, ValueError) as e:
-      raise Abort(f"worker did not start: {e}") from None
-    if ready.get("op") != "ready":
-      raise Abort(f"worker did not start: {ready.get('stderr', ready)}")
-    reply = self.request({"op": "load", "src": src})
-    if reply.get("ok") is not True:
-      raise Abort(f"program failed to load: {reply.get('error')}")
-    return set(reply.get("names") or ())
-
-
-class Remote:
-  """Callable stub for a function defined by the candidate program."""
-
-  def __init__(self, chan, name):
-    self._chan, self._name = chan, name
-
-  def __call__(self, *args, **kwargs):
-    return self._chan.call(self._name, args, kwargs)
-
-
-class FallbackBuiltins(dict):
-  """Builtins mapping for the check: unknown names resolve to the program's functions."""
-
-  def __init__(self, chan, names):
-    import builtins
-    super().__init__(vars(builtins))
-    self._chan, self._names = chan, names
-
-  def __missing__(self, key):
-    if key in self._names:
-      return Remote(self._chan, key)
-    raise KeyError(key)
-
-
-def normalise_stdout(s):
-  return "\n".join(" ".join(line.split()) for line in s.strip().splitlines())
-
-
-def _plain(x):
-  if isinstance(x, (list, tuple)):
-    return [_plain(e) for e in x]
-  if isinstance(x, dict):
-    return {k: _plain(v) for k, v in x.items()}
-  return x
-
-
-def check_job(job, chan, timeout):
-  """Runs the tests in order, stopping at the first failure.
-
-  Returns:
-    (n_passed, error or None, timed_out, runtime_s). runtime_s is the time the
-    candidate itself ran: for stdio tests the zygote's fork-to-reap time of each
-    run; otherwise S's round-trip time of the program load plus every call.
-  """
-  tests = job["tests"]
-  kind = tests["kind"]
-  if kind == "stdio":
-    runtime = 0.0
-    for i, (stdin, expected) in enumerate(tests["pairs"]):
-      chan.deadline = time.monotonic() + timeout + 5.0
-      reply = chan.request({"op": "stdio", "src": job["program"], "stdin": stdin, "timeout": timeout},
-                           timed=False)
-      runtime += float(reply["elapsed"])
-      if reply["timed_out"]:
-        return i, f"test {i}: timeout after {timeout} s", True, runtime
-      if reply["status"] != 0:
-        return i, f"test {i}: wait status {reply['status']}; stderr: {reply['stderr'][-500:]}", False, runtime
-      if normalise_stdout(reply["stdout"]) != normalise_stdout(expected):
-        return i, f"test {i}: wrong output {reply['stdout'][:200]!r}", False, runtime
-    return len(tests["pairs"]), None, False, runtime
-  names = chan.start_worker(job["program"], time.monotonic() + timeout)
-  if kind == "call":
-    method = tests["fn_name"] not in names
-    for i, (args, expected) in enumerate(zip(tests["inputs"], tests["outputs"])):
-      chan.deadline = time.monotonic() + timeout
-      try:
-        got = chan.call(tests["fn_name"], args, {}, method=method)
-      except Exception as e:  # the candidate raised
-        return i, f"test {i}: {type(e).__name__}: {e}"[:1000], False, chan.runtime
-      if _plain(got) != _plain(expected):
-        return i, f"test {i}: expected {brief(expected)}, got {brief(got)}", False, chan.runtime
-    return len(tests["inputs"]), None, False, chan.runtime
-  # HumanEval: the data set's check() runs here (trusted), candidate calls are remote.
-  chan.deadline = time.monotonic() + timeout
-  env = {"__name__": "__check__", "__builtins__": FallbackBuiltins(chan, names)}
-  try:
-    if tests.get("prompt"):
-      exec(compile(tests["prompt"], "prompt.py", "exec"), env)
-    env[tests["entry_point"]] = candidate = Remote(chan, tests["entry_point"])  # not the prompt's stub
-    exec(compile(tests["test_src"], "test.py", "exec"), env)
-    env["check"](candidate)
-  except Exception as e:
-    return 0, f"check failed: {type(e).__name__}: {e}"[:1000], False, chan.runtime
-  if chan.calls == 0:
-    return 0, "check never called the candidate", False, chan.runtime
-  return 1, None, False, chan.runtime
-
-
 def supervisor(cfg):
   prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
   # First in line for the OOM killer (inherited by Z, W and the candidate's children), so

@@ -1,8 +1,8 @@
 """Linux interfaces of the code sandbox: namespaces, mounts, cgroups, keyrings, seccomp.
 
-Stdlib only (ctypes). Part of the harness that runs inside the sandbox (``_sandbox_process``
-runs ``_sandbox_wire.py``, this file and ``_sandbox_harness.py`` in one namespace); the host
-imports it to find the memory cgroup hierarchy, and the tests to check the syscall tables.
+Stdlib only (ctypes). Part of the harness that runs inside the sandbox (the files of
+``_sandbox_process._HARNESS_FILES``, run in order in one namespace); the host imports it to
+find the memory cgroup hierarchy, and the tests to check the syscall tables.
 
 What each piece closes (BUILD_NOTES.md "Code sandbox: threat model"):
   * ``setup_namespaces``: new user, network, pid, mount, IPC and UTS namespaces per run;
@@ -240,6 +240,34 @@ def make_user_namespace(uid, gid, privileged):
     os.waitpid(pid, 0)
 
 
+def _plan_covers(cfg):
+  """Which host directories to hide under an empty tmpfs, which interpreter directories to
+  bind back into them, and which hidden directories lie inside those (site-packages).
+
+  Decided before the user namespace, inside which every unmapped owner reads as 65534.
+  Returns (covers, exposed, inner): covers are ``cfg["hide"]`` (outside the interpreter)
+  plus, when the uid is dropped, the first directory on an interpreter path that the
+  sandbox uid cannot search (e.g. ``/root`` above pyenv).
+  """
+  within = lambda p, q: p == q or p.startswith(q.rstrip("/") + "/")
+  hidden = [p for p in cfg.get("hide", ()) if os.path.isdir(p)]
+  inner = [p for p in hidden if any(within(p, e) for e in cfg["expose"])]
+  covers = [p for p in hidden if p not in inner]
+  exposed = []
+  for path in sorted(cfg["expose"]):
+    if any(within(path, e) for e in exposed):
+      continue
+    blocker = next((c for c in covers if within(path, c)), None)
+    if blocker is None and cfg["drop"]:
+      blocker = _traversable(path, cfg["uid"], cfg["gid"])
+    if blocker is not None:
+      exposed.append(path)
+      covers.append(blocker)
+  covers = sorted(set(covers))
+  covers = [c for c in covers if not any(within(c, o) and c != o for o in covers)]
+  return covers, exposed, inner
+
+
 def _traversable(path, uid, gid):
   """None when every directory on ``path`` grants search (x) permission to uid/gid, else
   the first one that does not."""
@@ -270,39 +298,35 @@ def setup_namespaces(cfg, userns_fd=None):
   As root ("root") and unprivileged ("user") alike: joins the user namespace ``userns_fd``
   (from ``make_user_namespace``: one per fork server, so each concurrent run has its own
   RLIMIT_NPROC count), then new network (no interface up), pid, mount, IPC (SysV and POSIX
-  IPC objects die with the run) and UTS namespaces. Every mount of the
-  host is made read-only, ``/sys/fs/cgroup`` is hidden under an empty read-only tmpfs, and
-  ``/tmp`` (with ``/var/tmp`` and ``/dev/shm`` bound to it) is a private tmpfs of
-  ``tmpfs_bytes``: the only place a run can write, gone with its mount namespace.
+  IPC objects die with the run) and UTS namespaces. ``cfg["hide"]`` (home directories, the
+  interpreter's site-packages, where installed data sets live) and ``/sys/fs/cgroup`` are
+  covered by empty tmpfs, every mount of the host is made read-only, and ``/tmp`` (with
+  ``/var/tmp`` and ``/dev/shm`` bound to it) is a private tmpfs of ``tmpfs_bytes``: the
+  only place a run can write, gone with its mount namespace.
   """
   ns = cfg["namespaces"]
   if not ns:
     return cfg["workdir"]
-  # Which interpreter directories the sandbox uid cannot reach (e.g. pyenv under /root):
-  # decided before the user namespace, inside which unmapped owners all read as 65534.
-  exposed = []
-  for path in (cfg["expose"] if cfg["drop"] else ()):
-    if not any(path == p or path.startswith(p + "/") for p, _ in exposed):
-      blocker = _traversable(path, cfg["uid"], cfg["gid"])
-      if blocker is not None:
-        exposed.append((path, blocker))
+  covers, exposed, inner = _plan_covers(cfg)
   _check(_libc.setns(userns_fd, CLONE_NEWUSER), "setns(user namespace)")
   os.close(userns_fd)  # nothing forked from here on holds it
   _check(_libc.unshare(RUN_NAMESPACES & ~CLONE_NEWUSER), "unshare")
   mount("none", "/", None, MS_REC | MS_PRIVATE)
-  # Cover each blocker with an empty tmpfs and bind the interpreter directory back into it
-  # (from an fd opened before it was covered), so the rest of the blocker stays hidden.
-  fds = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path, _ in exposed]
-  if exposed:  # root (kuid 0) is not mapped in here, and an unmapped owner cannot create files
-    _libc.setfsgid(cfg["gid"])
-    _libc.setfsuid(cfg["uid"])
-  for blocker in dict.fromkeys(b for _, b in exposed):  # read-only below, like every mount
-    mount("tmpfs", blocker, "tmpfs", MS_NOSUID | MS_NODEV,
-          f"mode=0755,size=1m,uid={cfg['uid']},gid={cfg['gid']}")
+  # Cover each hidden directory with an empty tmpfs and bind the interpreter back into it
+  # (from an fd opened before it was covered); then hide its site-packages.
+  fds = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in exposed]
+  owner = (cfg["uid"], cfg["gid"]) if ns == "root" else (os.getuid(), os.getgid())
+  if exposed and ns == "root":  # kuid 0 is not mapped in here: an unmapped owner cannot create files
+    _libc.setfsgid(owner[1])
+    _libc.setfsuid(owner[0])
+  for cover in covers:  # read-only below, like every mount
+    mount("tmpfs", cover, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0755,size=1m,uid={owner[0]},gid={owner[1]}")
   for path, fd in fds:
     os.makedirs(path, exist_ok=True)
     mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
     os.close(fd)
+  for path in inner:
+    mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555,size=4k")
   make_tree_read_only("/")
   if os.path.isdir("/sys/fs/cgroup"):
     mount("tmpfs", "/sys/fs/cgroup", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,

@@ -21,12 +21,12 @@ import threading
 import time
 from pathlib import Path
 
-# The harness is three stdlib-only files run in order in one namespace (wire format, kernel
-# interfaces, process roles). Each is compiled once here; the sandbox gets the marshalled code
+# The harness is four stdlib-only files run in order in one namespace (wire format, kernel
+# interfaces, the supervisor's checker, process roles). Each is compiled once here; the sandbox gets the marshalled code
 # objects on its command line (no file to swap, no 50 ms compile per run; one argument per
 # file, as Linux caps one argument at 128 KiB).
-_HARNESS_FILES = tuple(Path(__file__).with_name(n) for n in ("_sandbox_wire.py", "_sandbox_kernel.py",
-                                                              "_sandbox_harness.py"))
+_HARNESS_FILES = tuple(Path(__file__).with_name(n) for n in (
+    "_sandbox_wire.py", "_sandbox_kernel.py", "_sandbox_check.py", "_sandbox_harness.py"))
 _HARNESS_PATH = _HARNESS_FILES[-1]
 _HARNESS_CODE = tuple(marshal.dumps(compile(p.read_text(), str(p), "exec")).hex() for p in _HARNESS_FILES)
 _BOOT = ("import marshal,sys\n"

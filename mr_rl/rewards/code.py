@@ -12,36 +12,46 @@ API:
   * ``fast(result)``, ``noop(result)``: the TAG auxiliary channels.
   * ``sandbox_capabilities()``: what isolation this machine provides.
 
-Isolation (each run; see ``_sandbox_harness.py`` for the process layout):
-  * a fresh process tree in its own session, killed as a process group after
-    the verdict or at the wall-clock deadline. Its supervisor is forked by a
-    per-trainer fork server (``python -I -S -c <harness>``, the harness passed
-    as a marshalled code object on the command line, so no file can be swapped
-    under a run); the server never sees a job, so every run starts from the
-    same clean state without paying interpreter start-up;
-  * as root: new network, pid and mount namespaces (``unshare``); the network
-    namespace has no interface up (no loopback either), so every connect fails;
-    the zygote is pid 1, so when it dies every process of the run dies, even one
-    that left the process group; ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are one
-    private tmpfs of ``tmpfs_bytes`` that is the working directory and vanishes
-    with the run; ``/proc`` shows only the run's processes; the interpreter
-    prefix is re-exposed read-only when the sandbox uid cannot traverse to it
-    (e.g. pyenv under ``/root``), hiding the rest of that directory;
-  * as root: everything the candidate runs does so as ``uid/gid`` (65534,
-    ``nobody``) with no supplementary groups, so it cannot write the checkout or
-    ``$HOME``; supervisor and zygote are non-dumpable (no ptrace, no
-    ``/proc/<pid>/mem``);
-  * rlimits on the worker: address space, CPU seconds, processes (per uid),
-    file size (which also caps captured output), open files, no core files;
+Isolation (each run; see ``_sandbox_harness.py`` for the process layout and BUILD_NOTES.md
+"Code sandbox: threat model" for what is promised and how each promise is tested):
+  * a fresh process tree in its own session, killed as a process group after the verdict
+    or at the wall-clock deadline (the tests' time budget plus ``startup_grace_s``). Its
+    supervisor is forked by a fork server (``python -I -S -c <harness>``, the harness
+    passed as marshalled code objects on the command line, so no file can be swapped
+    under a run); a trainer has one server per concurrent run slot, each serving one run
+    at a time, and a server never sees a job;
+  * namespaces: each slot's server holds a user namespace that maps only the sandbox
+    uid/gid (so RLIMIT_NPROC counts per slot: a fork bomb cannot starve a concurrent run);
+    per run, new network (no interface up, not even loopback), pid (the zygote is pid 1:
+    when it dies every process of the run dies), mount, IPC (SysV and POSIX IPC objects
+    die with the run) and UTS namespaces;
+  * files: every host mount is read-only inside (one ``mount_setattr``); ``/tmp``,
+    ``/var/tmp`` and ``/dev/shm`` are one private tmpfs of ``tmpfs_bytes``, the working
+    directory and the only writable place, gone with the run; ``/proc`` shows only the
+    run's processes; ``/sys/fs/cgroup`` is hidden; the interpreter prefix is re-exposed
+    read-only when the sandbox uid cannot traverse to it (e.g. pyenv under ``/root``);
+  * credentials: as root everything runs as ``uid/gid`` (65534) with no supplementary
+    groups, so it cannot write the checkout or ``$HOME`` even without the read-only
+    mounts; ``no_new_privs`` (setuid binaries do not elevate); a fresh, empty session
+    keyring (the trainer's keys are out of reach); supervisor and zygote non-dumpable;
+  * a seccomp filter on the zygote and everything it forks (``_sandbox_kernel.DENIED``:
+    ptrace, keyrings, mount, namespaces, bpf, perf, userfaultfd, io_uring, kexec and
+    modules, mincore, ...);
+  * memory: ``memory_limit="cgroup"`` (default) puts each server, and so every process of
+    its runs, in a memory cgroup of ``memory_bytes`` (v2, or v1; swap included), with the
+    run's processes first in line for the OOM killer; rlimits on the worker: address
+    space, CPU seconds, processes, file size (which also caps captured output), open
+    files, no core files;
   * a scrubbed environment (PATH, LANG, HOME=TMPDIR=working directory).
-  Not root: no uid change is possible, so programs run as the calling user.
-  The harness then tries an unprivileged user namespace (same network / pid /
-  mount isolation); where the kernel refuses it too there is no network, pid or
-  /tmp isolation and the candidate could write anything the caller can. Both
-  cases show in ``sandbox_capabilities()``, and ``run`` raises ``SandboxError``
-  unless the config relaxes ``require_privilege_drop`` /
-  ``require_network_isolation``. Not handled in any mode: the candidate can READ
-  world-readable files (including installed data sets).
+  Not root: no uid change and no cgroup are possible; the harness uses an unprivileged
+  user namespace (the same namespaces, mounts and filter) where the kernel allows one, and
+  nothing where it does not (no network, pid, IPC or /tmp isolation, the host writable
+  wherever the caller may write). ``sandbox_capabilities()`` reports each layer, and
+  ``run`` raises ``SandboxError`` for a missing one unless the config relaxes it
+  (``require_privilege_drop``, ``require_network_isolation``, ``require_seccomp``,
+  ``memory_limit="per-process"``). Not handled in any mode: the candidate can READ
+  world-readable files (including installed data sets), and concurrent runs share the
+  machine (timing and load are observable).
 
 Evidence of success: the verdict is computed by the supervisor, which never runs
 candidate code and reads the tests only after the candidate's process was
@@ -77,8 +87,10 @@ import json
 import math
 import os
 import secrets
+import site
 import socket
 import sys
+import sysconfig
 import tempfile
 import time
 from typing import Any, Sequence
@@ -204,7 +216,7 @@ class SandboxConfig:
   ``memory_limit`` says how ``memory_bytes`` holds: "cgroup" (default) for every process of
   a run together, in a memory cgroup (v2, or v1 where the machine has that; needs root),
   ``SandboxError`` where there is none; "per-process" only as ``RLIMIT_AS`` of each process,
-  so a run can hold up to ``memory_bytes * max_processes``.
+  so a run can hold up to ``memory_bytes * max_processes`` plus ``tmpfs_bytes`` of files.
   """
   memory_bytes: int = 1 << 30  # whole run (memory_limit="cgroup"); also RLIMIT_AS of each process
   memory_limit: str = "cgroup"  # "cgroup" or "per-process" (see the class docstring)
@@ -218,6 +230,9 @@ class SandboxConfig:
   require_network_isolation: bool = True  # raise SandboxError where no network namespace is possible
   require_privilege_drop: bool = True  # raise SandboxError where the uid cannot be changed (not root)
   require_seccomp: bool = True  # raise SandboxError where the syscall filter cannot be installed
+  # Host directories hidden under an empty tmpfs inside (the interpreter is bound back if it
+  # lives under one); the interpreter's site-packages are always hidden as well.
+  hidden_paths: tuple[str, ...] = ("/root", "/home")
   python: str = sys.executable  # interpreter for the sandbox (stdlib only is needed)
 
   def __post_init__(self):
@@ -229,6 +244,9 @@ class SandboxConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive int (not root), got {value!r}")
+    if not isinstance(self.hidden_paths, tuple) or not all(
+        isinstance(p, str) and os.path.isabs(p) and os.path.realpath(p) != "/" for p in self.hidden_paths):
+      raise ValueError(f"hidden_paths must be a tuple of absolute paths other than /, got {self.hidden_paths!r}")
     if self.memory_limit not in ("cgroup", "per-process"):
       raise ValueError(f"memory_limit must be 'cgroup' or 'per-process', got {self.memory_limit!r}")
     _require_timeout("startup_grace_s", self.startup_grace_s)
@@ -289,11 +307,19 @@ def _require_timeout(name, value):
     raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
 
 
+def _site_dirs():
+  """This interpreter's site-packages / dist-packages (installed packages and their data)."""
+  paths = set(site.getsitepackages()) | {sysconfig.get_path(k) for k in ("purelib", "platlib")}
+  return sorted(os.path.realpath(p) for p in paths if p and os.path.isdir(p))
+
+
 def _harness_cfg(config, role, namespaces, drop, workdir, limits=None):
   prefixes = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix,
                                                    os.path.dirname(os.path.realpath(config.python)))})
+  hide = sorted({os.path.realpath(p) for p in config.hidden_paths} | set(_site_dirs()))
   return {"role": role, "namespaces": namespaces, "drop": drop, "uid": config.uid, "gid": config.gid,
-          "workdir": workdir, "expose": prefixes, "tmpfs_bytes": config.tmpfs_bytes, "limits": limits}
+          "workdir": workdir, "expose": prefixes, "hide": hide, "tmpfs_bytes": config.tmpfs_bytes,
+          "limits": limits}
 
 
 def _make_workdir(config, drop):
@@ -383,8 +409,9 @@ def sandbox_capabilities(config: SandboxConfig | None = None) -> SandboxCapabili
     notes.append(f"host mounts left writable inside: {sorted(writable - _WRITABLE_INSIDE)}")
   if caps["memory_cgroup"] is None:
     why = report.get("cgroup_error") or _cgroup_parent()[1]
-    notes.append(f"no memory cgroup ({why if config.memory_limit == 'cgroup' else 'memory_limit=per-process'}):"
-                 " memory_bytes holds per process, a run can hold memory_bytes * max_processes")
+    why = why if config.memory_limit == "cgroup" else "memory_limit='per-process'"
+    notes.append(f"no memory cgroup ({why}): memory_bytes holds per process, so a run can hold "
+                 "memory_bytes * max_processes plus tmpfs_bytes of files")
   if not caps["seccomp"]:
     notes.append(f"no syscall filter (arch {_sandbox_kernel.ARCH}: "
                  f"{'supported' if _sandbox_kernel.ARCH in _sandbox_kernel.SYSCALLS else 'no table'}; "
@@ -428,7 +455,9 @@ def run(program: str, tests: CodeTests, *, timeout_s: float = SMALL_TEST_TIMEOUT
     config: sandbox limits and policy.
 
   Returns:
-    The verdict; failures of the program are verdicts, never exceptions.
+    The verdict; failures of the program are verdicts, never exceptions. Every run
+    returns within ``timeout_s * (n_tests + 1) + config.startup_grace_s`` (plus process
+    start-up of a new fork server), whatever the program returns or prints.
 
   Raises:
     SandboxError: the sandbox cannot provide the isolation ``config`` requires.

@@ -2,9 +2,10 @@
 
 Stdlib only; part of the harness that runs inside the sandbox (the files of
 ``_sandbox_process._HARNESS_FILES``, run in order in one namespace: ``encode``, ``decode``,
-``send``, ``recv`` and ``brief`` come from ``_sandbox_wire.py``). It executes in the SUPERVISOR, which never runs candidate code: the candidate's
-functions are remote stubs (``Remote``) that call the WORKER over a pipe and get plain
-values back, so the verdict rests only on data the candidate cannot rig.
+``send``, ``recv`` and ``brief`` come from ``_sandbox_wire.py``). It executes in the
+SUPERVISOR, which never runs candidate code: the candidate's functions are remote stubs
+(``Remote``) that call the WORKER over a pipe and get plain values back, so the verdict
+rests only on data the candidate cannot rig.
 """
 
 import sys

@@ -252,7 +252,8 @@ def supervisor(cfg):
     n_passed, error, runtime = 0, str(e), chan.runtime
     timed_out = str(e).startswith("timeout")
   except Exception as e:  # a bug in the check itself must fail closed, never pass
-    n_passed, error, runtime = 0, f"harness error: {type(e).__name__}: {str(e)[:1000]}", chan.runtime
+    n_passed, runtime = 0, chan.runtime
+    error = f"harness error: {type(e).__name__}: {str(e)[:1000]}"
   os.write(1, json.dumps({"nonce": job["nonce"], "n_tests": job["n_tests"], "n_passed": n_passed,
                           "passed": error is None and n_passed == job["n_tests"],
                           "error": error, "timed_out": timed_out, "runtime_s": runtime}).encode())

@@ -20,16 +20,18 @@ import signal
 import struct
 import time
 
-CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x02000000, 0x04000000, 0x08000000
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x2000000, 0x4000000, 0x8000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 CLONE_NS_FLAGS = (CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER
                   | CLONE_NEWPID | CLONE_NEWNET)
-RUN_NAMESPACES = CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
+# Per run, inside the fork server's user namespace:
+RUN_NAMESPACES = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND = 1, 2, 4, 8, 4096
 MS_REC, MS_PRIVATE = 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 38
 SECCOMP_MODE_FILTER = 2
-AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY, NR_MOUNT_SETATTR = -100, 0x8000, 0x1, 442  # 442 on every arch
+AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = -100, 0x8000, 0x1
+NR_MOUNT_SETATTR = 442  # the same on every architecture (syscalls numbered from 424 on)
 KEYCTL_JOIN_SESSION_KEYRING = 1
 CGROUP_PARENT = "mr_rl_sandbox"
 ARCH = os.uname().machine
@@ -156,8 +158,8 @@ def install_seccomp(program):
   buf = ctypes.create_string_buffer(program, len(program))
   fprog = _SockFprog(len(program) // 8, ctypes.addressof(buf))
   prctl(PR_SET_NO_NEW_PRIVS, 1)
-  _check(_libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog), 0, 0),
-         "seccomp")
+  mode = ctypes.c_ulong(SECCOMP_MODE_FILTER)
+  _check(_libc.prctl(PR_SET_SECCOMP, mode, ctypes.byref(fprog), 0, 0), "seccomp")
 
 
 # ----------------------------------------------------------------------------- credentials
@@ -217,7 +219,8 @@ def make_user_namespace(uid, gid, privileged):
       os.close(down_w)
       _check(_libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
       if not privileged:
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        _write("/proc/self/setgroups", "deny")
+        for name, text in (("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
           _write(f"/proc/self/{name}", text)
       os.write(up_w, b"x")
       os.read(down_r, 1)  # stay alive until the parent holds the namespace
@@ -310,17 +313,18 @@ def setup_namespaces(cfg, userns_fd=None):
   covers, exposed, inner = _plan_covers(cfg)
   _check(_libc.setns(userns_fd, CLONE_NEWUSER), "setns(user namespace)")
   os.close(userns_fd)  # nothing forked from here on holds it
-  _check(_libc.unshare(RUN_NAMESPACES & ~CLONE_NEWUSER), "unshare")
+  _check(_libc.unshare(RUN_NAMESPACES), "unshare")
   mount("none", "/", None, MS_REC | MS_PRIVATE)
   # Cover each hidden directory with an empty tmpfs and bind the interpreter back into it
   # (from an fd opened before it was covered); then hide its site-packages.
   fds = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in exposed]
   owner = (cfg["uid"], cfg["gid"]) if ns == "root" else (os.getuid(), os.getgid())
-  if exposed and ns == "root":  # kuid 0 is not mapped in here: an unmapped owner cannot create files
+  if exposed and ns == "root":  # kuid 0 is unmapped here, and an unmapped owner cannot create files
     _libc.setfsgid(owner[1])
     _libc.setfsuid(owner[0])
   for cover in covers:  # read-only below, like every mount
-    mount("tmpfs", cover, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0755,size=1m,uid={owner[0]},gid={owner[1]}")
+    mount("tmpfs", cover, "tmpfs", MS_NOSUID | MS_NODEV,
+          f"mode=0755,size=1m,uid={owner[0]},gid={owner[1]}")
   for path, fd in fds:
     os.makedirs(path, exist_ok=True)
     mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
@@ -340,7 +344,10 @@ def setup_namespaces(cfg, userns_fd=None):
 
 # ----------------------------------------------------------------------------- cgroups
 def _unescape(field):
-  return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+  """A mountinfo path field: octal escapes of space, tab, newline and backslash undone."""
+  for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+    field = field.replace(code, char)
+  return field
 
 
 def find_memory_cgroup(mountinfo="/proc/self/mountinfo", own="/proc/self/cgroup"):

@@ -22,18 +22,20 @@ import time
 from pathlib import Path
 
 # The harness is four stdlib-only files run in order in one namespace (wire format, kernel
-# interfaces, the supervisor's checker, process roles). Each is compiled once here; the sandbox gets the marshalled code
-# objects on its command line (no file to swap, no 50 ms compile per run; one argument per
-# file, as Linux caps one argument at 128 KiB).
+# interfaces, the supervisor's checker, process roles). Each is compiled once here; the
+# sandbox gets the marshalled code objects on its command line (no file to swap, no 50 ms
+# compile per run; one argument per file, as Linux caps one argument at 128 KiB).
 _HARNESS_FILES = tuple(Path(__file__).with_name(n) for n in (
     "_sandbox_wire.py", "_sandbox_kernel.py", "_sandbox_check.py", "_sandbox_harness.py"))
 _HARNESS_PATH = _HARNESS_FILES[-1]
-_HARNESS_CODE = tuple(marshal.dumps(compile(p.read_text(), str(p), "exec")).hex() for p in _HARNESS_FILES)
+_HARNESS_CODE = tuple(marshal.dumps(compile(p.read_text(), str(p), "exec")).hex()
+                      for p in _HARNESS_FILES)
 _BOOT = ("import marshal,sys\n"
          "for _c in [sys.argv.pop(1) for _ in range(%d)]: exec(marshal.loads(bytes.fromhex(_c)))"
          % len(_HARNESS_FILES))
 _BOOT_SRC = ("import sys\n"
-             "for _s in [sys.argv.pop(1) for _ in range(%d)]: exec(compile(_s, '<sandbox>', 'exec'))"
+             "for _s in [sys.argv.pop(1) for _ in range(%d)]:\n"
+             "  exec(compile(_s, '<sandbox>', 'exec'))"
              % len(_HARNESS_FILES))
 
 
@@ -121,7 +123,8 @@ class _ForkServer:
   def get(cls, python, cgroup=None, ids=None):
     """Some live idle server of this pool (for tests that kill one), or None."""
     with cls._lock:
-      for server in cls._idle.get((os.getpid(), python, json.dumps(cgroup, sort_keys=True), ids), []):
+      key = (os.getpid(), python, json.dumps(cgroup, sort_keys=True), ids)
+      for server in cls._idle.get(key, []):
         if server.proc.poll() is None:
           return server
     return None

@@ -15,7 +15,7 @@ import time
 MAX_DEPTH = 100
 TAGS = ("__tuple__", "__set__", "__frozenset__", "__dict__", "__bytes__", "__complex__",
         "__bigint__", "__float__", "__opaque__")
-BIG_INT_BITS = 4000  # ints above this travel as hex (and ``brief`` does not convert them to decimal)
+BIG_INT_BITS = 4000  # ints above this travel as hex; ``brief`` does not convert them to decimal
 
 
 class Opaque:

@@ -244,9 +244,12 @@ class SandboxConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive int (not root), got {value!r}")
-    if not isinstance(self.hidden_paths, tuple) or not all(
-        isinstance(p, str) and os.path.isabs(p) and os.path.realpath(p) != "/" for p in self.hidden_paths):
-      raise ValueError(f"hidden_paths must be a tuple of absolute paths other than /, got {self.hidden_paths!r}")
+    if isinstance(self.hidden_paths, list):  # e.g. from a config file
+      object.__setattr__(self, "hidden_paths", tuple(self.hidden_paths))
+    ok = lambda p: isinstance(p, str) and os.path.isabs(p) and os.path.realpath(p) != "/"
+    if not isinstance(self.hidden_paths, tuple) or not all(ok(p) for p in self.hidden_paths):
+      raise ValueError("hidden_paths must be a tuple of absolute paths other than /, got "
+                       f"{self.hidden_paths!r}")
     if self.memory_limit not in ("cgroup", "per-process"):
       raise ValueError(f"memory_limit must be 'cgroup' or 'per-process', got {self.memory_limit!r}")
     _require_timeout("startup_grace_s", self.startup_grace_s)
@@ -413,8 +416,9 @@ def sandbox_capabilities(config: SandboxConfig | None = None) -> SandboxCapabili
     notes.append(f"no memory cgroup ({why}): memory_bytes holds per process, so a run can hold "
                  "memory_bytes * max_processes plus tmpfs_bytes of files")
   if not caps["seccomp"]:
-    notes.append(f"no syscall filter (arch {_sandbox_kernel.ARCH}: "
-                 f"{'supported' if _sandbox_kernel.ARCH in _sandbox_kernel.SYSCALLS else 'no table'}; "
+    arch = _sandbox_kernel.ARCH
+    table = "supported" if arch in _sandbox_kernel.SYSCALLS else "no syscall table"
+    notes.append(f"no syscall filter (arch {arch}: {table}; "
                  f"{report.get('child_error') or 'filter not active'}); without a table the "
                  "trainer's session keyring is not replaced either")
   if not caps["stdlib_readable"]:
@@ -481,7 +485,8 @@ def run(program: str, tests: CodeTests, *, timeout_s: float = SMALL_TEST_TIMEOUT
                       "n_tests": n_tests, "timeout_s": float(timeout_s)}).encode()
     wall_s = config.startup_grace_s + budget  # whatever the program returns or prints
     home = "/tmp" if caps.namespaces else workdir
-    with _ForkServer.acquire(config.python, _cgroup_spec(config), (config.uid, config.gid)) as server:
+    pool = (config.python, _cgroup_spec(config), (config.uid, config.gid))
+    with _ForkServer.acquire(*pool) as server:
       spawned = server.spawn(cfg, _env(home), workdir)
       out, err, timed_out, wall = _exchange(*spawned, job, wall_s)
     if caps.namespaces is None:  # no pid namespace: let stragglers die before removing workdir

@@ -576,3 +576,23 @@ def test_seccomp_filter_program_shape():
     last = struct.unpack("=HBBI", prog[-8:])
     assert last == (0x06, 0, 0, 0x7FFF0000)  # falls through to "allow"
   assert _sandbox_kernel.seccomp_filter("sparc") is None
+
+
+def test_memory_cgroup_discovery_v1_and_v2(tmp_path):
+  """find_memory_cgroup on made-up /proc files (this machine has only one layout)."""
+  v2 = tmp_path / "cg2"
+  v2.mkdir()
+  (v2 / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+  v1 = tmp_path / "mem v1"
+  info = tmp_path / "mountinfo"
+  own = tmp_path / "cgroup"
+  v1_line = f"35 25 0:30 / {str(v1).replace(' ', chr(92) + '040')} rw - cgroup cgroup rw,memory\n"
+  info.write_text(f"30 25 0:26 / {v2} rw - cgroup2 cgroup2 rw\n" + v1_line)
+  own.write_text("4:memory:/job/7\n0::/user.slice/session-1.scope\n")
+  assert _sandbox_kernel.find_memory_cgroup(str(info), str(own)) == (2, f"{v2}/mr_rl_sandbox")
+  info.write_text(v1_line)  # v1 only: nested under this process's own memory cgroup
+  assert _sandbox_kernel.find_memory_cgroup(str(info), str(own)) == (1, f"{v1}/job/7/mr_rl_sandbox")
+  (v2 / "cgroup.controllers").write_text("cpu pids\n")  # v2 without memory, no v1
+  info.write_text(f"30 25 0:26 / {v2} rw - cgroup2 cgroup2 rw\n")
+  version, why = _sandbox_kernel.find_memory_cgroup(str(info), str(own))
+  assert version is None and "memory" in why

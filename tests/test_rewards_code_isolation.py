@@ -227,16 +227,19 @@ def test_a_program_that_remembers_cannot_learn_the_answer(store, host_dir):
 @needs_root
 @needs_known_arch
 def test_concurrent_runs_cannot_talk(host_dir):
-  """Run A offers its answer on every shared channel it can find; run B looks for it."""
+  """Run A offers its answer on every shared channel it can find (files, SysV, an abstract
+  socket, a pseudo-terminal); run B looks for it."""
   tag = uuid.uuid4().hex[:12]
   prelude = _PRELUDE.format(tag=tag, dirs=[host_dir, "/run/lock"], nr=NR)
   offer = prelude + STORES["files"] + STORES["sysv_sem"] + textwrap.dedent("""
-      import socket, time
+      import pty, socket, time
       def f(x):
         save(7)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.bind("\\0mrrl" + TAG)
         s.listen(1)
+        master, slave = pty.openpty()  # a pseudo-terminal pair, left open
+        os.write(master, b"7\\n")
         time.sleep(1.5)
         return 0
       """)
@@ -251,6 +254,12 @@ def test_concurrent_runs_cannot_talk(host_dir):
           found += 100
         except OSError:
           pass
+        for name in [n for n in os.listdir("/dev/pts") if n.isdigit()]:  # run A's terminal?
+          try:
+            os.close(os.open("/dev/pts/" + name, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK))
+            found += 1000
+          except OSError:
+            pass
         return found
       """)
   tests = code.CodeTests.call("f", [[0]], [0])

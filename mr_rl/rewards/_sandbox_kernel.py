@@ -303,9 +303,10 @@ def setup_namespaces(cfg, userns_fd=None):
   RLIMIT_NPROC count), then new network (no interface up), pid, mount, IPC (SysV and POSIX
   IPC objects die with the run) and UTS namespaces. ``cfg["hide"]`` (home directories, the
   interpreter's site-packages, where installed data sets live) and ``/sys/fs/cgroup`` are
-  covered by empty tmpfs, every mount of the host is made read-only, and ``/tmp`` (with
-  ``/var/tmp`` and ``/dev/shm`` bound to it) is a private tmpfs of ``tmpfs_bytes``: the
-  only place a run can write, gone with its mount namespace.
+  covered by empty tmpfs, every mount of the host is made read-only, pseudo-terminals come
+  from a private devpts instance, and ``/tmp`` (with ``/var/tmp`` and ``/dev/shm`` bound to
+  it) is a private tmpfs of ``tmpfs_bytes``: the only place a run can write files, gone
+  with its mount namespace.
   """
   ns = cfg["namespaces"]
   if not ns:
@@ -335,6 +336,9 @@ def setup_namespaces(cfg, userns_fd=None):
   if os.path.isdir("/sys/fs/cgroup"):
     mount("tmpfs", "/sys/fs/cgroup", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
           "mode=0555,size=4k")
+  if os.path.isdir("/dev/pts"):  # the host's pseudo-terminals would let concurrent runs talk
+    mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0600")
+    mount("/dev/pts/ptmx", "/dev/ptmx", None, MS_BIND)
   mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={cfg['tmpfs_bytes']}")
   for extra in ("/var/tmp", "/dev/shm"):
     if os.path.isdir(extra):

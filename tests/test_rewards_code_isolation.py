@@ -228,7 +228,7 @@ def test_a_program_that_remembers_cannot_learn_the_answer(store, host_dir):
 @needs_known_arch
 def test_concurrent_runs_cannot_talk(host_dir):
   """Run A offers its answer on every shared channel it can find (files, SysV, an abstract
-  socket, a pseudo-terminal); run B looks for it."""
+  socket, a pseudo-terminal, a flock on a shared read-only file); run B looks for it."""
   tag = uuid.uuid4().hex[:12]
   prelude = _PRELUDE.format(tag=tag, dirs=[host_dir, "/run/lock"], nr=NR)
   offer = prelude + STORES["files"] + STORES["sysv_sem"] + textwrap.dedent("""
@@ -240,6 +240,11 @@ def test_concurrent_runs_cannot_talk(host_dir):
         s.listen(1)
         master, slave = pty.openpty()  # a pseudo-terminal pair, left open
         os.write(master, b"7\\n")
+        try:
+          import fcntl
+          fcntl.flock(os.open("/etc/hostname", os.O_RDONLY), fcntl.LOCK_EX)  # a 1-bit signal
+        except OSError:
+          pass
         time.sleep(1.5)
         return 0
       """)
@@ -254,6 +259,11 @@ def test_concurrent_runs_cannot_talk(host_dir):
           found += 100
         except OSError:
           pass
+        try:
+          import errno, fcntl
+          fcntl.flock(os.open("/etc/hostname", os.O_RDONLY), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+          found += 10000 if e.errno == errno.EWOULDBLOCK else 0  # run A holds the lock
         for name in [n for n in os.listdir("/dev/pts") if n.isdigit()]:  # run A's terminal?
           try:
             os.close(os.open("/dev/pts/" + name, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK))
@@ -539,6 +549,19 @@ def test_syscalls_a_test_program_never_needs_are_refused():
           os.unshare(os.CLONE_NEWUSER) if hasattr(os, "unshare") else None
         except OSError as e:
           out["os.unshare"] = e.errno
+        import fcntl
+        try:
+          fcntl.flock(os.open("/etc/hostname", os.O_RDONLY), fcntl.LOCK_SH)
+        except OSError as e:
+          out["flock"] = e.errno
+        out["inotify_init1"] = ctypes.get_errno() if libc.inotify_init1(0) == -1 else "ok"
+        try:
+          fcntl.fcntl(os.open("/etc", os.O_RDONLY), fcntl.F_NOTIFY, fcntl.DN_ACCESS)
+        except OSError as e:
+          out["fcntl(F_NOTIFY)"] = e.errno
+        r, w = os.pipe()
+        os.set_blocking(r, False)  # fcntl F_GETFL / F_SETFL
+        out["F_SETFL"] = os.get_blocking(r)
         # What a test program does need still works: threads, fork, exec.
         t = threading.Thread(target=lambda: None)
         t.start()
@@ -551,6 +574,8 @@ def test_syscalls_a_test_program_never_needs_are_refused():
   want = {n: errno.EPERM for n in names}
   want["clone3"] = errno.ENOSYS  # so that libc falls back to clone(), whose flags are checked
   want["clone(CLONE_NEWUSER)"] = want["ioctl(TIOCSTI)"] = errno.EPERM
+  want["flock"] = want["inotify_init1"] = want["fcntl(F_NOTIFY)"] = errno.EPERM
+  want["F_SETFL"] = False
   if platform.machine() == "x86_64":
     want["x32 getpid"] = errno.EPERM
   if hasattr(os, "unshare"):

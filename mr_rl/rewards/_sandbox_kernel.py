@@ -52,8 +52,9 @@ SYSCALLS = {
         "pidfd_getfd": 438, "mincore": 27, "move_pages": 279, "migrate_pages": 256,
         "lookup_dcookie": 212, "vhangup": 153, "settimeofday": 164, "clock_settime": 227,
         "clock_adjtime": 305, "adjtimex": 159, "sethostname": 170, "setdomainname": 171,
-        "iopl": 172, "ioperm": 173,
-        "clone": 56, "clone3": 435, "ioctl": 16},
+        "iopl": 172, "ioperm": 173, "flock": 73, "inotify_init": 253, "inotify_init1": 294,
+        "inotify_add_watch": 254,
+        "clone": 56, "clone3": 435, "ioctl": 16, "fcntl": 72},
     "aarch64": {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
         "keyctl": 219, "add_key": 217, "request_key": 218, "mount": 40, "umount2": 39,
@@ -67,13 +68,17 @@ SYSCALLS = {
         "pidfd_getfd": 438, "mincore": 232, "move_pages": 239, "migrate_pages": 238,
         "lookup_dcookie": 18, "vhangup": 58, "settimeofday": 170, "clock_settime": 112,
         "clock_adjtime": 266, "adjtimex": 171, "sethostname": 161, "setdomainname": 162,
-        "clone": 220, "clone3": 435, "ioctl": 29},
+        "flock": 32, "inotify_init1": 26, "inotify_add_watch": 27,
+        "clone": 220, "clone3": 435, "ioctl": 29, "fcntl": 25},
 }
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 # Refused with EPERM: debugging other processes, keyrings, mounts and namespaces, kernel
-# attack surface (bpf, perf, userfaultfd, io_uring), system administration, page-cache probes.
-DENIED = tuple(n for n in SYSCALLS["x86_64"] if n not in ("clone", "clone3", "ioctl"))
+# attack surface (bpf, perf, userfaultfd, io_uring), system administration, page-cache
+# probes, and signals between concurrent runs through the read-only host files they share
+# (flock, inotify; fcntl F_NOTIFY below).
+DENIED = tuple(n for n in SYSCALLS["x86_64"] if n not in ("clone", "clone3", "ioctl", "fcntl"))
 TIOCSTI = 0x5412  # ioctl that pushes input into a terminal
+F_NOTIFY = 1026  # fcntl: directory change (and access) notification
 _BPF_LD_ABS, _BPF_JEQ, _BPF_JGE, _BPF_JSET, _BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _RET_ALLOW, _RET_ERRNO, _X32_BIT = 0x7FFF0000, 0x00050000, 0x40000000
 
@@ -115,7 +120,7 @@ def seccomp_filter(arch=ARCH):
 
   Allows everything except: ``DENIED`` (EPERM); ``clone`` with a namespace flag (EPERM);
   ``clone3`` (ENOSYS, so libc falls back to ``clone``, whose flags the filter can see);
-  ``ioctl(TIOCSTI)``; any other ABI (i386, x32) on the same machine (EPERM).
+  ``ioctl(TIOCSTI)``, ``fcntl(F_NOTIFY)``; any other ABI (i386, x32) on this machine (EPERM).
   """
   nr = SYSCALLS.get(arch)
   if nr is None:
@@ -141,10 +146,12 @@ def seccomp_filter(arch=ARCH):
   ins(_BPF_JSET, CLONE_NS_FLAGS, 0, 1)
   ins(_BPF_RET, deny)
   ins(_BPF_RET, _RET_ALLOW)
-  ins(_BPF_JEQ, nr["ioctl"], 0, 3)
-  ins(_BPF_LD_ABS, 24)  # low half of args[1]: the request
-  ins(_BPF_JEQ, TIOCSTI, 0, 1)
-  ins(_BPF_RET, deny)
+  for name, request in (("ioctl", TIOCSTI), ("fcntl", F_NOTIFY)):
+    ins(_BPF_JEQ, nr[name], 0, 4)
+    ins(_BPF_LD_ABS, 24)  # low half of args[1]: the request / command
+    ins(_BPF_JEQ, request, 0, 1)
+    ins(_BPF_RET, deny)
+    ins(_BPF_RET, _RET_ALLOW)
   ins(_BPF_RET, _RET_ALLOW)
   return b"".join(struct.pack("=HBBI", *i) for i in prog)
 

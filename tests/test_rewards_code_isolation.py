@@ -34,10 +34,12 @@ RELAXED = {"require_privilege_drop": False, "memory_limit": "per-process"}
 # Syscall numbers the attack programs call through ctypes (the sandbox has only the stdlib).
 _NR = {"x86_64": {"add_key": 248, "keyctl": 250, "unshare": 272, "ptrace": 101, "mount": 165,
                   "bpf": 321, "setns": 308, "clone": 56, "clone3": 435, "io_uring_setup": 425,
-                  "perf_event_open": 298, "userfaultfd": 323, "mincore": 27, "getpid": 39},
+                  "perf_event_open": 298, "userfaultfd": 323, "mincore": 27, "getpid": 39,
+                  "cachestat": 451, "preadv2": 327},
        "aarch64": {"add_key": 217, "keyctl": 219, "unshare": 97, "ptrace": 117, "mount": 40,
                    "bpf": 280, "setns": 268, "clone": 220, "clone3": 435, "io_uring_setup": 425,
-                   "perf_event_open": 241, "userfaultfd": 282, "mincore": 232, "getpid": 172}}
+                   "perf_event_open": 241, "userfaultfd": 282, "mincore": 232, "getpid": 172,
+                   "cachestat": 451, "preadv2": 286}}
 NR = _NR.get(platform.machine())
 needs_known_arch = pytest.mark.skipif(NR is None, reason=f"no syscall table for {platform.machine()}")
 
@@ -525,7 +527,7 @@ def test_no_new_privs_and_seccomp_are_on():
 @needs_known_arch
 def test_syscalls_a_test_program_never_needs_are_refused():
   names = ["ptrace", "mount", "unshare", "setns", "bpf", "keyctl", "add_key", "io_uring_setup",
-           "perf_event_open", "userfaultfd", "mincore"]
+           "perf_event_open", "userfaultfd", "mincore", "cachestat", "preadv2"]
   src = textwrap.dedent(f"""
       import ctypes, os, threading, subprocess, sys
       libc = ctypes.CDLL(None, use_errno=True)

@@ -53,7 +53,7 @@ SYSCALLS = {
         "lookup_dcookie": 212, "vhangup": 153, "settimeofday": 164, "clock_settime": 227,
         "clock_adjtime": 305, "adjtimex": 159, "sethostname": 170, "setdomainname": 171,
         "iopl": 172, "ioperm": 173, "flock": 73, "inotify_init": 253, "inotify_init1": 294,
-        "inotify_add_watch": 254,
+        "inotify_add_watch": 254, "cachestat": 451, "preadv2": 327, "pwritev2": 328,
         "clone": 56, "clone3": 435, "ioctl": 16, "fcntl": 72},
     "aarch64": {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
@@ -68,13 +68,14 @@ SYSCALLS = {
         "pidfd_getfd": 438, "mincore": 232, "move_pages": 239, "migrate_pages": 238,
         "lookup_dcookie": 18, "vhangup": 58, "settimeofday": 170, "clock_settime": 112,
         "clock_adjtime": 266, "adjtimex": 171, "sethostname": 161, "setdomainname": 162,
-        "flock": 32, "inotify_init1": 26, "inotify_add_watch": 27,
+        "flock": 32, "inotify_init1": 26, "inotify_add_watch": 27, "cachestat": 451,
+        "preadv2": 286, "pwritev2": 287,
         "clone": 220, "clone3": 435, "ioctl": 29, "fcntl": 25},
 }
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 # Refused with EPERM: debugging other processes, keyrings, mounts and namespaces, kernel
 # attack surface (bpf, perf, userfaultfd, io_uring), system administration, page-cache
-# probes, and signals between concurrent runs through the read-only host files they share
+# probes (mincore, cachestat, preadv2 with RWF_NOWAIT), and signals between concurrent runs through the read-only host files they share
 # (flock, inotify; fcntl F_NOTIFY below).
 DENIED = tuple(n for n in SYSCALLS["x86_64"] if n not in ("clone", "clone3", "ioctl", "fcntl"))
 TIOCSTI = 0x5412  # ioctl that pushes input into a terminal

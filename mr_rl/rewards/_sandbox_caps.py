@@ -128,11 +128,12 @@ def capabilities(config) -> SandboxCapabilities:
   """``code.sandbox_capabilities`` for a given ``SandboxConfig`` (cached per config)."""
   is_root = os.geteuid() == 0
   attempts = [("root", True), (None, True)] if is_root else [("user", False), (None, False)]
-  report = None
+  report, failed = None, []
   for namespaces, drop in attempts:
     report = _probe(config, namespaces, drop)
     if report.get("namespaces") == namespaces and not report.get("error"):
       break
+    failed.append(f"{namespaces}: {report.get('error')}")
   ns = report.get("namespaces") if not report.get("error") else None
   writable = set(report.get("writable_mounts") or ["/"])
   caps = dict(is_root=is_root, namespaces=ns, network_isolated=bool(report.get("network_blocked")),
@@ -147,7 +148,8 @@ def capabilities(config) -> SandboxCapabilities:
   if not is_root:
     notes.append("not root: programs run as the calling user (no uid drop), and no memory cgroup")
   if ns is None:
-    notes.append("no namespaces: network reachable, /tmp and IPC shared with the host, the host "
+    notes.append(f"no namespaces ({'; '.join(failed)}; user namespaces and Linux >= 5.12 are "
+                 "needed): network reachable, /tmp and IPC shared with the host, the host "
                  "writable, and processes that leave the process group (setsid) survive the run")
   elif not caps["read_only_host"]:
     notes.append(f"host mounts left writable inside: {sorted(writable - _WRITABLE_INSIDE)}")

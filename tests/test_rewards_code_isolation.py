@@ -516,12 +516,16 @@ def test_setuid_binaries_do_not_gain_privileges(host_dir):
   assert "euid=0" not in r.error, r.error
 
 
-def test_no_new_privs_and_seccomp_are_on():
+def test_no_capabilities_no_new_privs_and_seccomp():
+  """Inside a user namespace setresuid keeps the namespace's capabilities: all must be gone."""
+  keys = ["NoNewPrivs", "Seccomp", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"]
   src = ("def f():\n"
          "  status = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines())\n"
-         "  return [status['NoNewPrivs'].strip(), status['Seccomp'].strip()]\n")
+         f"  return [status[k].strip() for k in {keys!r}]\n")
   cfg = code.SandboxConfig(**({} if ROOT else RELAXED))
-  assert code.run(src, code.CodeTests.call("f", [[]], [["1", "2"]]), config=cfg).passed
+  r = code.run(src, code.CodeTests.call("f", [[]], [["1", "2"] + ["0" * 16] * 5]), config=cfg)
+  assert r.passed, r.error
+  assert code.sandbox_capabilities(cfg).capabilities_left == ()
 
 
 @needs_known_arch

@@ -40,6 +40,8 @@ class SandboxCapabilities:
     memory_cgroup: 1 or 2 (the cgroup version bounding a whole run's memory) or None.
     seccomp: the syscall filter is installed (and no_new_privs set) before candidate code.
     privilege_drop: the candidate runs as ``SandboxConfig.uid`` (root only).
+    capabilities_left: capability sets (name, mask) still non-empty after the drop; empty
+      wherever the probe ran (``run`` refuses otherwise).
     stdlib_readable: the sandboxed interpreter could import a stdlib module.
     notes: consequences of what is missing, in words.
   """
@@ -54,6 +56,7 @@ class SandboxCapabilities:
   memory_cgroup: int | None
   seccomp: bool
   privilege_drop: bool
+  capabilities_left: tuple[tuple[str, int], ...]
   stdlib_readable: bool
   notes: tuple[str, ...]
 
@@ -143,6 +146,7 @@ def capabilities(config) -> SandboxCapabilities:
               memory_cgroup=report.get("memory_cgroup"),
               seccomp=bool(report.get("seccomp") and report.get("no_new_privs")),
               privilege_drop=is_root and report.get("uid") == config.uid,
+              capabilities_left=tuple(sorted((report.get("capabilities") or {}).items())),
               stdlib_readable=bool(report.get("stdlib_readable")))
   notes = []
   if not is_root:
@@ -172,6 +176,8 @@ def capabilities(config) -> SandboxCapabilities:
 def _plan(config):
   """The capabilities, or SandboxError for a layer ``config`` requires and the machine lacks."""
   caps = capabilities(config)
+  if caps.capabilities_left:  # never expected: a bug or an unusual kernel, not a policy choice
+    raise SandboxError(f"the sandboxed program would keep capabilities {caps.capabilities_left}")
   if not caps.stdlib_readable:
     raise SandboxError(f"sandboxed interpreter unusable: {caps.notes}")
   if config.require_network_isolation and not caps.network_isolated:

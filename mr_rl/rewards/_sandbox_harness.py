@@ -298,7 +298,9 @@ def _probe_child(cfg, report):
   drop_privileges(cfg)
   out["uid"] = os.getuid()
   with open("/proc/self/status") as f:
-    out["no_new_privs"] = "NoNewPrivs:\t1" in f.read()
+    status = f.read()
+  out["no_new_privs"] = "NoNewPrivs:\t1" in status
+  out["capabilities"] = capability_sets()  # must be empty
   import colorsys  # noqa: F401  (a stdlib module not imported yet: readability check)
   out["stdlib_readable"] = True
   import socket
@@ -444,6 +446,9 @@ def fork_server(cfg):
         os.environ.clear()
         os.environ.update(req["env"])
         supervisor(req["cfg"])
+      except BaseException:  # shown in the run's error ("supervisor exited without a verdict")
+        import traceback
+        traceback.print_exc()
       finally:
         os._exit(0)
     children.add(pid)

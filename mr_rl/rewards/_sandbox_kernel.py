@@ -29,6 +29,8 @@ RUN_NAMESPACES = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLON
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND = 1, 2, 4, 8, 4096
 MS_REC, MS_PRIVATE = 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 38
+PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, CAP_SETPCAP = 24, 47, 4, 8
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 SECCOMP_MODE_FILTER = 2
 AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = -100, 0x8000, 0x1
 NR_MOUNT_SETATTR = 442  # the same on every architecture (syscalls numbered from 424 on)
@@ -186,12 +188,62 @@ def join_fresh_session_keyring():
       raise OSError(err, f"keyctl(JOIN_SESSION_KEYRING): {os.strerror(err)}")
 
 
+class _CapHeader(ctypes.Structure):
+  _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+  _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+              ("inheritable", ctypes.c_uint32)]
+
+
+def capability_sets():
+  """This process's non-empty capability sets from /proc/self/status (for the probe)."""
+  with open("/proc/self/status") as f:
+    sets = {k: int(v, 16) for k, v in (line.split(":\t") for line in f if line.startswith("Cap"))}
+  return {k: v for k, v in sets.items() if v}
+
+
+def _effective_caps():
+  data = (_CapData * 2)()
+  _check(_libc.capget(ctypes.byref(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)), data), "capget")
+  return data[0].effective | (data[1].effective << 32)
+
+
+def _drop_bounding_set():
+  """Empties the bounding set where this process may (CAP_SETPCAP); without it, as an
+  unprivileged caller with no namespace, no_new_privs keeps execve from using it anyway.
+  (No /proc here: the supervisor shares its mount namespace with the zygote's new /proc.)"""
+  if _effective_caps() & (1 << CAP_SETPCAP):
+    cap = 0
+    while _libc.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) == 0:
+      cap += 1
+    if ctypes.get_errno() != errno.EINVAL:  # EINVAL: past the last capability
+      raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {cap})")
+
+
+def drop_capabilities():
+  """Empties the ambient, effective, permitted and inheritable sets (and the bounding set).
+
+  Needed on top of the uid change: inside a user namespace whose root is unmapped, as here,
+  ``setresuid`` keeps the capabilities the namespace gave its creator.
+  """
+  _drop_bounding_set()
+  _check(_libc.prctl(PR_CAP_AMBIENT, ctypes.c_ulong(PR_CAP_AMBIENT_CLEAR_ALL), 0, 0, 0),
+         "prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
+  data = (_CapData * 2)()
+  _check(_libc.capset(ctypes.byref(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)), data), "capset")
+
+
 def drop_privileges(cfg):
-  """uid/gid drop (as root), no_new_privs, a fresh session keyring, non-dumpable."""
+  """uid/gid drop (as root), no capabilities, no_new_privs, a fresh session keyring,
+  non-dumpable."""
   if cfg["drop"]:
     os.setgroups([])
+    _drop_bounding_set()  # before setresuid, which clears CAP_SETPCAP outside a user namespace
     os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
     os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
+  drop_capabilities()
   prctl(PR_SET_NO_NEW_PRIVS, 1)
   if ARCH in SYSCALLS:  # elsewhere the probe reports no seccomp and the run is refused
     join_fresh_session_keyring()

@@ -31,8 +31,9 @@ Isolation (each run; see ``_sandbox_harness.py`` for the process layout and BUIL
     run's processes; ``/sys/fs/cgroup`` is hidden; the interpreter prefix is re-exposed
     read-only when the sandbox uid cannot traverse to it (e.g. pyenv under ``/root``);
   * credentials: as root everything runs as ``uid/gid`` (65534) with no supplementary
-    groups, so it cannot write the checkout or ``$HOME`` even without the read-only
-    mounts; ``no_new_privs`` (setuid binaries do not elevate); a fresh, empty session
+    groups and no capabilities (also none in its user namespace), so it cannot write the
+    checkout or ``$HOME`` even without the read-only mounts; ``no_new_privs`` (setuid
+    binaries do not elevate); a fresh, empty session
     keyring (the trainer's keys are out of reach); supervisor and zygote non-dumpable;
   * a seccomp filter on the zygote and everything it forks (``_sandbox_kernel.DENIED``:
     ptrace, keyrings, mount, namespaces, bpf, perf, userfaultfd, io_uring, kexec and

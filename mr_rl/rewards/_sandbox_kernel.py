@@ -5,10 +5,13 @@ Stdlib only (ctypes). Part of the harness that runs inside the sandbox (the file
 find the memory cgroup hierarchy, and the tests to check the syscall tables.
 
 What each piece closes (BUILD_NOTES.md "Code sandbox: threat model"):
-  * ``setup_namespaces``: new user, network, pid, mount, IPC and UTS namespaces per run;
-    every host mount read-only, ``/sys/fs/cgroup`` hidden, one private tmpfs writable.
+  * ``make_user_namespace`` (one per fork server) and ``setup_namespaces`` (per run: network,
+    pid, mount, IPC and UTS namespaces; every host mount read-only, home directories,
+    site-packages and ``/sys/fs/cgroup`` hidden, a private devpts, one private tmpfs
+    writable).
   * ``cgroup_enter``: a memory cgroup that bounds every process of a run together.
-  * ``drop_privileges``: uid/gid drop, ``no_new_privs``, a fresh empty session keyring.
+  * ``drop_privileges``: uid/gid drop, no capabilities, ``no_new_privs``, a fresh empty
+    session keyring.
   * ``seccomp_filter`` / ``install_seccomp``: refuses what a test program never needs.
 """
 

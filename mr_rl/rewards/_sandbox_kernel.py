@@ -226,12 +226,11 @@ def _drop_bounding_set():
 
 
 def drop_capabilities():
-  """Empties the ambient, effective, permitted and inheritable sets (and the bounding set).
+  """Empties the ambient, effective, permitted and inheritable sets.
 
   Needed on top of the uid change: inside a user namespace whose root is unmapped, as here,
   ``setresuid`` keeps the capabilities the namespace gave its creator.
   """
-  _drop_bounding_set()
   _check(_libc.prctl(PR_CAP_AMBIENT, ctypes.c_ulong(PR_CAP_AMBIENT_CLEAR_ALL), 0, 0, 0),
          "prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
   data = (_CapData * 2)()
@@ -241,9 +240,9 @@ def drop_capabilities():
 def drop_privileges(cfg):
   """uid/gid drop (as root), no capabilities, no_new_privs, a fresh session keyring,
   non-dumpable."""
+  _drop_bounding_set()  # first: setresuid clears CAP_SETPCAP outside a user namespace
   if cfg["drop"]:
     os.setgroups([])
-    _drop_bounding_set()  # before setresuid, which clears CAP_SETPCAP outside a user namespace
     os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
     os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
   drop_capabilities()

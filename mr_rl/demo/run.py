@@ -56,7 +56,7 @@ def task_settings(base: settings_lib.RunSettings, demo_cfg, task: str):
             "arith_len": {"full_until": int(demo_cfg.len_full_until),
                           "zero_at": int(demo_cfg.len_zero_at)}}
   rewards = dataclasses.replace(
-      base.rewards, channels=channels, primary=0,
+      base.rewards, channels=channels, specs=channels, primary=0,
       params={k: v for k, v in params.items() if k in channels})
   return dataclasses.replace(base, pipeline="train", rewards=rewards)
 

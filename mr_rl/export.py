@@ -143,6 +143,9 @@ def write_hf(model, params, out: str, base_dir: str) -> str:
   Returns:
     `out`.
   """
+  if os.path.realpath(out) == os.path.realpath(base_dir):
+    raise ValueError(f"the export directory {out!r} is the base checkpoint itself; choose "
+                     "another --out (the base's weights would be replaced)")
   os.makedirs(out, exist_ok=True)
   is_writer = jax.process_index() == 0
   if is_writer:

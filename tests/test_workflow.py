@@ -234,6 +234,11 @@ def test_export_errors(dense_run, tmp_path):
   shutil.copytree(os.path.join(wd, "checkpoints"), bare / "checkpoints")
   with pytest.raises(FileNotFoundError, match="no settings.json .*--base=DIR"):
     export_lib.export(str(bare), str(tmp_path / "x"), log=None)
+  base_copy = str(tmp_path / "base_copy")  # (a copy: were the guard broken, it would be lost)
+  shutil.copytree(BASE, base_copy)
+  with pytest.raises(ValueError, match="is the base checkpoint itself"):
+    export_lib.export(wd, base_copy, base=base_copy, log=None)
+  assert os.path.exists(os.path.join(base_copy, "model.safetensors"))
   out = export_lib.export(str(bare), str(tmp_path / "x"), base=BASE, log=None)  # --base works
   _assert_same_tree(models.load_pretrained(out)[1], dense_run["final"])
 

@@ -130,8 +130,8 @@ def _model_config(s):
   if s.model.preset:
     return models.get_preset(s.model.preset), f"preset {s.model.preset}"
   if os.path.isdir(s.model.path):
-    return (hf_io.config_from_hf(hf_io._read_config(s.model.path)),  # pylint: disable=protected-access
-            f"{s.model.path}/config.json")
+    hf = hf_io._read_config(s.model.path)  # pylint: disable=protected-access
+    return hf_io.config_from_hf(hf), f"{s.model.path}/config.json"
   from mr_rl.config_lib.paper import MODELS
   preset = next((m.preset for m in MODELS.values() if m.hub == s.model.path), None)
   if preset:

@@ -192,7 +192,8 @@ def test_export_dense_cli_and_hf_at_end(dense_run, tmp_path):
   assert AutoConfig.from_pretrained(out1).eos_token_id == tok.eos_token_id
   # transformers' greedy generation equals mr_rl's, for both exports
   p_tok, p_mask, ids = _prompts(comp.policy, comp.eval_examples[:6])
-  for params, directory in ((dense_run["step1"], out1), (dense_run["final"], os.path.join(wd, "hf"))):
+  hf_at_end = os.path.join(wd, "hf")
+  for params, directory in ((dense_run["step1"], out1), (dense_run["final"], hf_at_end)):
     mine = _mr_greedy(comp.model, params, comp.policy.tokenizer, p_tok, p_mask)
     assert _hf_greedy(directory, ids) == mine
     assert any(t[-1] == tok.eos_token_id for t in mine)  # some rows stop at EOS ...

@@ -2,7 +2,7 @@
 
     examples --(mr_rl.rollout.rollout: jitted KV-cache sampler)--> responses, old log-probs
              --(mr_rl.rollout.score: reward runner, host pool)--> r[B, G, K]
-                                        (NaN = the channel does not apply to the sample)
+                     (NaN = the channel does not apply; a failed call scores its on_failure)
              --(aggregator, jitted, state carried)--> R[B, G] (+ channel weights)
              --(advantage estimator)--> A[B, G]
              --(mr_rl.rollout.update_batch; jitted policy step, AdamW)--> new params
@@ -125,10 +125,13 @@ def load_eval_sets(settings: RunSettings) -> dict[str, list]:
 
 
 def build_runner(settings: RunSettings) -> RewardRunner:
-  """The reward runner over `settings.rewards.channels` with their `rewards.params`."""
+  """The reward runner over `settings.rewards.channels` (built from their specs, registered
+  names or import paths) with their `rewards.params` and the failure-rate guard."""
   r = settings.rewards
-  channels = [get_reward(n, **r.params.get(n, {})) for n in r.channels]
-  return RewardRunner(channels, timeout_s=r.timeout_s)
+  channels = [get_reward(spec, **r.params.get(name, {}))
+              for spec, name in zip(r.specs, r.channels)]
+  return RewardRunner(channels, timeout_s=r.timeout_s, max_failure_share=r.max_failure_share,
+                      failure_patience=r.failure_patience)
 
 
 def drop_long_prompts(policy: rollout_lib.Policy, examples, what: str) -> list:
@@ -256,8 +259,9 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
       alarm.restore(meta["alarm"])
       if log:
         log(f"resumed from {ckpt.directory} at step {start}")
-    writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
+    writer = metrics_lib.MetricsWriter(workdir, resume_step=start, settings=s)
   history = []
+  eta = metrics_lib.ETA(s.total_steps)
   for step in range(start, s.total_steps):
     key = jax.random.fold_in(state["key"], step)
     k_roll, k_agg, k_upd = jax.random.split(key, 3)
@@ -294,8 +298,9 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
     history.append({"step": step, **m})
     if writer:
       writer.write(step, m)
+    eta_s = eta.update(step)
     if log and (step % s.log_every == 0 or step + 1 == s.total_steps):
-      log(metrics_lib.console_line(step, s.total_steps, m, names))
+      log(metrics_lib.console_line(step, s.total_steps, m, names, eta_s))
     if ckpt and ((step + 1) % s.checkpoint_every == 0 or step + 1 == s.total_steps):
       ckpt.save(step + 1, state, {"step": step + 1, "data": data_iter.state(),
                                   "alarm": alarm.state(),

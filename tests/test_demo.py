@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mr_rl import pipelines
-from mr_rl.demo import plots, run, summary, task, warmstart
+from mr_rl.demo import run, summary, task, warmstart
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -314,13 +314,23 @@ def test_summary_rejects_missing_or_mismatched_reports(tmp_path):
     summary.main([str(tmp_path / "a.json"), str(tmp_path / "b.json")])
 
 
-def test_figures_from_report_traces(tmp_path):
-  rows = _report(0)["acc_fmt_len"]
-  written = plots.task_figures(rows, str(tmp_path), "acc_fmt_len")
+def test_figures_with_mr_rl_plots(tmp_path):
+  def history(weights):
+    rows = []
+    for t in range(4):
+      h = {"step": t, "reward/arith_acc/mean": 0.1 * t, "profile/arith_acc=0,arith_fmt=1": 0.5,
+           "profile/arith_acc=1,arith_fmt=1": 0.5}
+      if weights:
+        h.update({"weights/arith_acc": 1.0 + 0.1 * t, "weights/arith_fmt": 1.0 - 0.1 * t})
+      rows.append(h)
+    return rows
+  written = run.figures({"additive": history(False), "amrp_gdpo": history(True)},
+                        str(tmp_path), "acc_fmt_len")
   assert [os.path.basename(p) for p in written] == ["acc_fmt_len_profiles.png",
                                                      "acc_fmt_len_weights.png"]
   assert all(os.path.getsize(p) > 1000 for p in written)
-  assert plots.task_figures({"base": {"accuracy": 0.1}}, str(tmp_path), "none") == []
+  assert [os.path.basename(p) for p in run.figures({"additive": history(False)}, str(tmp_path),
+                                                    "brief")] == ["brief_profiles.png"]
 
 
 # --------------------------------------------------------------------------------- smoke

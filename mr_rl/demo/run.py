@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from mr_rl import evaluation, pipelines, settings as settings_lib, train as train_lib
+from mr_rl import evaluation, pipelines, plots, settings as settings_lib, train as train_lib
 
 TASKS = {
     # task: (channels, auxiliary channels that define aux_rate)
@@ -135,7 +135,7 @@ def task_settings(base: settings_lib.RunSettings, demo_cfg, task: str):
             "arith_len": {"full_until": int(demo_cfg.len_full_until),
                           "zero_at": int(demo_cfg.len_zero_at)}}
   rewards = dataclasses.replace(
-      base.rewards, channels=channels, primary=0,
+      base.rewards, channels=channels, specs=channels, primary=0,
       params={k: v for k, v in params.items() if k in channels})
   return dataclasses.replace(base, pipeline="train", rewards=rewards)
 
@@ -186,7 +186,7 @@ def task_methods(demo_cfg, task: str) -> list[str]:
 @pipelines.PIPELINES.register
 def demo(config, workdir: str, log=print) -> dict:
   """The `demo` pipeline (`config.pipeline = "demo"`): every task x method, then the report."""
-  from mr_rl.demo import plots, summary
+  from mr_rl.demo import summary
   base = settings_lib.from_config(config)
   demo_cfg = config.demo
   tasks = [t.strip() for t in demo_cfg.tasks.split(",") if t.strip()]
@@ -207,7 +207,7 @@ def demo(config, workdir: str, log=print) -> dict:
     # One build (model, data, base policy); each task gets its own reward runner.
     comp = (train_lib.build(ts) if comp is None else
             dataclasses.replace(comp, settings=ts, runner=train_lib.build_runner(ts)))
-    report[task] = {}
+    report[task], histories = {}, {}
     base_ev = evaluation.final_eval(comp, comp.base_params)
     report[task]["base"] = summarize(base_ev, task)
     for method in plan[task]:
@@ -225,9 +225,10 @@ def demo(config, workdir: str, log=print) -> dict:
         r["anchor"] = ts.rewards.channels[a]
       r["trace"] = trace(res.history, ts.rewards.channels)
       r["seconds"] = time.time() - t0
+      histories[method] = res.history
       log(f"[demo] {task:14s} {method:16s} acc {r['accuracy']:.3f} aux {r['aux_rate']:.3f} "
           f"joint {r['joint_rate']:.3f} len {r['mean_length']:.1f} ({r['seconds']:.0f}s)")
-    plots.task_figures(report[task], workdir, task)
+    figures(histories, workdir, task)
   report["_meta"] = {"seed": base.seed, "total_steps": base.total_steps,
                      "seconds": time.time() - t_start, "variant": demo_cfg.get("variant", "")}
   report["_targets"] = summary.target_rows(report)
@@ -237,6 +238,21 @@ def demo(config, workdir: str, log=print) -> dict:
     f.write(markdown(report, drift_tables))
   log(f"[demo] wrote {workdir}/report.json and report.md in {time.time() - t_start:.0f}s")
   return report
+
+
+def figures(histories: dict, workdir: str, task: str) -> list[str]:
+  """The task's figures with `mr_rl.plots`: WORKDIR/<task>_profiles.png (rollout profile
+  shares over steps, one panel per method: AMRP Figure 2 (b)) and, where AMRP ran,
+  WORKDIR/<task>_weights.png (its channel weights over steps: AMRP Figure 3 (a, b))."""
+  out = []
+  if histories:
+    out.append(os.path.join(workdir, f"{task}_profiles.png"))
+    plots.profile_shares(histories, out[-1], f"rollout reward profiles: {task}")
+  amrp = {m: h for m, h in histories.items() if parse_method(m).base == "amrp"}
+  if amrp:
+    out.append(os.path.join(workdir, f"{task}_weights.png"))
+    plots.channel_weights(amrp, out[-1], f"AMRP channel weights: {task}")
+  return out
 
 
 def markdown(report: dict, drift_tables: dict) -> str:

@@ -27,14 +27,25 @@ from mr_rl import settings
 
 _BASE_POLICY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                             "mr_rl", "demo", "assets", "base_policy")
-DEFAULT_METHODS = "rp_only,additive,weighted,min,amrp,tag"
+# Methods per task: each target's methods, the static baselines, and TAG (anchor election) in
+# every task; the `full` variant adds the rest of the papers' tables.
+DEFAULT_METHODS = {
+    "brief": "rp_only,additive,weighted,tag",
+    "negative": "rp_only,additive,weighted,tag",
+    "acc_fmt_len": "additive,min,amrp,tag",
+}
 FULL_METHODS = {
-    "brief": DEFAULT_METHODS,
-    "negative": DEFAULT_METHODS + ",additive_kl0.01,additive_kl1,weighted_0.5,weighted_0.3,"
-                                  "weighted_0.1",
-    "acc_fmt_len": DEFAULT_METHODS + ",additive_gdpo,amrp_gdpo,additive_ppo,amrp_ppo",
+    "brief": "rp_only,additive,weighted,min,amrp,tag",
+    "negative": "rp_only,additive,weighted,min,amrp,tag,additive_kl0.01,additive_kl1,"
+                "weighted_0.5,weighted_0.3,weighted_0.1",
+    "acc_fmt_len": "rp_only,additive,weighted,min,amrp,tag,additive_gdpo,amrp_gdpo,"
+                   "additive_ppo,amrp_ppo",
     "brief_negative": "rp_only,additive,dropout,tag",
 }
+# Problems per task (chains of min..max single-digit terms; the data set's default is 2-7):
+# `negative` draws long chains only, where the primary channel is hard for the base policy
+# (TAG's setting: the shortcut pays more reliably than solving).
+PROBLEMS_FOR = {"negative": {"min_terms": 4}}
 
 
 def _parse(arg):
@@ -57,7 +68,7 @@ def get_config(arg=None):
   c.plugins = "mr_rl.demo"          # registers the arithmetic data set, arith_* channels, 'demo'
   c.pipeline = "demo"
   c.seed = int(args.get("seed", 0))
-  c.total_steps = 40                # GRPO steps per (task, method)
+  c.total_steps = 80                # GRPO steps per (task, method)
   c.checkpoint_every = 0            # the demo's sub-runs are short; no checkpoints
   c.log_every = 10
   c.alarm_window = 10
@@ -87,9 +98,10 @@ def get_config(arg=None):
   c.demo = ml_collections.ConfigDict(dict(
       variant="full" if "full" in args else "smoke" if "smoke" in args else "default",
       tasks="brief,negative,acc_fmt_len",
-      methods=DEFAULT_METHODS,      # run on every task ...
-      methods_for=ml_collections.ConfigDict(),  # ... unless a task has its own list here
-      brief_threshold=28,           # tokens (incl. EOS) below which a response is brief
+      methods="rp_only,additive,tag",  # run on every task ...
+      methods_for=ml_collections.ConfigDict(DEFAULT_METHODS),  # ... unless listed here
+      problems_for=ml_collections.ConfigDict(PROBLEMS_FOR),
+      brief_threshold=29,           # tokens (incl. EOS) below which a response is brief
       len_full_until=40,            # AMRP length rule at toy scale: full reward up to 40 tokens
       len_zero_at=48,               # ... and 0 at the 48-token cap (paper: 2,800 and 3,000)
       ppo_value_lr=1e-3))           # PPO critic learning rate (full variant)
@@ -111,4 +123,5 @@ def get_config(arg=None):
     c.eval.samples_per_prompt = 1
     c.demo.tasks = "negative"
     c.demo.methods = "additive,tag"
+    c.demo.methods_for = ml_collections.ConfigDict()
   return c

@@ -36,9 +36,14 @@ def test_solution_styles_and_their_lengths():
   assert p.solution(answer=-6, broken_format=True) == "<r>7+5=12;12-9=3;3+3=6</r>=-6"
   with pytest.raises(ValueError, match="unknown solution style 'chatty'"):
     p.solution("chatty")
-  # The regime of the demo (configs/demo.py: cap 48, length rule full to 40, brief < 28):
-  # concise reasoning fits the cap up to 6 terms and is brief up to 3; verbose reasoning of
-  # 5+ terms always overshoots the cap (a runaway); direct answers are always brief.
+  loop = p.solution("loop", loop_step=1)
+  assert loop.startswith("<r>7+5=12;12-9=3;12-9=3;12-9=3") and "</r>" not in loop
+  with pytest.raises(ValueError, match="loop_step must be in"):
+    p.solution("loop", loop_step=3)
+  # The regime of the demo (configs/demo.py: cap 48, length rule full to 40, brief < 24):
+  # concise reasoning fits the cap up to 6 terms, gets full length credit up to 4 and is brief
+  # up to 3 (from 4 terms on mostly only a direct answer is); verbose reasoning of 3 terms is
+  # not brief; a loop always overshoots the cap; 7-term reasoning mostly runs into the cap.
   tok, rng = task.make_tokenizer(), np.random.default_rng(0)
   by_k = {}
   for q in task.sample_problems(rng, 3000, max_terms=7):
@@ -47,15 +52,15 @@ def test_solution_styles_and_their_lengths():
   cap, full, brief = (cfg.rollout.max_new_tokens, cfg.demo.len_full_until,
                       cfg.demo.brief_threshold)
   lens = {(k, s): [_tok_len(tok, q.solution(s)) for q in qs]
-          for k, qs in by_k.items() for s in task.STYLES}
+          for k, qs in by_k.items() for s in ("concise", "verbose", "direct")}
   assert all(max(lens[k, "concise"]) <= full for k in (2, 3, 4))
   assert all(max(lens[k, "concise"]) <= cap for k in (2, 3, 4, 5))
   assert all(max(lens[k, "concise"]) < brief for k in (2, 3))
-  assert min(lens[4, "concise"]) < brief < max(lens[4, "concise"])
-  assert all(min(lens[k, "verbose"]) > cap for k in (5, 6, 7))
-  assert min(lens[3, "verbose"]) >= brief  # verbose reasoning of 3 terms is not brief
-  assert np.mean(np.array(lens[7, "concise"]) > cap) > 0.5  # 7 terms: reasoning hits the cap
+  assert np.mean(np.array(lens[4, "concise"]) < brief) < 0.2  # only all-one-digit totals
+  assert min(lens[3, "verbose"]) >= brief and max(lens[3, "verbose"]) <= cap
+  assert np.mean(np.array(lens[7, "concise"]) > cap) > 0.5
   assert max(max(v) for (k, s), v in lens.items() if s == "direct") < brief
+  assert min(_tok_len(tok, q.solution("loop", loop_step=0)) for q in by_k[4]) > cap
 
 
 @pytest.mark.parametrize("response, answer", [
@@ -91,20 +96,25 @@ def test_rewards_resist_the_obvious_attacks():
 
 # ----------------------------------------------------------------------------- warm start
 def test_warmstart_targets_follow_the_mixture():
-  cfg = warmstart.WarmStartConfig(p_direct=0.3, p_verbose=0.4, p_broken_format=0.4,
-                                  p_sign_slip=0.1)
+  cfg = warmstart.WarmStartConfig(p_direct=0.3, p_verbose=0.8, verbose_max_terms=3, p_loop=0.3,
+                                  loop_min_terms=4, p_broken_format=0.35, p_sign_slip=0.12)
   rng = np.random.default_rng(0)
-  probs = task.sample_problems(rng, 4000, max_terms=7)
+  probs = task.sample_problems(rng, 6000, max_terms=7)
   texts = [warmstart.target_text(p, rng, cfg) for p in probs]
-  direct = np.mean([t.startswith("<r></r>") for t in texts])
-  verbose = np.mean([t == p.solution("verbose", answer=task.extract_answer(t),
-                                     broken_format="<a>" not in t)
-                     for p, t in zip(probs, texts) if len(p.terms) > 1])
-  broken = np.mean(["<a>" not in t for t in texts])
-  slips = np.mean([task.extract_answer(t) == -p.answer for p, t in zip(probs, texts)
-                   if p.answer != 0])
-  assert abs(direct - 0.3) < 0.03 and abs(verbose - 0.7 * 0.4) < 0.03
-  assert abs(broken - 0.4) < 0.03 and abs(slips - 0.1) < 0.02
+  k = np.array([len(p.terms) for p in probs])
+  direct = np.array([t.startswith("<r></r>") for t in texts])
+  loop = np.array(["</r>" not in t for t in texts])
+  verbose = np.array([t.startswith("<r>") and not d and not lp and
+                      t.split("</r>")[0].count(";") == 2 * len(p.terms) - 3
+                      for p, t, d, lp in zip(probs, texts, direct, loop)])
+  broken = np.array(["<a>" not in t and "</r>" in t for t in texts])
+  slips = np.mean([task.extract_answer(t) == -p.answer for p, t, d, lp in
+                   zip(probs, texts, direct, loop) if p.answer != 0 and not lp])
+  assert abs(direct.mean() - 0.3) < 0.03
+  assert abs(verbose[(k <= 3) & ~direct].mean() - 0.8) < 0.04 and not verbose[k > 3].any()
+  assert abs(loop[(k >= 4) & ~direct].mean() - 0.3) < 0.04 and not loop[k < 4].any()
+  assert abs(broken[~direct & ~loop].mean() - 0.35) < 0.03 and not broken[direct].any()
+  assert abs(slips - 0.12) < 0.02
   # A runaway target is cut to RESPONSE_LEN tokens without <eos>; others end with <eos>.
   tok = task.make_tokenizer()
   long_p = task.Problem((9,) * 7, ("+",) * 6)
@@ -159,8 +169,15 @@ def test_method_names():
 def test_demo_configs_resolve():
   from mr_rl import settings as settings_lib
   default, full = _demo_config(None), _demo_config("full")
-  assert default.demo.tasks == "brief,negative,acc_fmt_len" and not default.demo.methods_for
+  assert default.demo.tasks == "brief,negative,acc_fmt_len"
+  assert set(default.demo.methods_for) == set(default.demo.tasks.split(","))
   assert set(full.demo.methods_for) == set(full.demo.tasks.split(","))
+  # Every default target's methods run, and TAG (the anchor election) in every task.
+  need = {"brief": {"rp_only", "additive", "tag"}, "negative": {"rp_only", "additive", "tag"},
+          "acc_fmt_len": {"additive", "amrp", "tag"}}
+  for cfg in (default, full):
+    for t, methods in need.items():
+      assert methods <= set(run.task_methods(cfg.demo, t)), t
   for cfg in (default, full, _demo_config("seed=2")):
     settings_lib.from_config(cfg)
     for t in cfg.demo.tasks.split(","):
@@ -173,6 +190,21 @@ def test_demo_configs_resolve():
     _demo_config("smoke,fast")
   with pytest.raises(ValueError, match="exclude each other"):
     _demo_config("smoke,full")
+
+
+def test_tasks_draw_their_own_problems():
+  from mr_rl import settings as settings_lib
+  cfg = _demo_config(None)
+  base = settings_lib.from_config(cfg)
+  neg = run.task_settings(base, cfg.demo, "negative")
+  brief = run.task_settings(base, cfg.demo, "brief")
+  assert neg.data.options["min_terms"] == 4 and neg.data.options["max_terms"] == 7
+  assert brief.data.options["min_terms"] == 2 and brief.data.options["seed"] == 0
+  assert neg.rewards.channels == ("arith_acc", "arith_negative")
+  assert brief.rewards.params == {"arith_brief": {"threshold": cfg.demo.brief_threshold}}
+  cfg.demo.problems_for.negative.num_train = 5
+  with pytest.raises(ValueError, match=r"problems_for.negative: unknown option\(s\) \['num_train'\]"):
+    run.task_settings(base, cfg.demo, "negative")
 
 
 # ------------------------------------------------------------------------------- targets
@@ -231,13 +263,19 @@ def test_every_target_passes_and_fails_on_synthetic_reports():
           dict(static_shortcut=0.2),   # ties with another profile: not the mode
       "acc_fmt_len: AMRP accuracy - static >= +0.05": dict(amrp=0.44),
       "acc_fmt_len: AMRP final (1,1,1) rollout share > static's": dict(amrp_full=0.3),
-      "RP-only accuracy - base > 0": dict(base=0.6),
+      "RP-only accuracy - base > 0 in every task": dict(base=0.6),
   }
   for name, kw in cases.items():
     rows = {r["target"]: r for r in summary.target_rows(_report(0, **kw))}
     assert rows[name]["passed"] is False, name
     assert sum(r["passed"] is False for r in rows.values()) == 1, (name, [
         n for n, r in rows.items() if r["passed"] is False])
+  one_task = _report(0)
+  one_task["negative"]["base"]["accuracy"] = 0.65  # RP-only (0.6) got worse on one task only
+  rows = {r["target"]: r for r in summary.target_rows(one_task)}
+  rp_row = rows["RP-only accuracy - base > 0 in every task"]
+  assert rp_row["passed"] is False and rp_row["value"] == pytest.approx(-0.05)
+  assert "negative -0.050" in rp_row["text"] and "brief +0.200" in rp_row["text"]
   rows = {r["target"]: r for r in summary.target_rows(_report(0, anchor="arith_brief"))}
   assert rows["brief: TAG elects arith_acc"]["passed"] is False
   assert rows["brief: TAG elects arith_acc"]["text"] == "arith_brief"

@@ -127,7 +127,20 @@ def method_settings(ts: settings_lib.RunSettings, method: str, demo_cfg=None):
   return dataclasses.replace(s, update=update)
 
 
+def task_problems(demo_cfg, task: str) -> dict:
+  """The problem-range options (`min_terms`, `max_terms`) `task` overrides in the data set's
+  options: `demo.problems_for[task]` (e.g. the `negative` task draws only long chains)."""
+  per_task = demo_cfg.get("problems_for") or {}
+  opts = dict(per_task.get(task, {})) if hasattr(per_task, "get") else {}
+  bad = sorted(set(opts) - {"min_terms", "max_terms"})
+  if bad:
+    raise ValueError(f"config.demo.problems_for.{task}: unknown option(s) {bad}; valid: "
+                     "['max_terms', 'min_terms']")
+  return {k: int(v) for k, v in opts.items()}
+
+
 def task_settings(base: settings_lib.RunSettings, demo_cfg, task: str):
+  """The run settings of `task`: its channels (with the demo's thresholds) and problems."""
   if task not in TASKS:
     raise ValueError(f"unknown demo task {task!r}; valid: {sorted(TASKS)}")
   channels, _ = TASKS[task]
@@ -137,7 +150,9 @@ def task_settings(base: settings_lib.RunSettings, demo_cfg, task: str):
   rewards = dataclasses.replace(
       base.rewards, channels=channels, specs=channels, primary=0,
       params={k: v for k, v in params.items() if k in channels})
-  return dataclasses.replace(base, pipeline="train", rewards=rewards)
+  data = dataclasses.replace(base.data, options={**dict(base.data.options),
+                                                 **task_problems(demo_cfg, task)})
+  return dataclasses.replace(base, pipeline="train", rewards=rewards, data=data)
 
 
 def short(channel: str) -> str:
@@ -198,15 +213,26 @@ def demo(config, workdir: str, log=print) -> dict:
     if t not in tasks:
       raise ValueError(f"config.demo.methods_for names task {t!r}, which is not among "
                        f"config.demo.tasks {tasks}")
+  for t in (demo_cfg.get("problems_for") or {}):  # a table of task definitions: all tasks
+    if t not in TASKS:
+      raise ValueError(f"config.demo.problems_for names task {t!r}; valid: {sorted(TASKS)}")
+    task_problems(demo_cfg, t)  # bad problem ranges fail before any training
   os.makedirs(workdir, exist_ok=True)
   report, drift_tables = {}, {}
   t_start = time.time()
   comp = None
   for task in tasks:
     ts = task_settings(base, demo_cfg, task)
-    # One build (model, data, base policy); each task gets its own reward runner.
-    comp = (train_lib.build(ts) if comp is None else
-            dataclasses.replace(comp, settings=ts, runner=train_lib.build_runner(ts)))
+    # One build (model, base policy); each task gets its own reward runner, and its own
+    # problems where its range differs from the previous task's.
+    if comp is None:
+      comp = train_lib.build(ts)
+    else:
+      comp = dataclasses.replace(comp, settings=ts, runner=train_lib.build_runner(ts))
+      if ts.data.options != comp_options:
+        train_ex, eval_ex = train_lib.load_examples(ts)
+        comp = dataclasses.replace(comp, train_examples=train_ex, eval_examples=eval_ex)
+    comp_options = ts.data.options
     report[task], histories = {}, {}
     base_ev = evaluation.final_eval(comp, comp.base_params)
     report[task]["base"] = summarize(base_ev, task)

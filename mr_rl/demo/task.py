@@ -4,9 +4,12 @@ A problem is `Q:7+5-9+3=`; the reference solution writes the running total step 
 
     <r>7+5=12;12-9=3;3+3=6</r><a>6</a><eos>
 
-so longer chains need longer responses. A policy can also answer directly (`<r></r><a>6</a>`),
-which is short but, for a small model, much less often right: that is the shortcut the auxiliary
-channels of the demo reward. The channels mirror the papers' rewards at toy scale:
+so longer chains need longer responses. The base policy of the demo (`warmstart`) answers in
+three styles (`Problem.solution`): concise reasoning as above; verbose reasoning, each step
+written twice, which on long chains overshoots the response cap (a runaway: no answer, no
+closing tags); and direct answers `<r></r><a>6</a>`, short, always brief, and for a small
+model a guess on long chains. It also breaks the format (`</r>=6`) and slips on the sign of
+the answer at some rate. The channels mirror the papers' rewards at toy scale:
 
 - `acc`:  the final answer equals the true value (the primary channel);
 - `brief`: response shorter than a token threshold (TAG "correct & brief");
@@ -74,16 +77,18 @@ class Problem:
     return steps
 
   def solution(self, style: str = "concise", answer: int | None = None,
-               broken_format: bool = False) -> str:
+               broken_format: bool = False, loop_step: int = 0) -> str:
     """A response in one of the base policy's styles (see `STYLES`).
 
     Args:
-      style: 'concise' (each running-total step once), 'verbose' (each step written twice,
-        about twice as long: on 4-5 terms it overshoots the demo's 48-token cap) or 'direct'
-        (no reasoning: `<r></r><a>6</a>`, short, and for a small model a guess on long chains).
+      style: 'concise' (each running-total step once); 'verbose' (each step written twice,
+        about twice as long); 'loop' (a runaway: the steps up to `loop_step`, then that step
+        repeated without end, so it never answers and overshoots any cap); 'direct' (no
+        reasoning: `<r></r><a>6</a>`, short, and for a small model a guess on long chains).
       answer: the answer written (default the true one; a sign slip writes `-answer`).
       broken_format: write the answer as `=6` after `</r>` instead of `<a>6</a>` (still
         scored by `accuracy`, fails `fmt`).
+      loop_step: the step index where a 'loop' starts repeating.
     """
     if style not in STYLES:
       raise ValueError(f"unknown solution style {style!r}; valid: {STYLES}")
@@ -91,11 +96,16 @@ class Problem:
     steps = [] if style == "direct" else self.steps()
     if style == "verbose":
       steps = [s for step in steps for s in (step, step)]
+    if style == "loop":
+      if not 0 <= loop_step < len(steps):
+        raise ValueError(f"loop_step must be in [0, {len(steps)}), got {loop_step}")
+      return "<r>" + ";".join(steps[:loop_step] + [steps[loop_step]] * LOOP_REPEATS)
     tail = f"={answer}" if broken_format else f"<a>{answer}</a>"
     return "<r>" + ";".join(steps) + "</r>" + tail
 
 
-STYLES = ("concise", "verbose", "direct")
+STYLES = ("concise", "verbose", "loop", "direct")
+LOOP_REPEATS = 16  # a loop written out this far exceeds any response budget of the demo
 
 
 def sample_problems(rng: np.random.Generator, n: int, *, min_terms: int = 2,

@@ -45,9 +45,12 @@ class WarmStartConfig:
   min_terms: int = 2          # problems of min_terms..max_terms single-digit terms
   max_terms: int = 7
   p_direct: float = 0.3       # share of direct (no-reasoning) answers in the targets
-  p_verbose: float = 0.4      # share of reasoned targets written verbosely (each step twice)
-  p_broken_format: float = 0.4  # share of targets whose answer is not wrapped in <a></a>
-  p_sign_slip: float = 0.1    # share of targets whose (nonzero) answer has the wrong sign
+  p_verbose: float = 0.8      # share of reasoned targets of <= verbose_max_terms terms written
+  verbose_max_terms: int = 3  # verbosely (each step twice): the base overthinks easy problems
+  p_loop: float = 0.3         # share of reasoned targets of >= loop_min_terms terms that fall
+  loop_min_terms: int = 4     # into a loop (a step repeated up to the cap: a runaway)
+  p_broken_format: float = 0.35  # share of reasoned targets whose answer is not in <a></a>
+  p_sign_slip: float = 0.12   # share of targets whose (nonzero) answer has the wrong sign
   d_model: int = 128
   n_layers: int = 2
 
@@ -64,13 +67,21 @@ def model_config(vocab_size: int, cfg: WarmStartConfig) -> models.ModelConfig:
 
 
 def target_text(problem: task.Problem, rng: np.random.Generator, cfg: WarmStartConfig) -> str:
-  """One supervised target: a style drawn from the config's mixture, then its slips."""
-  u = rng.random()
-  style = ("direct" if u < cfg.p_direct else
-           "verbose" if u < cfg.p_direct + (1 - cfg.p_direct) * cfg.p_verbose else "concise")
+  """One supervised target: a style drawn from the config's mixture, then its slips.
+
+  Direct answers are a fixed template (`<r></r><a>6</a>`) and keep the format; reasoned ones
+  break it at `p_broken_format`. Verbose reasoning only occurs on short chains (where it fits
+  the cap), loops only on long ones (where the base loses track).
+  """
+  k = len(problem.terms)
   answer = problem.answer
   if answer != 0 and rng.random() < cfg.p_sign_slip:
     answer = -answer  # a sign slip: wrong, and negative on a positive problem
+  if rng.random() < cfg.p_direct:
+    return problem.solution("direct", answer=answer)
+  if k >= cfg.loop_min_terms and rng.random() < cfg.p_loop:
+    return problem.solution("loop", loop_step=int(rng.integers(0, k - 1)))
+  style = "verbose" if k <= cfg.verbose_max_terms and rng.random() < cfg.p_verbose else "concise"
   # Answer left outside the tags: still scored by `accuracy`, fails `fmt`.
   return problem.solution(style, answer=answer,
                           broken_format=rng.random() < cfg.p_broken_format)

@@ -31,6 +31,15 @@ TEST_REQUIRES = [
     "torch==2.13.0",
 ]
 
+# Benchmark-only peers (benchmarks/rl_step.py: TRL's GRPOTrainer side by side with mr_rl's
+# trainer); never needed by tests or CI. torch is pinned as in the test extra, so the CPU build
+# on local disk satisfies accelerate's `torch>=2.0` and no CUDA build is pulled.
+BENCH_REQUIRES = [
+    "trl==1.16.0",
+    "accelerate==1.15.0",
+    "torch==2.13.0",
+]
+
 setup(
     name="mr_rl",
     version="0.1.0",
@@ -40,5 +49,5 @@ setup(
     package_data={"mr_rl.demo": ["assets/base_policy/*"]},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TEST_REQUIRES},
+    extras_require={"test": TEST_REQUIRES, "bench": BENCH_REQUIRES},
 )

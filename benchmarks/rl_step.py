@@ -1,46 +1,38 @@
-r"""The whole GRPO step (rollout + rewards + update) of mr_rl and of TRL's GRPOTrainer, side by side.
+r"""One whole GRPO step (rollout + rewards + update): mr_rl's trainer vs TRL's GRPOTrainer.
 
-Both trainers run in one process on the same Hugging Face checkpoint and the same settings:
-8 prompts x G 8 (64 responses), at most 48 new tokens, sampling at T = 1, AdamW lr 2e-4
-(constant, no weight decay, global-norm clip 1.0), clip 0.2 / 0.28, token-mean loss (TRL
-`loss_type="dapo"`), no KL term and no reference model, one optimizer step per batch (TRL:
-`num_iterations=1`, `steps_per_generation=1`, so it needs no old-log-prob pass either),
-`GRPOConfig(use_cpu=True, report_to="none")`. Each step both sides see the same 8 prompts:
-TRL is fed, unshuffled, the batches mr_rl's data iterator draws.
+Same HF checkpoint, same settings, one process: 8 prompts x G 8, <= 48 new tokens, T = 1,
+AdamW lr 2e-4 (constant, no weight decay, clip-norm 1.0), clip 0.2 / 0.28, token-mean loss
+(TRL `loss_type="dapo"`), no KL and no reference model, one optimizer step per batch (TRL
+`num_iterations=1`, `steps_per_generation=1`: no old-log-prob pass), `GRPOConfig(use_cpu=True,
+report_to="none")`. TRL is fed, unshuffled, the very prompt batches mr_rl's iterator draws.
+Sizes: `demo` (mr_rl/demo/assets/base_policy, 0.50M params) and `20m`, a random Qwen3 layout
+(d 512, 6 layers, 8 / 4 heads of 64, d_ff 1664; 20.1M) written here by transformers with the
+demo tokenizer: it stops at EOS on its own (mean ~17 tokens, 6-8% cut at 48 before training),
+so lengths are ragged for both.
 
-Two sizes:
-  * demo: the demo's base policy (mr_rl/demo/assets/base_policy, 0.50M params);
-  * 20m:  a random Qwen3 layout of ~20M params (d 512, 6 layers, 8 / 4 heads of 64, d_ff 1664)
-          written here by transformers with the demo tokenizer. A random model stops at EOS on
-          its own (about 1 token in 24), so both sides see ragged lengths.
+Each trainer runs in its own thread and a baton gives one step at a time to each in turn
+(rotating order): steps never overlap and load drift hits all sides alike. A step's time is
+the time its trainer held the baton. Both sides compute the same rewards (`REWARDS`):
+at `demo` 1 when the response ends with the answer's digits (TRL decodes with special tokens
+skipped, so mr_rl's channel strips them first: equal texts, tests/test_rl_step_bench.py); at
+`20m` -|L - 16| on the token count L, which holds a random model's lengths near its untrained
+mean (a text reward lets lr 2e-4 move them within a few steps, each side its own way).
 
-Alternation: every trainer runs in its own thread, and a baton hands one step at a time to each
-in turn (rotating order), so no two steps ever overlap and load drifts hit both sides alike.
-A step's time is the time a trainer held the baton (everything it did between two steps).
-
-The reward must be computable identically on both sides: TRL decodes completions with special
-tokens skipped (the demo's `<r>`, `<a>` tags vanish), so the reward strips the tokenizer's
-special tokens from mr_rl's text first (equal to TRL's text; tests/test_rl_step_bench.py) and
-scores 1 when the tag-free text ends with the answer's digits.
-
-Reported per trainer (medians over the timed steps, warm-up steps dropped): s/step, steps/s,
-real (unpadded, EOS included) response tokens/s, the rollout / reward / rest-of-step split
-(rollout: prompt encoding, sampling, decoding; rest: advantages, batch assembly, the policy
-step, metrics), the tokens/s ratio mr_rl / TRL, and the step's achieved FLOP/s on real tokens
-(an analytic count: per row, the sampler's forward and the update's forward + backward over
-the prompt + response tokens, causal attention; `step_flops`) against a 2048^2 fp32 matmul
-measured in the same run (benchmarks/roofline.py; best of the measurements). The cost-growth
-check runs mr_rl (and TRL) again with `max_new_tokens` doubled on a copy of the checkpoint
-whose config.json has `max_position_embeddings` raised (RoPE: outputs below the old limit are
-unchanged, FACTS.md); mr_rl's sampler draws token t with fold_in(key, t), so it produces the
-same responses except where the shorter cap truncated them.
+Reported (medians of the timed steps): s/step, steps/s, real response tokens/s (unpadded, EOS
+included), rollout / reward / rest (advantages, batch, policy step, metrics), mr_rl / TRL, and
+the achieved FLOP/s on real tokens (`step_flops`: per row the sampler's forward and the update's
+forward + backward over prompt + response, causal attention) against a 2048^2 fp32 matmul of
+the same run (benchmarks/roofline.py, best measurement). Cost growth (demo size; 20m with
+`--doubled-20m`): both again with `max_new_tokens` doubled on a copy of the checkpoint with
+`max_position_embeddings` raised (RoPE: outputs unchanged below the old limit); mr_rl's sampler
+draws token t with fold_in(key, t), so its responses are the same except where the shorter cap
+cut them (JSON `response_len_by_step` has every step's mean length).
 
   pip install -e .[bench]        # TRL 1.16.0 + accelerate 1.15.0 beside the CPU torch 2.13.0
-  python benchmarks/rl_step.py --quick --json /tmp/rl_step.json   # ~5 min on 2 idle cores
-  python benchmarks/rl_step.py --json /tmp/rl_step.json           # more steps, 20m at 96 too
+  python benchmarks/rl_step.py --quick --json /tmp/rl_step.json  # demo 1+4, 20m 1+2 steps
+  python benchmarks/rl_step.py --json /tmp/rl_step.json          # demo 2+12, 20m 2+4 steps
 
-The load average is stored with every size: on a shared CPU every figure scales with it, and
-figures measured under load are indicative only.
+The load average is stored with every size; figures measured under load are indicative.
 """
 
 from __future__ import annotations
@@ -66,7 +58,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/roo
 DEMO_POLICY = os.path.join(_ROOT, "mr_rl", "demo", "assets", "base_policy")
 SHAPE_20M = dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8,
                  num_key_value_heads=4, head_dim=64, intermediate_size=1664)
-CHANNEL = "bench_answer_suffix"  # the reward channel both sides compute
+# Reward of each size (both sides compute it identically): the trained demo policy's lengths are
+# stable, so it gets a text reward; a random model's lengths run off within a few lr-2e-4 steps
+# (each side its own way), so at 20m a token-count reward holds them near the untrained mean.
+REWARDS = {"demo": ("answer_suffix", {}), "20m": ("length_target", {"target": 16})}
 BATCH_PROMPTS, GROUP, MAX_PROMPT_LEN, MAX_NEW, LR = 8, 8, 16, 48, 2e-4
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 _BATON_TIMEOUT_S = 3600.0
@@ -170,13 +165,22 @@ def answer_suffix(text: str, answer: int) -> float:
   return float(text.endswith(str(int(answer))))
 
 
-def _register_channel() -> None:
+def length_target(num_tokens: int, target: int) -> float:
+  """-|L - target| for a response of L tokens (EOS included): holds lengths near `target`."""
+  return -float(abs(int(num_tokens) - int(target)))
+
+
+def _register_channels() -> None:
+  """mr_rl's side of the rewards: channels `bench_answer_suffix`, `bench_length_target`."""
   from mr_rl.rewards import runner as rewards
-  if CHANNEL in rewards.available_rewards():
+  if "bench_answer_suffix" in rewards.available_rewards():
     return
   specials = special_tokens()
-  rewards.register_reward(CHANNEL, lambda: rewards.RewardChannel(
-      CHANNEL, lambda resp, ex, n: answer_suffix(strip_special(resp, specials), ex["answer"])))
+  rewards.register_reward("bench_answer_suffix", lambda: rewards.RewardChannel(
+      "bench_answer_suffix",
+      lambda resp, ex, n: answer_suffix(strip_special(resp, specials), ex["answer"])))
+  rewards.register_reward("bench_length_target", lambda target: rewards.RewardChannel(
+      "bench_length_target", lambda resp, ex, n: length_target(n, target)))
 
 
 # ---------------------------------------------------------------------------------- baton
@@ -256,10 +260,11 @@ class _RecordingRunner:
 class MrRlSide:
   """mr_rl's trainer (`mr_rl.train.train`) on checkpoint `path` for `steps` GRPO steps."""
 
-  def __init__(self, name: str, path: str, max_new_tokens: int, steps: int, seed: int = 0):
+  def __init__(self, name: str, path: str, max_new_tokens: int, steps: int, reward: tuple,
+               seed: int = 0):
     import dataclasses
     from mr_rl import data, settings as settings_lib, train as train_lib
-    _register_channel()
+    _register_channels()
     c = settings_lib.default_config()
     c.plugins, c.seed, c.total_steps, c.log_every = "mr_rl.demo", seed, steps, 1
     c.checkpoint_every, c.kl_ref_every = 0, 0  # no KL term, so no reference forward
@@ -271,7 +276,8 @@ class MrRlSide:
     c.optim.lr, c.optim.weight_decay, c.optim.warmup_steps = LR, 0.0, 0
     c.optim.max_grad_norm, c.optim.num_micro_batches = 1.0, 1
     c.loss.eps_low, c.loss.eps_high, c.loss.loss_agg, c.loss.kl_coef = 0.2, 0.28, "token-mean", 0.
-    c.rewards.channels = CHANNEL
+    c.rewards.channels = f"bench_{reward[0]}"
+    c.rewards.params = {f"bench_{reward[0]}": dict(reward[1])} if reward[1] else {}
     c.aggregator.name, c.advantage.name = "additive", "grpo"
     self.name, self.max_new_tokens, self.baton = name, max_new_tokens, Baton(name)
     self.settings = settings_lib.from_config(c)
@@ -302,16 +308,26 @@ class MrRlSide:
 
 
 # ------------------------------------------------------------------------------------ TRL
-def _trl_reward(prompts, completions, answer, **_):
-  """TRL side of the reward: completions are already decoded without special tokens."""
-  return [answer_suffix(text, a) for text, a in zip(completions, answer)]
+def trl_reward(name: str, params: dict) -> Callable:
+  """TRL's side of reward `name` (completions come decoded without special tokens, and
+  completion_ids hold the response tokens, EOS included, as mr_rl's lengths count them)."""
+  if name == "answer_suffix":
+    def fn(prompts, completions, answer, **_):
+      return [answer_suffix(text, a) for text, a in zip(completions, answer)]
+  elif name == "length_target":
+    def fn(prompts, completions, completion_ids, **_):
+      return [length_target(len(ids), params["target"]) for ids in completion_ids]
+  else:
+    raise ValueError(f"unknown benchmark reward {name!r}; valid: answer_suffix, length_target")
+  fn.__name__ = f"bench_{name}"
+  return fn
 
 
 class TrlSide:
   """TRL's GRPOTrainer on checkpoint `path`, fed the prompt batches of `batches` in order."""
 
   def __init__(self, name: str, path: str, max_new_tokens: int, batches: list, policy,
-               workdir: str, seed: int = 0):
+               workdir: str, reward: tuple, seed: int = 0):
     import datasets
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, \
@@ -360,7 +376,7 @@ class TrlSide:
         baton.step_done()
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    self.trainer = Timed(model=model, reward_funcs=[_trl_reward], args=args,
+    self.trainer = Timed(model=model, reward_funcs=[trl_reward(*reward)], args=args,
                          train_dataset=dataset, processing_class=tok, callbacks=[StepEnd()])
     self.trainer.remove_callback(PrinterCallback)
 
@@ -376,7 +392,8 @@ class TrlSide:
 # ---------------------------------------------------------------------------- summaries
 def summarize(side, shape: dict, warmup: int) -> dict:
   """Medians over the timed steps of one trainer (first `warmup` steps dropped)."""
-  recs = side.records()[warmup:]
+  every = side.records()
+  recs = every[warmup:]
   if not recs:
     raise ValueError(f"{side.name}: no timed steps after {warmup} warm-up steps")
   med = lambda key: statistics.median(r[key] for r in recs)
@@ -392,7 +409,9 @@ def summarize(side, shape: dict, warmup: int) -> dict:
              tokens_per_s=med("tokens_per_s"), gflops_per_s=med("flops_per_s") / 1e9,
              response_len_mean=float(np.mean([np.mean(r["response_lens"]) for r in recs])),
              response_tokens_per_step=med("response_tokens"),
-             truncated_frac=float(np.mean([r["truncated_frac"] for r in recs])))
+             truncated_frac=float(np.mean([r["truncated_frac"] for r in recs])),
+             # every step, warm-up included: training moves the length distribution
+             response_len_by_step=[float(np.mean(r["response_lens"])) for r in every])
   out["steps_per_s"] = 1.0 / out["step_s"]
   if "own_update_s" in recs[0]:
     out["own_update_s"] = med("own_update_s")  # mr_rl's time/update
@@ -411,17 +430,19 @@ def run_size(label: str, path: str, raised: str, steps: int, warmup: int, double
   `raised` of the checkpoint) step by step on checkpoint `path`."""
   shape = read_shape(path)
   print(f"\n== {label}: {path} ({param_count(path) / 1e6:.2f}M params)", flush=True)
-  mr = MrRlSide("mr_rl", path, MAX_NEW, steps)
+  reward = REWARDS[label]
+  mr = MrRlSide("mr_rl", path, MAX_NEW, steps, reward)
   sides = [mr, TrlSide("trl", path, MAX_NEW, mr.batches, mr.comp.policy,
-                       os.path.join(tmp, f"trl_{label}"))]
+                       os.path.join(tmp, f"trl_{label}"), reward)]
   if doubled:
-    mr2 = MrRlSide(f"mr_rl@{2 * MAX_NEW}", raised, 2 * MAX_NEW, steps)
+    mr2 = MrRlSide(f"mr_rl@{2 * MAX_NEW}", raised, 2 * MAX_NEW, steps, reward)
     sides += [mr2, TrlSide(f"trl@{2 * MAX_NEW}", raised, 2 * MAX_NEW, mr2.batches,
-                           mr2.comp.policy, os.path.join(tmp, f"trl2_{label}"))]
+                           mr2.comp.policy, os.path.join(tmp, f"trl2_{label}"), reward)]
   load_start = load_avg()
   t0 = time.perf_counter()
   run_alternating(sides, steps)
-  res = dict(checkpoint=path, params=param_count(path), shape=shape, load_avg_start=load_start,
+  res = dict(checkpoint=path, params=param_count(path), shape=shape, reward=reward,
+             load_avg_start=load_start,
              load_avg_end=load_avg(), seconds=time.perf_counter() - t0,
              sides={s.name: summarize(s, shape, warmup) for s in sides})
   r = res["sides"]
@@ -454,20 +475,21 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--quick", action="store_true",
-                 help="demo 1+4 steps (with the doubled cap), 20m 1+2 steps (without)")
+                 help="demo 1+4 steps, 20m 1+2 steps")
   p.add_argument("--sizes", default="demo,20m", help="comma-separated: demo, 20m")
   p.add_argument("--steps", type=int, default=12, help="timed steps per trainer at the demo size")
   p.add_argument("--steps-20m", type=int, default=4, help="timed steps per trainer at 20m")
   p.add_argument("--warmup", type=int, default=2, help="steps dropped (compiles, first calls)")
-  p.add_argument("--no-doubled-20m", action="store_true",
-                 help="skip the doubled-cap pair at 20m (the demo size always runs it)")
+  p.add_argument("--doubled-20m", action="store_true",
+                 help="also run the doubled-cap pair at 20m (the demo size always runs it; at "
+                      "20m training moves the lengths, so the two caps see different ones)")
   p.add_argument("--json", default=None, help="write the results here")
   a = p.parse_args(argv)
   sizes = [x.strip() for x in a.sizes.split(",") if x.strip()]
   if not sizes or set(sizes) - {"demo", "20m"}:
     raise ValueError(f"--sizes must name demo and/or 20m, got {a.sizes!r}")
   if a.quick:
-    a.steps, a.steps_20m, a.warmup, a.no_doubled_20m = 4, 2, 1, True
+    a.steps, a.steps_20m, a.warmup, a.doubled_20m = 4, 2, 1, False
   for name in ("steps", "steps_20m"):
     if getattr(a, name) < 1:
       raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
@@ -488,7 +510,7 @@ def main(argv=None):
              torch_threads=torch.get_num_threads(), versions=dict(
                  trl=trl.__version__, torch=torch.__version__, jax=jax.__version__,
                  transformers=transformers.__version__),
-             quick=a.quick, load_avg_start=load_avg(), uptime_start=_uptime(), goals=GOALS)
+             quick=a.quick, load_avg_start=load_avg(), goals=GOALS)
   print(f"backend {res['backend']} ({res['cpu_count']} CPUs, torch {res['torch_threads']} "
         f"threads), load average {res['load_avg_start']}", flush=True)
   t_start = time.perf_counter()
@@ -501,7 +523,7 @@ def main(argv=None):
         path, steps, doubled = DEMO_POLICY, a.steps, True
       else:
         path = write_random_qwen3(os.path.join(tmp, "qwen3_20m"))
-        steps, doubled = a.steps_20m, not a.no_doubled_20m
+        steps, doubled = a.steps_20m, a.doubled_20m
       limit = read_shape(path)["max_positions"]
       raised = raise_position_limit(path, os.path.join(tmp, f"{label}_raised"),
                                     max(limit, MAX_PROMPT_LEN + 2 * MAX_NEW))
@@ -509,16 +531,18 @@ def main(argv=None):
       mm.append(matmul_flops_per_s(reps=8))
       print(f"large fp32 matmul: {mm[-1] / 1e9:.1f} GFLOP/s", flush=True)
   peak = max(mm)
-  res.update(matmul_gflops=[x / 1e9 for x in mm], load_avg_end=load_avg(), uptime_end=_uptime(),
+  res.update(matmul_gflops=[x / 1e9 for x in mm], load_avg_end=load_avg(),
              seconds=time.perf_counter() - t_start)
-  verdicts = {}
+  verdicts = {}  # goal name -> (measured, goal, met)
   for label, r in res["sizes"].items():
     for side in r["sides"].values():
       side["flops_fraction"] = side["gflops_per_s"] * 1e9 / peak
-    verdicts[f"ratio_{label}"] = r["ratio_tokens_per_s"]
-    verdicts[f"flops_fraction_{label}"] = r["sides"]["mr_rl"]["flops_fraction"]
-    if "growth_mr_rl" in r:
-      verdicts[f"growth_{label}"] = r["growth_mr_rl"]
+    got = dict(ratio=r["ratio_tokens_per_s"], flops_fraction=r["sides"]["mr_rl"]["flops_fraction"],
+               growth=r.get("growth_mr_rl"))
+    for k, v in got.items():
+      goal = GOALS.get(f"{k}_{label}", GOALS.get(k))
+      if v is not None and goal is not None:
+        verdicts[f"{k}_{label}"] = (v, goal, v < goal if k == "growth" else v >= goal)
   res["verdicts"] = verdicts
 
   print(f"\nlarge fp32 matmul {', '.join(f'{x / 1e9:.1f}' for x in mm)} GFLOP/s "
@@ -534,6 +558,9 @@ def main(argv=None):
       line += (f"; cap {MAX_NEW} -> {2 * MAX_NEW}: mr_rl step {100 * r['growth_mr_rl']:+.0f}%, "
                f"TRL {100 * r['growth_trl']:+.0f}%")
     print(line)
+  print("\ngoals (mr_rl): " + "; ".join(f"{k} {v:.2f} ({'<' if 'growth' in k else '>='} {g}: "
+                                        f"{'met' if ok else 'NOT met'})"
+                                        for k, (v, g, ok) in verdicts.items()))
   print(f"\nload average start {res['load_avg_start']}, end {res['load_avg_end']}; "
         f"total {res['seconds']:.0f} s (figures under load are indicative)")
   if a.json:
@@ -541,14 +568,6 @@ def main(argv=None):
       json.dump(res, f, indent=1)
     print(f"wrote {a.json}")
   return res
-
-
-def _uptime() -> str:
-  try:
-    import subprocess
-    return subprocess.run(["uptime"], capture_output=True, text=True, check=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return f"load average {load_avg()}"
 
 
 if __name__ == "__main__":

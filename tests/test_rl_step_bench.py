@@ -43,7 +43,7 @@ def test_stripped_text_is_what_trl_decodes(bench, tok):
     assert bench.strip_special(mr_rl_text, specials) == trl_text, ids
     answer = int(rng.integers(-20, 30))
     assert (bench.answer_suffix(bench.strip_special(mr_rl_text, specials), answer)
-            == bench._trl_reward(None, [trl_text], [answer])[0])
+            == bench.trl_reward("answer_suffix", {})(None, [trl_text], [answer])[0])
 
 
 def test_answer_suffix_reads_the_tag_free_answer(bench, tok):
@@ -53,6 +53,23 @@ def test_answer_suffix_reads_the_tag_free_answer(bench, tok):
   assert bench.answer_suffix(text, 12) == 1.0
   assert bench.answer_suffix(text, 13) == 0.0
   assert bench.answer_suffix("", 0) == 0.0
+
+
+def test_length_target_counts_the_same_tokens(bench):
+  """mr_rl's channel gets the response length with EOS; TRL's completion_ids hold EOS too."""
+  trl = bench.trl_reward("length_target", {"target": 16})
+  assert trl.__name__ == "bench_length_target"
+  assert trl(None, ["", ""], [[5] * 16, [5] * 3 + [2]]) == [-0.0, -12.0]
+  assert bench.length_target(20, 16) == bench.length_target(12, 16) == -4.0
+  with pytest.raises(ValueError, match="unknown benchmark reward 'nope'"):
+    bench.trl_reward("nope", {})
+  bench._register_channels()  # mr_rl's side, through its reward registry
+  from mr_rl.rewards.runner import get_reward
+  assert get_reward("bench_length_target", target=16).fn("7+5", {}, 20) == -4.0
+  suffix = get_reward("bench_answer_suffix").fn
+  assert suffix("<r>7+5=12</r><a>12</a>", {"answer": 12}, 13) == 1.0
+  assert suffix("<r>7+5=12</r><a>12</a><pad>", {"answer": 2}, 13) == 1.0
+  assert suffix("<r>7+5=12</r><a>13</a>", {"answer": 12}, 13) == 0.0
 
 
 def test_forward_flops_match_torch_flop_counter(bench, tmp_path):

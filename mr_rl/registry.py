@@ -51,6 +51,7 @@ class Registry(Generic[T]):
     self._aliases: dict[str, str] = {}
     self._plugins = tuple(plugins)
     self._loaded = not self._plugins
+    self._loading = False
     self._lock = threading.RLock()
 
   # ------------------------------------------------------------------------- adding
@@ -83,14 +84,22 @@ class Registry(Generic[T]):
 
   # ------------------------------------------------------------------------ looking up
   def _load_plugins(self) -> None:
+    """Imports the plugin modules once. Other threads wait (the lock) until they are all in;
+    a plugin that looks names up while it is imported sees the registry as it stands. A
+    plugin that fails to import raises here, and the next lookup tries again (never a
+    silently partial registry)."""
     if self._loaded:
       return
     with self._lock:
-      if self._loaded:
+      if self._loaded or self._loading:
         return
-      self._loaded = True
-      for module in self._plugins:
-        importlib.import_module(module)
+      self._loading = True
+      try:
+        for module in self._plugins:
+          importlib.import_module(module)
+        self._loaded = True
+      finally:
+        self._loading = False
 
   def canonical(self, name: str) -> str:
     """The registered name behind `name` (itself or the name an alias points to)."""

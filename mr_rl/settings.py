@@ -44,6 +44,12 @@ def _positive(field: str, value, allow_zero: bool = False):
   return value
 
 
+def _share(field: str, value: float) -> float:
+  if not 0.0 <= value <= 1.0:
+    raise ValueError(f"config.{field} must be in [0, 1], got {value!r}")
+  return value
+
+
 def _int(field: str, value) -> int:
   if isinstance(value, bool) or not isinstance(value, int):
     raise ValueError(f"config.{field} must be an int, got {value!r}")
@@ -107,10 +113,15 @@ class DataSettings:
 
 @dataclasses.dataclass(frozen=True)
 class RewardSettings:
-  channels: tuple[str, ...]                # K named channels, primary first by convention
+  channels: tuple[str, ...]                # K channel names, primary first by convention
+  specs: tuple[str, ...]                   # what builds each: a registered name or an import
+                                           # path 'pkg.mod:fn' (its channel name is 'fn')
   primary: int                             # index of the task channel (alarm, reports)
-  params: Mapping[str, Mapping[str, Any]]  # per-channel parameters
-  timeout_s: float
+  params: Mapping[str, Mapping[str, Any]]  # per-channel parameters, keyed by channel name
+  timeout_s: float                         # per-call wall-clock budget
+  max_failure_share: float                 # the failure-rate guard: a channel failing on more
+  failure_patience: int                    # than this share of a batch this many runner calls
+                                           # in a row stops the run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,15 +216,21 @@ def default_config():
       top_k=0,                    # 0 = off
       top_p=1.0))                 # 1.0 = off
   c.rewards = ml_collections.ConfigDict(dict(
-      channels="accuracy",        # comma-separated reward names (K channels)
+      channels="accuracy",        # comma-separated reward names or import paths 'pkg.mod:fn'
+                                  # (K channels; an import path's channel is named 'fn')
       primary=0,                  # index of the task channel
-      params=ml_collections.ConfigDict(),  # per-channel parameters, e.g. {'brief': {'threshold': 200}}
-      timeout_s=10.0))            # per-call reward timeout
+      params=ml_collections.ConfigDict(),  # per-channel parameters by channel name, e.g.
+                                  # {'brief': {'threshold': 200}}; import paths also take
+                                  # kind ('thread' | 'process'), on_failure, batched
+      timeout_s=10.0,             # per-call reward timeout (a timeout scores on_failure)
+      max_failure_share=0.5,      # failure-rate guard: a channel failing on more than this
+      failure_patience=3))        # share of a batch for this many calls in a row stops the run
   c.aggregator = ml_collections.ConfigDict(dict(
       name="additive",            # a mr_rl.aggregators registry name or alias
       hp=ml_collections.ConfigDict()))  # its hyperparameters (lam, k_s, k_p, ...)
-  c.advantage = ml_collections.ConfigDict(dict(name="grpo"))  # grpo | dr_grpo | gdpo | mo_grpo | rloo | ppo
-  # (ppo also reads c.advantage.gamma / c.advantage.lam for GAE; value lr: c.optim.value_lr)
+  c.advantage = ml_collections.ConfigDict(dict(
+      name="grpo"))               # grpo | dr_grpo | gdpo | mo_grpo | rloo | ppo (ppo also reads
+                                  # c.advantage.gamma / lam for GAE; value lr: c.optim.value_lr)
   c.loss = ml_collections.ConfigDict(dict(
       eps_low=L.eps_low,          # clip range [1 - eps_low, 1 + eps_high] (clip-higher)
       eps_high=L.eps_high,
@@ -257,14 +274,17 @@ def from_config(cfg) -> RunSettings:
   c = cfg
   import_plugins(c.get("plugins", ""))
   pipeline = _choice("pipeline", c.pipeline, _registered(pipelines.PIPELINES))
-  channels = tuple(s.strip() for s in str(c.rewards.channels).split(",") if s.strip())
-  if not channels:
+  specs = tuple(s.strip() for s in str(c.rewards.channels).split(",") if s.strip())
+  if not specs:
     raise ValueError("config.rewards.channels is empty; give comma-separated reward names")
   valid_rewards = reward_runner.available_rewards()
-  for ch in channels:
-    _choice("rewards.channels", ch, valid_rewards)
+  for spec in specs:
+    if not reward_runner.is_import_path(spec):
+      _choice("rewards.channels", spec, valid_rewards)
+  channels = tuple(reward_runner.channel_name(spec) if reward_runner.is_import_path(spec)
+                   else spec for spec in specs)
   if len(set(channels)) != len(channels):
-    raise ValueError(f"config.rewards.channels has duplicates: {channels}")
+    raise ValueError(f"config.rewards.channels has duplicate channel names: {channels}")
   primary = int(c.rewards.primary)
   if not 0 <= primary < len(channels):
     raise ValueError(f"config.rewards.primary={primary} is out of range for {len(channels)} "
@@ -274,6 +294,9 @@ def from_config(cfg) -> RunSettings:
     if name not in channels:
       raise ValueError(f"config.rewards.params names {name!r}, which is not among the channels "
                        f"{channels}")
+  for spec, name in zip(specs, channels):
+    if reward_runner.is_import_path(spec):  # import, signature and parameters checked now
+      reward_runner.get_reward(spec, **reward_params.get(name, {}))
   agg_name = _choice("aggregator.name", c.aggregator.name, _registered(aggregators.AGGREGATORS))
   agg_hp = {k: v for k, v in _as_dict(c.aggregator.get("hp")).items() if v is not None}
   advantage = _choice("advantage.name", c.advantage.name,
@@ -338,8 +361,13 @@ def from_config(cfg) -> RunSettings:
       alarm_window=_positive("alarm_window", int(c.alarm_window)),
       kl_ref_every=_positive("kl_ref_every", _int("kl_ref_every", c.kl_ref_every), True),
       model=model, mesh=mesh, data=data, rollout=rollout,
-      rewards=RewardSettings(channels=channels, primary=primary, params=reward_params,
-                             timeout_s=_positive("rewards.timeout_s", float(c.rewards.timeout_s))),
+      rewards=RewardSettings(
+          channels=channels, specs=specs, primary=primary, params=reward_params,
+          timeout_s=_positive("rewards.timeout_s", float(c.rewards.timeout_s)),
+          max_failure_share=_share("rewards.max_failure_share",
+                                   float(c.rewards.max_failure_share)),
+          failure_patience=_positive("rewards.failure_patience",
+                                     _int("rewards.failure_patience", c.rewards.failure_patience))),
       aggregator=AggregatorSettings(name=agg_name, hp=agg_hp),
       advantage=advantage, advantage_hp=adv_hp, update=update,
       anchor=AnchorSettings(

@@ -2,7 +2,7 @@
 
     examples --(mr_rl.rollout.rollout: jitted KV-cache sampler)--> responses, old log-probs
              --(mr_rl.rollout.score: reward runner, host pool)--> r[B, G, K]
-                                        (NaN = the channel does not apply to the sample)
+                     (NaN = the channel does not apply; a failed call scores its on_failure)
              --(aggregator, jitted, state carried)--> R[B, G] (+ channel weights)
              --(advantage estimator)--> A[B, G]
              --(mr_rl.rollout.update_batch; jitted policy step, AdamW)--> new params
@@ -125,10 +125,13 @@ def load_eval_sets(settings: RunSettings) -> dict[str, list]:
 
 
 def build_runner(settings: RunSettings) -> RewardRunner:
-  """The reward runner over `settings.rewards.channels` with their `rewards.params`."""
+  """The reward runner over `settings.rewards.channels` (built from their specs, registered
+  names or import paths) with their `rewards.params` and the failure-rate guard."""
   r = settings.rewards
-  channels = [get_reward(n, **r.params.get(n, {})) for n in r.channels]
-  return RewardRunner(channels, timeout_s=r.timeout_s)
+  channels = [get_reward(spec, **r.params.get(name, {}))
+              for spec, name in zip(r.specs, r.channels)]
+  return RewardRunner(channels, timeout_s=r.timeout_s, max_failure_share=r.max_failure_share,
+                      failure_patience=r.failure_patience)
 
 
 def drop_long_prompts(policy: rollout_lib.Policy, examples, what: str) -> list:

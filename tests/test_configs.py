@@ -254,6 +254,8 @@ def _check_run(name, c, workdir):
       assert f"reward/{ch}/mean" in recs[0], (name, ch)
       if recs[0][f"reward/{ch}/nan_frac"] > 0:
         nan_channels.append(f"train {ch}")
+      if recs[0][f"reward_runner/{ch}/errors"] > 0:  # failures score 0, not NaN (issue 14)
+        nan_channels.append(f"train {ch} failed")
   return nan_channels
 
 
@@ -267,8 +269,8 @@ def test_one_step_per_config_file(tmp_path):
 
   `python -m mr_rl.config_lib smoke` runs them through `mr_rl.pipelines.run`; a fresh process
   can use fast-compile XLA flags and keeps the runs together under pytest-xdist. Every reward
-  channel must score every sample (the tiny policy writes valid strings, so a NaN means a
-  broken channel or plumbing)."""
+  channel must score every sample (the tiny policy writes valid strings, so a NaN or a failed
+  call means a broken channel or plumbing)."""
   targets = [f"configs/{n}.py:{p}" for n, p in REPRESENTATIVE.items() if n not in BLOCKED]
   out_json = tmp_path / "smoke.json"
   env = dict(os.environ, JAX_PLATFORMS="cpu",
@@ -292,7 +294,7 @@ def test_one_step_per_config_file(tmp_path):
       failures.append(f"{target}: {type(e).__name__}: {e}")
   assert not failures, "\n".join(failures)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert not nans, "reward channels returned NaN: " + "; ".join(nans)
+  assert not nans, "reward channels returned NaN or failed: " + "; ".join(nans)
 
 
 def test_check_py_on_eight_fake_devices():

@@ -299,7 +299,7 @@ def test_alce_prompt_and_metadata(tmp_path):
 # ----------------------------------------------------------------- registry / errors
 
 def test_registry_errors(tmp_path):
-  with pytest.raises(ValueError, match="valid names: aime, alce_asqa"):
+  with pytest.raises(ValueError, match=r"^unknown data set 'gsm8k'; valid: aime, alce_asqa, "):
     data.load_dataset("gsm8k")
   with pytest.raises(ValueError, match=r"unknown option\(s\) \['threshold'\]"):
     data.load_dataset("math500", threshold=3)

@@ -52,3 +52,13 @@ def test_import_plugins_names_the_field():
   with pytest.raises(ImportError, match=r"config.plugins: plugin module 'no_such_mod_xyz'"):
     import_plugins("mr_rl.registry, no_such_mod_xyz")
   import_plugins("")  # nothing to import
+
+
+def test_a_failing_plugin_raises_on_every_lookup(tmp_path, monkeypatch):
+  (tmp_path / "regplug_bad.py").write_text("raise RuntimeError('plugin is broken')\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  reg = Registry("thing", plugins=("regplug_bad",))
+  reg.add("builtin", 1)
+  for _ in range(2):  # never a partial registry after the first failure
+    with pytest.raises(RuntimeError, match="plugin is broken"):
+      reg.get("builtin")

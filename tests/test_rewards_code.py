@@ -12,7 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 import uuid
 
@@ -47,7 +47,9 @@ def test_capabilities_report_full_isolation_as_root():
     pytest.skip("full isolation is only asserted when the tests run as root")
   assert caps.namespaces == "root"
   assert caps.network_isolated and caps.pid_namespace and caps.private_tmp and caps.private_proc
-  assert caps.privilege_drop and caps.stdlib_readable
+  assert caps.ipc_namespace and caps.read_only_host and caps.seccomp
+  assert caps.memory_cgroup in (1, 2), caps.notes
+  assert caps.privilege_drop and caps.stdlib_readable and caps.capabilities_left == ()
   assert caps.notes == ()
 
 
@@ -65,7 +67,8 @@ def test_not_root_is_reported_and_enforced():
       "  out['strict'] = 'ran'\n"
       "except code.SandboxError as e:\n"
       "  out['strict'] = str(e)\n"
-      "cfg = code.SandboxConfig(require_privilege_drop=False, require_network_isolation=caps.network_isolated)\n"
+      "cfg = code.SandboxConfig(require_privilege_drop=False, memory_limit='per-process',\n"
+      "                         require_network_isolation=caps.network_isolated)\n"
       "out['relaxed'] = code.run('def f(a, b): return a + b', code.CodeTests.call('f', [[1, 2]], [3]), config=cfg).passed\n"
       "print(json.dumps(out))\n") % str(pathlib.Path(code.__file__).parents[2])
   proc = subprocess.run(["/usr/bin/python3.11", "-c", script], user=65534, group=65534, extra_groups=[],
@@ -73,7 +76,11 @@ def test_not_root_is_reported_and_enforced():
   assert proc.returncode == 0, proc.stderr[-2000:]
   out = json.loads(proc.stdout)
   assert out["caps"]["is_root"] is False and out["caps"]["privilege_drop"] is False
+  assert out["caps"]["memory_cgroup"] is None  # no cgroup delegation to uid 65534 here
   assert any("not root" in n for n in out["caps"]["notes"])
+  if out["caps"]["namespaces"] == "user":  # the same isolation but the uid drop
+    for key in ("network_isolated", "ipc_namespace", "read_only_host", "seccomp", "private_proc"):
+      assert out["caps"][key] is True, key
   assert "require_privilege_drop" in out["strict"]
   assert out["relaxed"] is True
 
@@ -225,73 +232,86 @@ def test_infinite_loop_times_out(kind):
   assert r.timed_out and r.runtime_s >= QUICK * 0.9 and code.fast(r) == 0.0
 
 
-_HIDDEN = ("/tmp", "/var/tmp", "/dev/shm", "/root")  # private or unreadable inside the sandbox
+def _tagged(tag):
+  """Host pids whose name (comm) is ``tag``: the sandboxed program sets it (prctl PR_SET_NAME,
+  inherited by its children), so the host can see every process of the run, in any namespace."""
+  pids = []
+  for pid in os.listdir("/proc"):
+    if pid.isdigit():
+      try:
+        with open(f"/proc/{pid}/comm") as f:
+          if f.read().strip() == tag:
+            pids.append(int(pid))
+      except OSError:
+        pass
+  return pids
 
 
-def _heartbeat_dir():
-  """A host directory the sandbox uid may write: outside /tmp, /var/tmp, /dev/shm (the sandbox
-  mounts private ones) and /root (mode 0700). The checkout may itself live under /tmp (CI
-  clones), so fall back to world-traversable system directories."""
-  here = os.path.dirname(os.path.abspath(__file__))
-  for base in (here, "/srv", "/var/lib", "/opt", "/mnt"):
-    real = os.path.realpath(base)
-    if any(real == h or real.startswith(h + "/") for h in _HIDDEN):
-      continue
-    if os.path.isdir(real) and os.access(real, os.W_OK):
-      d = tempfile.mkdtemp(prefix=".sandbox_probe_", dir=real)
-      os.chmod(d, 0o777)
-      return d
-  pytest.skip("no host directory outside the sandbox's private mounts is writable here")
+class _Watch(threading.Thread):
+  """Counts ``tag``'s processes on the host while a run goes on (the most seen at once)."""
+
+  def __init__(self, tag):
+    super().__init__(daemon=True)
+    self.tag, self.most, self.stop = tag, 0, threading.Event()
+
+  def run(self):
+    while not self.stop.is_set():
+      self.most = max(self.most, len(_tagged(self.tag)))
+      time.sleep(0.02)
+
+
+_NAME_SELF = "import ctypes\nctypes.CDLL(None).prctl(15, %r, 0, 0, 0)\n"  # PR_SET_NAME
+
+
+def _assert_none_left(tag):
+  for wait in (0.3, 0.7):
+    time.sleep(wait)
+    assert _tagged(tag) == [], "processes of the run outlived it"
 
 
 def test_fork_bomb_is_contained_and_killed():
-  d = _heartbeat_dir()
+  tag = "mrrl" + uuid.uuid4().hex[:8]
+  bomb = (_NAME_SELF % tag.encode() +
+          "import os, time\n"
+          "def f(a, b):\n"
+          "  while True:\n"
+          "    try:\n"
+          "      os.fork()\n"
+          "    except OSError:\n"
+          "      pass\n"
+          "    time.sleep(0.01)\n")
+  watch = _Watch(tag)
+  watch.start()
+  t0 = time.perf_counter()
   try:
-    bomb = (
-        "import os, time\n"
-        "def f(a, b):\n"
-        "  while True:\n"
-        "    try:\n"
-        "      os.fork()\n"
-        "    except OSError:\n"
-        "      pass\n"
-        "    try:\n"
-        "      with open(%r + '/beat', 'a') as fh:\n"
-        "        fh.write('.')\n"
-        "    except OSError:\n"
-        "      pass\n"
-        "    time.sleep(0.01)\n") % d
-    t0 = time.perf_counter()
     r = code.run(bomb, _adder_call(), timeout_s=QUICK)
-    _assert_contained(r, t0=t0, limit_s=QUICK + 10)
-    beat = os.path.join(d, "beat")
-    assert os.path.getsize(beat) > 0  # the bomb really ran (and reached this host directory)
-    time.sleep(0.3)
-    size = os.path.getsize(beat)
-    time.sleep(0.7)
-    assert os.path.getsize(beat) == size, "processes of the fork bomb outlived the run"
   finally:
-    shutil.rmtree(d)
+    watch.stop.set()
+    watch.join()
+  _assert_contained(r, t0=t0, limit_s=QUICK + 10)
+  assert watch.most >= 10, watch.most  # the bomb really ran and spread
+  _assert_none_left(tag)
 
 
 def test_setsid_escapee_dies_with_the_run():
-  d = _heartbeat_dir()
+  tag = "mrrl" + uuid.uuid4().hex[:8]
+  src = (_NAME_SELF % tag.encode() +
+         "import os, time\n"
+         "if os.fork() == 0:\n"
+         "  os.setsid()\n"
+         "  while True:\n"
+         "    time.sleep(0.02)\n"
+         "time.sleep(0.3)\n"
+         "def f(a, b): return a + b\n")
+  watch = _Watch(tag)
+  watch.start()
   try:
-    src = ("import os, time\n"
-           "if os.fork() == 0:\n"
-           "  os.setsid()\n"
-           "  while True:\n"
-           "    open(%r + '/beat', 'a').write('.')\n"
-           "    time.sleep(0.02)\n"
-           "time.sleep(0.3)\n"
-           "def f(a, b): return a + b\n") % d
     assert code.run(src, _adder_call()).passed  # legitimate result; the child must still die
-    time.sleep(0.3)
-    size = os.path.getsize(os.path.join(d, "beat"))
-    time.sleep(0.5)
-    assert os.path.getsize(os.path.join(d, "beat")) == size
   finally:
-    shutil.rmtree(d)
+    watch.stop.set()
+    watch.join()
+  assert watch.most >= 2, watch.most  # the worker and its escapee both ran
+  _assert_none_left(tag)
 
 
 def test_memory_bomb_is_contained():
@@ -460,7 +480,9 @@ def test_network_is_unreachable():
 
 def test_fork_server_is_replaced_when_it_dies():
   assert code.run("def f(a, b): return a + b", _adder_call()).passed
-  server = code._ForkServer.get(code.SandboxConfig().python)
+  cfg = code.SandboxConfig()
+  pool = (cfg.python, code._cgroup_spec(cfg), (cfg.uid, cfg.gid))
+  server = code._ForkServer.get(*pool)
   server.proc.kill()
   server.proc.wait()
   # The run that finds it dead either raises SandboxError or succeeds on a new one.
@@ -469,4 +491,4 @@ def test_fork_server_is_replaced_when_it_dies():
   except code.SandboxError:
     pass
   assert code.run("def f(a, b): return a + b", _adder_call()).passed
-  assert code._ForkServer.get(code.SandboxConfig().python) is not server
+  assert code._ForkServer.get(*pool) is not server

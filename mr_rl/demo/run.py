@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from mr_rl import evaluation, pipelines, settings as settings_lib, train as train_lib
+from mr_rl import evaluation, pipelines, plots, settings as settings_lib, train as train_lib
 
 TASKS = {
     # task: (channels, auxiliary channels that define aux_rate)
@@ -56,7 +56,7 @@ def task_settings(base: settings_lib.RunSettings, demo_cfg, task: str):
             "arith_len": {"full_until": int(demo_cfg.len_full_until),
                           "zero_at": int(demo_cfg.len_zero_at)}}
   rewards = dataclasses.replace(
-      base.rewards, channels=channels, primary=0,
+      base.rewards, channels=channels, specs=channels, primary=0,
       params={k: v for k, v in params.items() if k in channels})
   return dataclasses.replace(base, pipeline="train", rewards=rewards)
 
@@ -111,7 +111,8 @@ def demo(config, workdir: str, log=print) -> dict:
       r = report[task][method]
       log(f"[demo] {task:12s} {method:9s} acc {r['accuracy']:.3f} aux {r['aux_rate']:.3f} "
           f"joint {r['joint_rate']:.3f} len {r['mean_length']:.1f} ({time.time() - t0:.0f}s)")
-    _plot_profiles(histories[task], os.path.join(workdir, f"{task}_profiles.png"), task)
+    plots.profile_shares(histories[task], os.path.join(workdir, f"{task}_profiles.png"),
+                         f"reward profiles: {task}")
   report["_meta"] = {"seed": base.seed, "total_steps": base.total_steps,
                      "seconds": time.time() - t_start}
   with open(os.path.join(workdir, "report.json"), "w") as f:
@@ -147,30 +148,3 @@ def markdown(report: dict, drift_tables: dict) -> str:
                f"{meta.get('seconds', 0):.0f} s in all.")
   return "\n".join(lines) + "\n"
 
-
-def _plot_profiles(histories: dict, path: str, task: str) -> None:
-  """One panel per method: the share of each reward profile over steps (same colour per profile)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  methods = list(histories)
-  keys = sorted({k for hist in histories.values() for h in hist for k in h
-                 if k.startswith("profile/") and k != "profile/nan"})
-  colors = {k: plt.cm.tab10(i % 10) for i, k in enumerate(keys)}
-  fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 3.2), sharey=True,
-                           squeeze=False)
-  for ax, method in zip(axes[0], methods):
-    hist = histories[method]
-    steps = [h["step"] for h in hist]
-    for k in keys:
-      ax.plot(steps, [h.get(k, 0.0) for h in hist], color=colors[k], lw=1.2)
-    ax.set_title(method)
-    ax.set_xlabel("step")
-  axes[0][0].set_ylabel("share of rollouts")
-  handles = [plt.Line2D([], [], color=colors[k]) for k in keys]
-  fig.legend(handles, [k[len("profile/"):] for k in keys], loc="lower center",
-             ncol=min(4, max(1, len(keys))), fontsize=7)
-  fig.suptitle(f"reward profiles: {task}")
-  fig.tight_layout(rect=(0, 0.08 + 0.04 * (len(keys) // 4), 1, 1))
-  fig.savefig(path, dpi=80)
-  plt.close(fig)

@@ -29,8 +29,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from mr_rl import data as data_lib
-from mr_rl.rewards import runner as rewards
-from mr_rl.rewards.runner import RewardChannel
+from mr_rl.rewards.channels import REWARDS, RewardChannel
 
 SPECIAL = ("<pad>", "<bos>", "<eos>")
 TAGS = ("<r>", "</r>", "<a>", "</a>")
@@ -165,25 +164,26 @@ def load_arithmetic(*, split: str, path: str | None = None, num_train: int = 200
 
 
 # Reward channels of the demo (`arith_*` names): light rules, run on the runner's threads.
+@REWARDS.register
 def arith_acc() -> RewardChannel:
   return RewardChannel("arith_acc", lambda resp, ex, n: accuracy(resp, int(ex["answer"])))
 
 
+@REWARDS.register
 def arith_negative() -> RewardChannel:
   return RewardChannel("arith_negative", lambda resp, ex, n: negative(resp))
 
 
+@REWARDS.register
 def arith_fmt() -> RewardChannel:
   return RewardChannel("arith_fmt", lambda resp, ex, n: fmt(resp))
 
 
+@REWARDS.register
 def arith_brief(threshold: int = 14) -> RewardChannel:
   return RewardChannel("arith_brief", lambda resp, ex, n: brief(n, threshold))
 
 
+@REWARDS.register
 def arith_len(full_until: int = 12, zero_at: int = 24) -> RewardChannel:
   return RewardChannel("arith_len", lambda resp, ex, n: soft_length(n, full_until, zero_at))
-
-
-for _factory in (arith_acc, arith_negative, arith_fmt, arith_brief, arith_len):
-  rewards.register_reward(_factory.__name__, _factory)

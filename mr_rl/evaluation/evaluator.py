@@ -10,13 +10,13 @@ Two protocols, one loop:
 
 Examples go through the trainer's own pieces (`mr_rl.rollout.rollout` with the run's
 `Policy`, then `mr_rl.rollout.score` with its reward runner), so evaluation sees the prompts,
-sampler and reward channels training sees; only the sampling settings are its own. Every sampler call holds ``batch_prompts`` prompts
-(``min(batch_prompts, E)``): the last partial batch is padded by repeating its own
-examples, and the padded rows are dropped before scoring, so every example is evaluated
-once and the sampler compiles once. With a device mesh (`comp.policy.mesh`, set by the
-trainer on more than one device) the sampler runs sharded and ``batch_prompts`` is rounded up so the
-``batch_prompts * n`` rows split evenly over the mesh's data axes. Metrics are computed by
-`mr_rl.evaluation.summary`.
+sampler and reward channels training sees; only the sampling settings are its own. Every
+sampler call holds ``batch_prompts`` prompts (``min(batch_prompts, E)``): the last partial
+batch is padded by repeating its own examples, and the padded rows are dropped before
+scoring, so every example is evaluated once and the sampler compiles once. With a device
+mesh (`comp.policy.mesh`, set by the trainer on more than one device) the sampler runs
+sharded and ``batch_prompts`` is rounded up so the ``batch_prompts * n`` rows split evenly
+over the mesh's data axes. Metrics are computed by `mr_rl.evaluation.summary`.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ class EvalResult:
     config: the resolved `EvalConfig` that ran.
     channels: the K reward channel names.
     uids, datasets: per example (E), in input order.
-    r_EGK: float32 rewards [E, n, K], NaN = failed reward call.
+    r_EGK: float32 rewards [E, n, K], NaN = the channel does not apply.
     lengths_EG: generated tokens per sample (EOS included).
     truncated_EG: bool, sample hit ``max_new_tokens``.
     groups: ``{group: {metric: value}}`` (`mr_rl.evaluation.summary.summarize`).

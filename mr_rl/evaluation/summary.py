@@ -2,8 +2,9 @@
 
 Everything here is host-side NumPy on the arrays an evaluation produces:
 
-* ``r_EGK``: rewards of E examples x G samples x K channels, NaN where a reward call failed
-  (the runner's convention, `mr_rl.rewards.runner`);
+* ``r_EGK``: rewards of E examples x G samples x K channels, NaN where a channel does not
+  apply; a failed call scores its channel's failure value (the runner's convention,
+  `mr_rl.rewards.runner`);
 * ``lengths_EG``: generated tokens per sample as the sampler reports them (EOS included,
   the same count the length/brief channels see);
 * ``truncated_EG``: the sample hit ``max_new_tokens`` without EOS.
@@ -78,7 +79,7 @@ def group_metrics(r_EGK, lengths_EG, truncated_EG, names: Sequence[str], primary
   """The metrics of one group of examples (see the module docstring for the keys).
 
   Args:
-    r_EGK: float [E, G, K] rewards, NaN = failed call.
+    r_EGK: float [E, G, K] rewards, NaN = does not apply.
     lengths_EG: generated tokens per sample.
     truncated_EG: bool, sample hit the token budget.
     names: the K channel names.

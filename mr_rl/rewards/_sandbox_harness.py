@@ -1,251 +1,45 @@
-"""Sandbox harness for ``mr_rl.rewards.code`` (runs inside the sandbox, stdlib only).
+"""Process roles of the code sandbox (runs inside the sandbox, stdlib only).
 
-``code.py`` starts this code with ``python -I -S -c`` (as a marshalled code
-object, so no file on disk can be swapped under a run), once as a FORK SERVER
-that forks one supervisor per run (``fork_server``) and once per machine as a
-capability probe (``probe``). Three processes take part in a run:
+``_sandbox_process`` starts the harness with ``python -I -S -c``: the files of
+``_HARNESS_FILES`` (wire format, kernel interfaces, checker, this file) as marshalled code
+objects on the command line, run in order in one namespace, so no file on disk can be
+swapped under a run. It runs as a FORK SERVER (``fork_server``: one per concurrent run
+slot, in its own memory cgroup and user namespace, forking one supervisor per run) and
+once per machine as a capability probe (``probe``). Three processes take part in a run:
 
-* the SUPERVISOR (S, this process): sets up namespaces and mounts as root, forks
-  the zygote, drops privileges, THEN reads the job (program, tests, expected
-  outputs, nonce) from fd 0, runs the checks and writes one JSON verdict to fd 1.
-  S never executes candidate code: for HumanEval it executes the data set's
-  trusted ``check`` with ``candidate`` bound to a remote stub.
-* the ZYGOTE (Z): forked before the job was read, so its memory holds no test
-  data; pid 1 of a fresh pid namespace when available. It never executes
-  candidate code either; it forks one WORKER per execution, and after each one
-  kills every other process of the namespace.
-* the WORKER (W): drops to hard rlimits and executes the candidate. For call /
-  HumanEval tests it answers remote calls over a pipe; for stdin/stdout tests it
-  runs the program once per test with files as fd 0/1/2.
+* the SUPERVISOR (S): sets up the run's namespaces and mounts (``setup_namespaces``),
+  forks the zygote, drops privileges, THEN reads the job (program, tests, expected
+  outputs, nonce) from fd 0, runs the checks (``check_job``) and writes one JSON verdict to
+  fd 1. S never executes candidate code: for HumanEval it executes the data set's trusted
+  ``check`` with ``candidate`` bound to a remote stub.
+* the ZYGOTE (Z): forked before the job was read, so its memory holds no test data; pid 1
+  of the run's pid namespace, under the syscall filter. It never executes candidate code
+  either; it forks one WORKER per execution, and after each one kills every other process
+  of the namespace.
+* the WORKER (W): drops to hard rlimits and executes the candidate. For call / HumanEval
+  tests it answers remote calls over a pipe; for stdin/stdout tests it runs the program
+  once per test with files as fd 0/1/2.
 
-Evidence of success is produced only in S, from plain data (JSON) sent by W:
-W can return values, never verdicts, so exits, monkeypatching, printed markers
-or objects with a rigged ``__eq__`` cannot pass. See ``code.py`` for the API.
+Evidence of success is produced only in S, from plain data (JSON) sent by W: W can return
+values, never verdicts, so exits, monkeypatching, printed markers or objects with a rigged
+``__eq__`` cannot pass. See ``code.py`` for the API and BUILD_NOTES.md "Code sandbox: threat
+model" for what each layer closes.
 """
 
-import ctypes
+import errno
 import json
 import os
 import resource
 import select
 import signal
-import struct
 import sys
 import time
 
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x10000000, 0x20000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
-MS_MOVE, MS_REC, MS_PRIVATE = 8192, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
-MNT_DETACH = 2
-MAX_DEPTH = 100
-TAGS = ("__tuple__", "__set__", "__frozenset__", "__dict__", "__bytes__", "__complex__",
-        "__bigint__", "__float__", "__opaque__")
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-class Abort(BaseException):
-  """Infrastructure failure inside a check (timeout, dead worker, bad message).
-
-  A BaseException so that a test's ``except Exception`` cannot swallow it.
-  """
-
-
-class Opaque:
-  """Stands for a value of a type the codec does not carry; equal only to itself."""
-
-  def __init__(self, type_name):
-    self.type_name = type_name
-
-  def __repr__(self):
-    return f"<opaque {self.type_name}>"
-
-
-class CandidateError(Exception):
-  """The candidate raised an exception that is not a builtin exception type."""
-
-
-# ----------------------------------------------------------------------------- codec
-def encode(x, depth=0):
-  """Python value -> JSON-able tagged data (W side; subclasses become base types)."""
-  if depth > MAX_DEPTH:
-    raise ValueError("value nested too deeply")
-  if x is None or x is True or x is False:
-    return x
-  d = depth + 1
-  if isinstance(x, int):
-    v = int.__int__(x)
-    return {"__bigint__": format(v, "x")} if v.bit_length() > 4000 else v
-  if isinstance(x, float):
-    v = float.__float__(x)
-    return v if v == v and v not in (float("inf"), float("-inf")) else {"__float__": repr(v)}
-  if isinstance(x, str):
-    return str.__str__(x)
-  if isinstance(x, list):
-    return [encode(e, d) for e in list.__iter__(x)]
-  if isinstance(x, tuple):
-    return {"__tuple__": [encode(e, d) for e in tuple.__iter__(x)]}
-  if isinstance(x, dict):
-    return {"__dict__": [[encode(k, d), encode(v, d)] for k, v in dict.items(x)]}
-  if isinstance(x, frozenset):
-    return {"__frozenset__": [encode(e, d) for e in frozenset.__iter__(x)]}
-  if isinstance(x, set):
-    return {"__set__": [encode(e, d) for e in set.__iter__(x)]}
-  if isinstance(x, (bytes, bytearray)):
-    return {"__bytes__": bytes(x).hex()}
-  if isinstance(x, complex):
-    return {"__complex__": [encode(complex.__complex__(x).real), encode(complex.__complex__(x).imag)]}
-  return {"__opaque__": f"{type(x).__module__}.{type(x).__qualname__}"}
-
-
-def decode(x, depth=0):
-  """Tagged data -> plain Python values (S side; strict, raises ValueError)."""
-  if depth > MAX_DEPTH:
-    raise ValueError("value nested too deeply")
-  d = depth + 1
-  if x is None or type(x) in (bool, int, float, str):
-    return x
-  if type(x) is list:
-    return [decode(e, d) for e in x]
-  if type(x) is not dict or len(x) != 1 or next(iter(x)) not in TAGS:
-    raise ValueError(f"malformed value of type {type(x).__name__}")
-  (tag, v), = x.items()
-  if tag == "__opaque__":
-    return Opaque(str(v))
-  if tag == "__bigint__":
-    return int(v, 16)
-  if tag == "__float__":
-    if v not in ("nan", "inf", "-inf"):
-      raise ValueError(f"bad float {v!r}")
-    return float(v)
-  if tag == "__bytes__":
-    return bytes.fromhex(v)
-  if tag == "__complex__":
-    return complex(float(v[0]), float(v[1]))
-  if type(v) is not list:
-    raise ValueError(f"malformed {tag}")
-  if tag == "__dict__":
-    return {decode(k, d): decode(e, d) for k, e in v}
-  items = [decode(e, d) for e in v]
-  return {"__tuple__": tuple, "__set__": set, "__frozenset__": frozenset}[tag](items)
-
-
-# ----------------------------------------------------------------------------- framing
-def send(fd, obj):
-  data = json.dumps(obj, allow_nan=False).encode()
-  data = struct.pack(">I", len(data)) + data
-  while data:
-    data = data[os.write(fd, data):]
-
-
-def _read_exact(fd, n, deadline):
-  chunks, got = [], 0
-  while got < n:
-    if deadline is not None:
-      left = deadline - time.monotonic()
-      if left <= 0 or not select.select([fd], [], [], left)[0]:
-        raise TimeoutError("timed out")
-    chunk = os.read(fd, min(n - got, 1 << 20))
-    if not chunk:
-      raise EOFError("channel closed")
-    chunks.append(chunk)
-    got += len(chunk)
-  return b"".join(chunks)
-
-
-def recv(fd, deadline=None, max_bytes=1 << 26):
-  (n,) = struct.unpack(">I", _read_exact(fd, 4, deadline))
-  if n > max_bytes:
-    raise ValueError(f"message of {n} bytes exceeds the cap of {max_bytes}")
-  return json.loads(_read_exact(fd, n, deadline))
-
-
-# ----------------------------------------------------------------------------- os helpers
-def _check(ret, what):
-  if ret != 0:
-    err = ctypes.get_errno()
-    raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def mount(src, target, fstype, flags, data=None):
-  enc = lambda s: None if s is None else s.encode()
-  _check(_libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
-         f"mount {target}")
-
-
-def prctl(option, arg):
-  _check(_libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl {option}")
-
-
-def close_fds_except(keep):
-  fd = 3
-  for k in sorted(set(keep)) + [1 << 20]:
-    if k >= fd:
-      os.closerange(fd, k)
-      fd = k + 1
-
-
-def drop_privileges(cfg):
-  if cfg["drop"]:
-    os.setgroups([])
-    os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
-    os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
-  # Credential changes clear both settings, so (re)set them afterwards.
-  prctl(PR_SET_DUMPABLE, 0)
-  prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _traversable(path, uid, gid):
-  """True when every directory on ``path`` grants search (x) permission to uid/gid."""
-  cur = "/"
-  for part in [p for p in path.split("/") if p]:
-    cur = os.path.join(cur, part)
-    st = os.stat(cur)
-    bit = 0o100 if st.st_uid == uid else 0o010 if st.st_gid == gid else 0o001
-    if not st.st_mode & bit:
-      return cur
-  return None
-
-
-def setup_namespaces(cfg):
-  """unshare + private mounts; returns the working directory for the worker."""
-  ns = cfg["namespaces"]
-  if not ns:
-    return cfg["workdir"]
-  flags = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | (CLONE_NEWUSER if ns == "user" else 0)
-  uid, gid = os.getuid(), os.getgid()
-  _check(_libc.unshare(flags), "unshare")
-  if ns == "user":  # unprivileged: map the caller's ids to themselves inside the namespace
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-      with open(f"/proc/self/{name}", "w") as f:
-        f.write(text)
-  mount("none", "/", None, MS_REC | MS_PRIVATE)
-  if cfg["drop"]:  # make the interpreter readable to the sandbox uid (e.g. pyenv under /root)
-    for path in cfg["expose"]:
-      blocker = _traversable(path, cfg["uid"], cfg["gid"])
-      if blocker is None:
-        continue
-      stage = cfg["workdir"]
-      mount(path, stage, None, MS_BIND | MS_REC)
-      mount("tmpfs", blocker, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
-      os.makedirs(path, exist_ok=True)
-      mount(stage, path, None, MS_MOVE)
-      mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
-  size = cfg["tmpfs_bytes"]
-  mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={size}")
-  for extra in ("/var/tmp", "/dev/shm"):
-    if os.path.isdir(extra):
-      mount("/tmp", extra, None, MS_BIND)
-  return "/tmp"
-
-
-def set_worker_limits(lim):
-  for name, value in (("RLIMIT_AS", lim["memory_bytes"]), ("RLIMIT_NPROC", lim["max_processes"]),
-                      ("RLIMIT_FSIZE", lim["max_file_bytes"]), ("RLIMIT_NOFILE", lim["max_open_files"]),
-                      ("RLIMIT_CORE", 0)):
-    resource.setrlimit(getattr(resource, name), (value, value))
-  resource.setrlimit(resource.RLIMIT_CPU, (lim["cpu_s"], lim["cpu_s"] + 1))
+# Defined by the files run before this one in the same namespace: send, recv (wire); mount,
+# setup_namespaces, make_user_namespace, drop_privileges, set_worker_limits, seccomp_filter,
+# install_seccomp, cgroup_*, _libc, MS_* (kernel); Channel, Abort, check_job (checker).
+SECCOMP = seccomp_filter()  # noqa: F821  (built once per fork server; None where unsupported)
+DEFAULT_INT_DIGITS = 4300  # CPython's default int/str conversion limit, kept in S and Z
 
 
 # ----------------------------------------------------------------------------- worker (W)
@@ -270,10 +64,22 @@ def _exc_text(e):
   return f"{type(e).__name__}: {e}"[:2000]
 
 
+def _set_int_digits(n):
+  if hasattr(sys, "set_int_max_str_digits"):  # Python >= 3.11 (and 3.10.7+)
+    sys.set_int_max_str_digits(n)
+
+
+def _enter_candidate(lim):
+  """Last step before candidate code runs in W (already under Z's syscall filter): hard
+  rlimits, and no int/str digit limit (a program may print big numbers; S and Z keep it)."""
+  set_worker_limits(lim)  # noqa: F821
+  _set_int_digits(0)
+
+
 def worker_rpc(r, w, lim):
   """Loads the program, then answers call requests until the channel closes."""
   _redirect(os.devnull, ".w_stdout", ".w_stderr")
-  set_worker_limits(lim)
+  _enter_candidate(lim)
   sys.argv = ["solution.py"]
   ns = {"__name__": "solution", "__builtins__": __builtins__}
   send(w, {"op": "ready"})
@@ -307,7 +113,7 @@ def worker_rpc(r, w, lim):
 def worker_stdio(src, lim):
   """Runs the program once as ``__main__`` with fds 0/1/2 already set up by Z."""
   _fresh_stdio()
-  set_worker_limits(lim)
+  _enter_candidate(lim)
   sys.argv = ["main.py"]
   status = 0
   try:
@@ -365,6 +171,8 @@ def zygote(cfg, r, w, workdir):
     except OSError:
       pass  # reported by the capability probe as private_proc=False
   drop_privileges(cfg)
+  if SECCOMP is not None:  # inherited by every worker; Z itself only forks, waits and kills
+    install_seccomp(SECCOMP)  # noqa: F821
   os.chdir(workdir)
   import builtins
   builtins.exit = builtins.quit = sys.exit  # normally added by site, which -S skips
@@ -406,155 +214,16 @@ def zygote(cfg, r, w, workdir):
 
 
 # ----------------------------------------------------------------------------- supervisor (S)
-class Channel:
-  """S's side of the pipes to Z/W; times every exchange with the worker."""
-
-  def __init__(self, r, w, max_bytes):
-    self.r, self.w, self.max_bytes = r, w, max_bytes
-    self.runtime = 0.0
-    self.deadline = None
-    self.calls = 0
-
-  def request(self, msg, timed=True):
-    t0 = time.perf_counter()
-    send(self.w, msg)
-    try:
-      reply = recv(self.r, self.deadline, self.max_bytes)
-    except TimeoutError:
-      self.runtime += time.perf_counter() - t0
-      raise Abort("timeout: the test exceeded its time limit") from None
-    except (EOFError, ValueError, OSError) as e:
-      raise Abort(f"protocol error: {e}") from None
-    if timed:
-      self.runtime += time.perf_counter() - t0
-    if not isinstance(reply, dict):
-      raise Abort("protocol error: reply is not an object")
-    if reply.get("op") == "exited":
-      raise Abort(f"worker exited (wait status {reply.get('status')}); stderr: {reply.get('stderr', '')[-500:]}")
-    return reply
-
-  def call(self, fn, args, kwargs, method=False):
-    self.calls += 1
-    reply = self.request({"op": "call", "fn": fn, "method": method,
-                          "args": encode(list(args)), "kwargs": encode(dict(kwargs))})
-    if reply.get("ok") is True:
-      try:
-        return decode(reply.get("value"))
-      except (ValueError, TypeError, KeyError, IndexError) as e:
-        raise Abort(f"protocol error: undecodable value ({e})") from None
-    name, text = str(reply.get("exc_type")), str(reply.get("error"))[:2000]
-    exc = getattr(__builtins__, name, None) if isinstance(__builtins__, type(sys)) else __builtins__.get(name)
-    if isinstance(exc, type) and issubclass(exc, Exception):
-      raise exc(f"[candidate] {text}")
-    raise CandidateError(text)
-
-  def start_worker(self, src, deadline):
-    send(self.w, {"op": "spawn"})
-    self.deadline = deadline
-    try:
-      ready = recv(self.r, deadline, self.max_bytes)
-    except (TimeoutError, EOFError, ValueError) as e:
-      raise Abort(f"worker did not start: {e}") from None
-    if ready.get("op") != "ready":
-      raise Abort(f"worker did not start: {ready.get('stderr', ready)}")
-    reply = self.request({"op": "load", "src": src})
-    if reply.get("ok") is not True:
-      raise Abort(f"program failed to load: {reply.get('error')}")
-    return set(reply.get("names") or ())
-
-
-class Remote:
-  """Callable stub for a function defined by the candidate program."""
-
-  def __init__(self, chan, name):
-    self._chan, self._name = chan, name
-
-  def __call__(self, *args, **kwargs):
-    return self._chan.call(self._name, args, kwargs)
-
-
-class FallbackBuiltins(dict):
-  """Builtins mapping for the check: unknown names resolve to the program's functions."""
-
-  def __init__(self, chan, names):
-    import builtins
-    super().__init__(vars(builtins))
-    self._chan, self._names = chan, names
-
-  def __missing__(self, key):
-    if key in self._names:
-      return Remote(self._chan, key)
-    raise KeyError(key)
-
-
-def normalise_stdout(s):
-  return "\n".join(" ".join(line.split()) for line in s.strip().splitlines())
-
-
-def _plain(x):
-  if isinstance(x, (list, tuple)):
-    return [_plain(e) for e in x]
-  if isinstance(x, dict):
-    return {k: _plain(v) for k, v in x.items()}
-  return x
-
-
-def check_job(job, chan, timeout):
-  """Runs the tests in order, stopping at the first failure.
-
-  Returns:
-    (n_passed, error or None, timed_out, runtime_s). runtime_s is the time the
-    candidate itself ran: for stdio tests the zygote's fork-to-reap time of each
-    run; otherwise S's round-trip time of the program load plus every call.
-  """
-  tests = job["tests"]
-  kind = tests["kind"]
-  if kind == "stdio":
-    runtime = 0.0
-    for i, (stdin, expected) in enumerate(tests["pairs"]):
-      chan.deadline = time.monotonic() + timeout + 5.0
-      reply = chan.request({"op": "stdio", "src": job["program"], "stdin": stdin, "timeout": timeout},
-                           timed=False)
-      runtime += float(reply["elapsed"])
-      if reply["timed_out"]:
-        return i, f"test {i}: timeout after {timeout} s", True, runtime
-      if reply["status"] != 0:
-        return i, f"test {i}: wait status {reply['status']}; stderr: {reply['stderr'][-500:]}", False, runtime
-      if normalise_stdout(reply["stdout"]) != normalise_stdout(expected):
-        return i, f"test {i}: wrong output {reply['stdout'][:200]!r}", False, runtime
-    return len(tests["pairs"]), None, False, runtime
-  names = chan.start_worker(job["program"], time.monotonic() + timeout)
-  if kind == "call":
-    method = tests["fn_name"] not in names
-    for i, (args, expected) in enumerate(zip(tests["inputs"], tests["outputs"])):
-      chan.deadline = time.monotonic() + timeout
-      try:
-        got = chan.call(tests["fn_name"], args, {}, method=method)
-      except Exception as e:  # the candidate raised
-        return i, f"test {i}: {type(e).__name__}: {e}"[:1000], False, chan.runtime
-      if _plain(got) != _plain(expected):
-        return i, f"test {i}: expected {expected!r:.200}, got {got!r:.200}", False, chan.runtime
-    return len(tests["inputs"]), None, False, chan.runtime
-  # HumanEval: the data set's check() runs here (trusted), candidate calls are remote.
-  chan.deadline = time.monotonic() + timeout
-  env = {"__name__": "__check__", "__builtins__": FallbackBuiltins(chan, names)}
-  try:
-    if tests.get("prompt"):
-      exec(compile(tests["prompt"], "prompt.py", "exec"), env)
-    env[tests["entry_point"]] = candidate = Remote(chan, tests["entry_point"])  # not the prompt's stub
-    exec(compile(tests["test_src"], "test.py", "exec"), env)
-    env["check"](candidate)
-  except Exception as e:
-    return 0, f"check failed: {type(e).__name__}: {e}"[:1000], False, chan.runtime
-  if chan.calls == 0:
-    return 0, "check never called the candidate", False, chan.runtime
-  return 1, None, False, chan.runtime
-
-
 def supervisor(cfg):
   prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+  # First in line for the OOM killer (inherited by Z, W and the candidate's children), so
+  # that a run over its cgroup's limit loses its own processes, not the fork server.
+  with open("/proc/self/oom_score_adj", "w") as f:
+    f.write("1000")
   try:
-    workdir = setup_namespaces(cfg)
+    if cfg.get("userns_error"):
+      raise OSError(errno.EPERM, f"user namespace: {cfg['userns_error']}")
+    workdir = setup_namespaces(cfg, cfg.get("userns_fd"))
   except OSError as e:
     os.write(1, json.dumps({"setup_error": str(e)}).encode())
     return
@@ -569,8 +238,12 @@ def supervisor(cfg):
   os.close(from_w[1])
   drop_privileges(cfg)
   resource.setrlimit(resource.RLIMIT_AS, (cfg["limits"]["memory_bytes"],) * 2)
-  # The job is read only now: the zygote (and every worker) was forked without it.
+  # The job is read only now: the zygote (and every worker) was forked without it. Trusted
+  # data may hold big ints; everything after (replies from W, the check's own str() of the
+  # candidate's values) keeps the default digit limit, so no decimal conversion can stall S.
+  _set_int_digits(0)
   job = json.loads(_read_all(0))
+  _set_int_digits(DEFAULT_INT_DIGITS)
   chan = Channel(from_w[0], to_w[1], cfg["limits"]["max_file_bytes"] + (1 << 20))
   timed_out = False
   try:
@@ -579,7 +252,8 @@ def supervisor(cfg):
     n_passed, error, runtime = 0, str(e), chan.runtime
     timed_out = str(e).startswith("timeout")
   except Exception as e:  # a bug in the check itself must fail closed, never pass
-    n_passed, error, runtime = 0, f"harness error: {type(e).__name__}: {e}", chan.runtime
+    n_passed, runtime = 0, chan.runtime
+    error = f"harness error: {type(e).__name__}: {str(e)[:1000]}"
   os.write(1, json.dumps({"nonce": job["nonce"], "n_tests": job["n_tests"], "n_passed": n_passed,
                           "passed": error is None and n_passed == job["n_tests"],
                           "error": error, "timed_out": timed_out, "runtime_s": runtime}).encode())
@@ -600,94 +274,194 @@ def _read_all(fd):
     chunks.append(chunk)
 
 
-def probe(cfg):
-  """Reports what this machine allows (run by ``code.sandbox_capabilities``)."""
+def _writable_mounts():
+  """Mount points of this mount namespace that are not read-only."""
+  out = []
+  with open("/proc/self/mountinfo") as f:
+    for line in f:
+      fields = line.split()
+      if "ro" not in fields[5].split(","):
+        out.append(fields[4])
+  return out
+
+
+def _probe_child(cfg, report):
+  out = {"private_proc": False, "stdlib_readable": False, "network_blocked": False}
+  if report["namespaces"]:
+    try:
+      mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+      out["private_proc"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit()) == [1]
+    except OSError:
+      pass
+    out["ipc_namespace"] = os.readlink("/proc/self/ns/ipc") != cfg["host_ipc_ns"]
+    out["writable_mounts"] = _writable_mounts()
+  drop_privileges(cfg)
+  out["uid"] = os.getuid()
+  with open("/proc/self/status") as f:
+    status = f.read()
+  out["no_new_privs"] = "NoNewPrivs:\t1" in status
+  out["capabilities"] = capability_sets()  # must be empty
+  import colorsys  # noqa: F401  (a stdlib module not imported yet: readability check)
+  out["stdlib_readable"] = True
+  import socket
+  try:
+    socket.create_connection(("127.0.0.1", cfg["probe_port"]), timeout=1).close()
+  except OSError:
+    out["network_blocked"] = True
+  if SECCOMP is not None:
+    install_seccomp(SECCOMP)
+    out["seccomp"] = _libc.unshare(0) == -1  # unshare(0) is a no-op unless filtered
+  return out
+
+
+def _ns_ids(cfg):
+  """(uid, gid, privileged) for ``make_user_namespace``: the sandbox ids as root, else ours."""
+  if cfg["namespaces"] == "root":
+    return cfg["uid"], cfg["gid"], True
+  return os.getuid(), os.getgid(), False
+
+
+def _probe_namespaces(cfg, w):
   report = {"namespaces": None, "error": None}
   try:
-    setup_namespaces(cfg)
+    if cfg["namespaces"]:
+      userns = make_user_namespace(*_ns_ids(cfg))
+    setup_namespaces(cfg, userns if cfg["namespaces"] else None)
     report["namespaces"] = cfg["namespaces"]
   except OSError as e:
     report["error"] = str(e)
-  r, w = os.pipe()
+  r, cw = os.pipe()
   pid = os.fork()
   if pid == 0:
-    out = {"private_proc": False, "stdlib_readable": False, "network_blocked": False}
     try:
       os.close(r)
-      if report["namespaces"]:
-        try:
-          mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-          out["private_proc"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit()) == [1]
-        except OSError:
-          pass
-      drop_privileges(cfg)
-      out["uid"] = os.getuid()
-      import colorsys  # noqa: F401  (a stdlib module not imported yet: readability check)
-      out["stdlib_readable"] = True
-      import socket
-      try:
-        socket.create_connection(("127.0.0.1", cfg["probe_port"]), timeout=1).close()
-      except OSError:
-        out["network_blocked"] = True
+      out = _probe_child(cfg, report)
     except BaseException as e:
-      out["child_error"] = repr(e)
-    os.write(w, json.dumps(out).encode())
+      out = {"child_error": repr(e)}
+    os.write(cw, json.dumps(out).encode())
     os._exit(0)
-  os.close(w)
+  os.close(cw)
   child = _read_all(r)
   os.waitpid(pid, 0)
   report.update(json.loads(child or b"{}"))
+  os.write(w, json.dumps(report).encode())
+
+
+def probe(cfg):
+  """Reports what this machine allows (run by ``code.sandbox_capabilities``).
+
+  This process joins the memory cgroup (when asked) and stays in the host's namespaces to
+  remove it afterwards; a child sets up the run's namespaces and forks the checker (pid 1).
+  """
+  report = {"memory_cgroup": None}
+  cgroup = None
+  if cfg.get("cgroup"):
+    try:
+      cgroup = cgroup_enter(cfg["cgroup"], f"probe_{os.getpid()}")
+      with open("/proc/self/cgroup") as f:
+        if os.path.basename(cgroup[0]) in f.read():
+          report["memory_cgroup"] = cfg["cgroup"]["version"]
+    except OSError as e:
+      report["cgroup_error"] = str(e)
+  r, w = os.pipe()
+  pid = os.fork()
+  if pid == 0:
+    try:
+      os.close(r)
+      _probe_namespaces(cfg, w)
+    finally:
+      os._exit(0)
+  os.close(w)
+  got = _read_all(r)
+  os.waitpid(pid, 0)
+  report.update(json.loads(got or b'{"error": "namespace probe died"}'))
+  if cgroup is not None:
+    try:
+      cgroup_leave(*cgroup)
+    except OSError as e:
+      report["cgroup_error"] = f"cannot remove {cgroup[0]}: {e}"
+      report["memory_cgroup"] = None
   os.write(1, json.dumps(report).encode())
 
 
-def fork_server(sock_fd):
+def fork_server(cfg):
   """Forks one supervisor per request (saves interpreter start-up and imports per run).
 
   A request is one SOCK_SEQPACKET message: JSON {"cfg", "env", "cwd"} plus the
   supervisor's stdin, stdout and stderr fds. The reply is the supervisor's pid
   (its own session, so the caller can kill the process group). The server never
-  sees a job: jobs go from the caller straight to the supervisor's stdin. It
-  exits when the caller's end of the socket closes.
+  sees a job: jobs go from the caller straight to the supervisor's stdin. The host
+  gives it one run at a time. With ``cfg["cgroup"]`` the server lives in its own memory
+  cgroup, which every run it forks inherits (no per-run migration, which costs a
+  scheduler-wide RCU grace period); before each run it waits until the previous run's
+  processes have left. It exits when the caller's end of the socket closes, killing what
+  is left of its runs and removing its cgroup.
   """
   import socket
-  sock = socket.socket(fileno=sock_fd)
+  sock = socket.socket(fileno=cfg["fd"])
+  cgroup = None
+  if cfg.get("cgroup"):
+    cgroup_sweep(cfg["cgroup"]["parent"])
+    cgroup = cgroup_enter(cfg["cgroup"], f"srv_{os.getpid()}")
+  userns = None
+  children = set()
   while True:
-    try:
-      while os.waitpid(-1, os.WNOHANG)[0]:
-        pass
-    except ChildProcessError:
-      pass
+    for child in list(children):
+      if os.waitpid(child, os.WNOHANG)[0]:
+        children.discard(child)
     try:
       msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
     except OSError:
-      os._exit(0)
+      msg = b""
     if not msg:
+      for child in children:
+        try:
+          os.killpg(child, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+          pass
+      if cgroup is not None:
+        cgroup_wait_empty(cgroup[0], os.getpid())
+        cgroup_leave(*cgroup)
       os._exit(0)
     req = json.loads(msg)
+    if req["cfg"]["namespaces"]:  # one user namespace per server: per-slot RLIMIT_NPROC count
+      try:
+        userns = userns if userns is not None else make_user_namespace(*_ns_ids(req["cfg"]))
+        req["cfg"]["userns_fd"] = userns
+      except OSError as e:
+        req["cfg"]["userns_error"] = str(e)
+    if cgroup is not None and not cgroup_wait_empty(cgroup[0], os.getpid()):
+      for fd in fds:
+        os.close(fd)
+      sock.send(b"0")  # the previous run's processes did not die: no new run in this cgroup
+      continue
     pid = os.fork()
     if pid == 0:
       try:
         os.setsid()
         for i, fd in enumerate(fds):
           os.dup2(fd, i)
-        close_fds_except([])
+        close_fds_except([userns] if userns is not None else [])
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
         supervisor(req["cfg"])
+      except BaseException:  # shown in the run's error ("supervisor exited without a verdict")
+        import traceback
+        traceback.print_exc()
       finally:
         os._exit(0)
+    children.add(pid)
     for fd in fds:
       os.close(fd)
     sock.send(str(pid).encode())
 
 
 if __name__ == "__main__":
-  sys.set_int_max_str_digits(0) if hasattr(sys, "set_int_max_str_digits") else None
   _cfg = json.loads(sys.argv[1])
   if _cfg["role"] == "probe":
     probe(_cfg)
   elif _cfg["role"] == "server":
-    fork_server(_cfg["fd"])
+    fork_server(_cfg)
   else:
     supervisor(_cfg)

@@ -6,6 +6,7 @@ that runs inside the sandbox is ``_sandbox_harness.py``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import marshal
 import os
@@ -20,11 +21,22 @@ import threading
 import time
 from pathlib import Path
 
-_HARNESS_PATH = Path(__file__).with_name("_sandbox_harness.py")
-# Compiled once here; the sandbox gets the marshalled code object on its command
-# line (no file to swap, no 50 ms compile per run).
-_HARNESS_CODE = marshal.dumps(compile(_HARNESS_PATH.read_text(), str(_HARNESS_PATH), "exec")).hex()
-_BOOT = "import marshal,sys;exec(marshal.loads(bytes.fromhex(sys.argv.pop(1))))"
+# The harness is four stdlib-only files run in order in one namespace (wire format, kernel
+# interfaces, the supervisor's checker, process roles). Each is compiled once here; the
+# sandbox gets the marshalled code objects on its command line (no file to swap, no 50 ms
+# compile per run; one argument per file, as Linux caps one argument at 128 KiB).
+_HARNESS_FILES = tuple(Path(__file__).with_name(n) for n in (
+    "_sandbox_wire.py", "_sandbox_kernel.py", "_sandbox_check.py", "_sandbox_harness.py"))
+_HARNESS_PATH = _HARNESS_FILES[-1]
+_HARNESS_CODE = tuple(marshal.dumps(compile(p.read_text(), str(p), "exec")).hex()
+                      for p in _HARNESS_FILES)
+_BOOT = ("import marshal,sys\n"
+         "for _c in [sys.argv.pop(1) for _ in range(%d)]: exec(marshal.loads(bytes.fromhex(_c)))"
+         % len(_HARNESS_FILES))
+_BOOT_SRC = ("import sys\n"
+             "for _s in [sys.argv.pop(1) for _ in range(%d)]:\n"
+             "  exec(compile(_s, '<sandbox>', 'exec'))"
+             % len(_HARNESS_FILES))
 
 
 class SandboxError(RuntimeError):
@@ -42,8 +54,9 @@ def _rmtree(path):
 
 def _boot_args(python):
   if os.path.realpath(python) == os.path.realpath(sys.executable):
-    return [_BOOT, _HARNESS_CODE]
-  return [_HARNESS_PATH.read_text()]  # another interpreter cannot load this one's marshalled code
+    return [_BOOT, *_HARNESS_CODE]
+  # Another interpreter cannot load this one's marshalled code: the sources instead.
+  return [_BOOT_SRC, *(p.read_text() for p in _HARNESS_FILES)]
 
 
 def _env(home):
@@ -76,52 +89,80 @@ def _launch(config, cfg, stdin_bytes, wall_s, workdir, home):
 class _ForkServer:
   """A harness process that forks one supervisor per run (``fork_server`` in the harness).
 
-  Saves the interpreter start-up and imports of every run. It holds no job
-  data: a run's job goes from here straight to its own supervisor's stdin.
-  One server per interpreter and per process (a forked trainer gets its own);
-  it exits when this end of its socket closes.
+  Saves the interpreter start-up and imports of every run. It holds no job data: a run's
+  job goes from here straight to its own supervisor's stdin. Servers are pooled per
+  (process, interpreter, cgroup spec) and each serves one run at a time (``acquire``), so
+  a server's memory cgroup bounds exactly one run; a forked trainer gets its own. A server
+  exits when this end of its socket closes.
+
+  Before a run, a server waits until the previous run's processes are gone (about 2 ms of
+  teardown). ``acquire`` hides that wait: it hands out the server idle longest, and starts
+  one more server when the only idle one was released less than ``FRESH_S`` ago, so a pool
+  settles at one server more than its concurrent users.
   """
-  _servers: dict = {}
-  _servers_lock = threading.Lock()
+  FRESH_S = 0.05
+  _idle: dict = {}  # key -> [(release time, server)], oldest first
+  _lock = threading.Lock()
 
   @classmethod
-  def get(cls, python):
-    with cls._servers_lock:
-      key = (os.getpid(), python)
-      server = cls._servers.get(key)
-      if server is None or server.proc.poll() is not None:
-        server = cls._servers[key] = cls(python)
-      return server
+  @contextlib.contextmanager
+  def acquire(cls, python, cgroup=None, ids=None):
+    """An idle server for ``python`` whose runs go into a cgroup made from ``cgroup``
+    (``{"version", "parent", "limit"}``, or None for no cgroup) and, in namespace modes, a
+    user namespace mapping ``ids`` (uid, gid); started if none is idle."""
+    key = (os.getpid(), python, json.dumps(cgroup, sort_keys=True), ids)
+    with cls._lock:
+      idle = cls._idle.setdefault(key, [])
+      idle[:] = [(t, s) for t, s in idle if s.proc.poll() is None]
+      server = None
+      if idle and (len(idle) > 1 or time.monotonic() - idle[0][0] > cls.FRESH_S):
+        server = idle.pop(0)[1]
+    server = server or cls(python, cgroup)
+    try:
+      yield server
+    finally:
+      if server.proc.poll() is None:
+        with cls._lock:
+          cls._idle.setdefault(key, []).append((time.monotonic(), server))
 
-  def __init__(self, python):
+  @classmethod
+  def get(cls, python, cgroup=None, ids=None):
+    """Some live idle server of this pool (for tests that kill one), or None."""
+    with cls._lock:
+      key = (os.getpid(), python, json.dumps(cgroup, sort_keys=True), ids)
+      for _, server in cls._idle.get(key, []):
+        if server.proc.poll() is None:
+          return server
+    return None
+
+  def __init__(self, python, cgroup=None):
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    cfg = {"role": "server", "fd": theirs.fileno()}
+    cfg = {"role": "server", "fd": theirs.fileno(), "cgroup": cgroup}
     self.proc = subprocess.Popen([python, "-I", "-S", "-c", *_boot_args(python), json.dumps(cfg)],
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL, pass_fds=[theirs.fileno()], cwd="/",
                                  env=_env("/"), start_new_session=True)
     theirs.close()
     self.sock = mine
-    self.lock = threading.Lock()
 
   def spawn(self, cfg, env, cwd):
     """Returns (pid, stdin write fd, stdout read fd, stderr read fd) of a new supervisor."""
     (in_r, in_w), (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe(), os.pipe()
     try:
-      with self.lock:
-        socket.send_fds(self.sock, [json.dumps({"cfg": cfg, "env": env, "cwd": cwd}).encode()],
-                        [in_r, out_w, err_w])
-        reply = self.sock.recv(64)
-    except OSError as e:
+      socket.send_fds(self.sock, [json.dumps({"cfg": cfg, "env": env, "cwd": cwd}).encode()],
+                      [in_r, out_w, err_w])
+      reply = self.sock.recv(64)
+    except OSError:
       reply = b""
-      self.proc.kill()
     finally:
       for fd in (in_r, out_w, err_w):
         os.close(fd)
-    if not reply:
+    if not reply.isdigit() or int(reply) <= 0:
       for fd in (in_w, out_r, err_r):
         os.close(fd)
-      raise SandboxError("the sandbox fork server died; the next run starts a new one")
+      self.proc.kill()
+      why = ("the previous run's processes did not exit" if reply == b"0" else "it died")
+      raise SandboxError(f"the sandbox fork server failed ({why}); the next run starts a new one")
     return int(reply), in_w, out_r, err_r
 
 

@@ -49,6 +49,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from mr_rl.rewards import channels
+
 DEFAULT_NLI_MODEL = "google/t5_xxl_true_nli_mixture"
 _PUNCT = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -471,19 +473,21 @@ def make_channel(which: str, *, verifier: str = DEFAULT_NLI_MODEL, max_citations
   The verifier loads on first use and is shared between channels; calls run on the
   runner's threads (the model stays in this process). For throughput, score whole
   batches with `score_batch` instead."""
-  from mr_rl.rewards import runner  # pylint: disable=g-import-not-at-top
   if which not in ("correctness", "citation"):
     raise ValueError(f"which must be 'correctness' or 'citation', got {which!r}")
   fn = functools.partial(_channel, which=which, verifier=verifier,
                          verifier_kwargs=tuple(sorted(verifier_kwargs.items())),
                          max_citations=max_citations, first_line_only=first_line_only)
-  return runner.RewardChannel(f"alce_{which}", fn, kind="thread")
+  return channels.RewardChannel(f"alce_{which}", fn, kind="thread")
 
 
-def _register() -> None:
-  from mr_rl.rewards import runner  # pylint: disable=g-import-not-at-top
-  for which in ("correctness", "citation"):
-    runner.register_reward(f"alce_{which}", functools.partial(make_channel, which))
+@channels.REWARDS.register
+def alce_correctness(**kw: Any) -> channels.RewardChannel:
+  """``make_channel("correctness", **kw)``: STR-EM (ASQA) or claims-NLI (ELI5)."""
+  return make_channel("correctness", **kw)
 
 
-_register()
+@channels.REWARDS.register
+def alce_citation(**kw: Any) -> channels.RewardChannel:
+  """``make_channel("citation", **kw)``: AutoAIS citation F1."""
+  return make_channel("citation", **kw)

@@ -12,36 +12,47 @@ API:
   * ``fast(result)``, ``noop(result)``: the TAG auxiliary channels.
   * ``sandbox_capabilities()``: what isolation this machine provides.
 
-Isolation (each run; see ``_sandbox_harness.py`` for the process layout):
-  * a fresh process tree in its own session, killed as a process group after
-    the verdict or at the wall-clock deadline. Its supervisor is forked by a
-    per-trainer fork server (``python -I -S -c <harness>``, the harness passed
-    as a marshalled code object on the command line, so no file can be swapped
-    under a run); the server never sees a job, so every run starts from the
-    same clean state without paying interpreter start-up;
-  * as root: new network, pid and mount namespaces (``unshare``); the network
-    namespace has no interface up (no loopback either), so every connect fails;
-    the zygote is pid 1, so when it dies every process of the run dies, even one
-    that left the process group; ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are one
-    private tmpfs of ``tmpfs_bytes`` that is the working directory and vanishes
-    with the run; ``/proc`` shows only the run's processes; the interpreter
-    prefix is re-exposed read-only when the sandbox uid cannot traverse to it
-    (e.g. pyenv under ``/root``), hiding the rest of that directory;
-  * as root: everything the candidate runs does so as ``uid/gid`` (65534,
-    ``nobody``) with no supplementary groups, so it cannot write the checkout or
-    ``$HOME``; supervisor and zygote are non-dumpable (no ptrace, no
-    ``/proc/<pid>/mem``);
-  * rlimits on the worker: address space, CPU seconds, processes (per uid),
-    file size (which also caps captured output), open files, no core files;
+Isolation (each run; see ``_sandbox_harness.py`` for the process layout and BUILD_NOTES.md
+"Code sandbox: threat model" for what is promised and how each promise is tested):
+  * a fresh process tree in its own session, killed as a process group after the verdict
+    or at the wall-clock deadline (the tests' time budget plus ``startup_grace_s``). Its
+    supervisor is forked by a fork server (``python -I -S -c <harness>``, the harness
+    passed as marshalled code objects on the command line, so no file can be swapped
+    under a run); a trainer has one server per concurrent run slot, each serving one run
+    at a time, and a server never sees a job;
+  * namespaces: each slot's server holds a user namespace that maps only the sandbox
+    uid/gid (so RLIMIT_NPROC counts per slot: a fork bomb cannot starve a concurrent run);
+    per run, new network (no interface up, not even loopback), pid (the zygote is pid 1:
+    when it dies every process of the run dies), mount, IPC (SysV and POSIX IPC objects
+    die with the run) and UTS namespaces;
+  * files: every host mount is read-only inside (one ``mount_setattr``); ``/tmp``,
+    ``/var/tmp`` and ``/dev/shm`` are one private tmpfs of ``tmpfs_bytes``, the working
+    directory and the only writable place, gone with the run; ``/proc`` shows only the
+    run's processes; ``/sys/fs/cgroup`` is hidden; the interpreter prefix is re-exposed
+    read-only when the sandbox uid cannot traverse to it (e.g. pyenv under ``/root``);
+  * credentials: as root everything runs as ``uid/gid`` (65534) with no supplementary
+    groups and no capabilities (also none in its user namespace), so it cannot write the
+    checkout or ``$HOME`` even without the read-only mounts; ``no_new_privs`` (setuid
+    binaries do not elevate); a fresh, empty session
+    keyring (the trainer's keys are out of reach); supervisor and zygote non-dumpable;
+  * a seccomp filter on the zygote and everything it forks (``_sandbox_kernel.DENIED``:
+    ptrace, keyrings, mount, namespaces, bpf, perf, userfaultfd, io_uring, kexec and
+    modules, mincore, ...);
+  * memory: ``memory_limit="cgroup"`` (default) puts each server, and so every process of
+    its runs, in a memory cgroup of ``memory_bytes`` (v2, or v1; swap included), with the
+    run's processes first in line for the OOM killer; rlimits on the worker: address
+    space, CPU seconds, processes, file size (which also caps captured output), open
+    files, no core files;
   * a scrubbed environment (PATH, LANG, HOME=TMPDIR=working directory).
-  Not root: no uid change is possible, so programs run as the calling user.
-  The harness then tries an unprivileged user namespace (same network / pid /
-  mount isolation); where the kernel refuses it too there is no network, pid or
-  /tmp isolation and the candidate could write anything the caller can. Both
-  cases show in ``sandbox_capabilities()``, and ``run`` raises ``SandboxError``
-  unless the config relaxes ``require_privilege_drop`` /
-  ``require_network_isolation``. Not handled in any mode: the candidate can READ
-  world-readable files (including installed data sets).
+  Not root: no uid change and no cgroup are possible; the harness uses an unprivileged
+  user namespace (the same namespaces, mounts and filter) where the kernel allows one, and
+  nothing where it does not (no network, pid, IPC or /tmp isolation, the host writable
+  wherever the caller may write). ``sandbox_capabilities()`` reports each layer, and
+  ``run`` raises ``SandboxError`` for a missing one unless the config relaxes it
+  (``require_privilege_drop``, ``require_network_isolation``, ``require_seccomp``,
+  ``memory_limit="per-process"``). Not handled in any mode: the candidate can READ
+  world-readable files (including installed data sets), and concurrent runs share the
+  machine (timing and load are observable).
 
 Evidence of success: the verdict is computed by the supervisor, which never runs
 candidate code and reads the tests only after the candidate's process was
@@ -72,18 +83,18 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-import functools
 import json
 import math
 import os
 import secrets
-import socket
 import sys
-import tempfile
 import time
 from typing import Any, Sequence
 
-from mr_rl.rewards._sandbox_process import SandboxError, _ForkServer, _env, _exchange, _launch, _rmtree
+from mr_rl.rewards import _sandbox_caps
+from mr_rl.rewards._sandbox_caps import (SandboxCapabilities, _cgroup_spec, _harness_cfg,
+                                         _make_workdir, _plan)
+from mr_rl.rewards._sandbox_process import SandboxError, _ForkServer, _env, _exchange, _rmtree
 
 SMALL_TEST_TIMEOUT_S = 10.0  # TAG: per-test timeout of small tests
 MEDIUM_TEST_TIMEOUT_S = 30.0  # TAG: per-test timeout of medium tests
@@ -198,17 +209,28 @@ class CodeResult:
 
 @dataclasses.dataclass(frozen=True)
 class SandboxConfig:
-  """Limits and policy of the sandbox (the defaults suit HumanEval / DeepCoder)."""
-  memory_bytes: int = 1 << 30  # RLIMIT_AS of the worker and of the supervisor
-  max_processes: int = 64  # RLIMIT_NPROC (counts all processes of the sandbox uid)
+  """Limits and policy of the sandbox (the defaults suit HumanEval / DeepCoder).
+
+  ``memory_limit`` says how ``memory_bytes`` holds: "cgroup" (default) for every process of
+  a run together, in a memory cgroup (v2, or v1 where the machine has that; needs root),
+  ``SandboxError`` where there is none; "per-process" only as ``RLIMIT_AS`` of each process,
+  so a run can hold up to ``memory_bytes * max_processes`` plus ``tmpfs_bytes`` of files.
+  """
+  memory_bytes: int = 1 << 30  # whole run (memory_limit="cgroup"); also RLIMIT_AS of each process
+  memory_limit: str = "cgroup"  # "cgroup" or "per-process" (see the class docstring)
+  max_processes: int = 64  # RLIMIT_NPROC, counted per run (each run has its own user namespace)
   max_file_bytes: int = 32 << 20  # RLIMIT_FSIZE: largest file / captured stdout
   max_open_files: int = 256  # RLIMIT_NOFILE
   tmpfs_bytes: int = 64 << 20  # size of the private /tmp (namespace mode)
   uid: int = 65534  # sandbox user when running as root (nobody)
   gid: int = 65534  # sandbox group when running as root (nogroup)
-  startup_grace_s: float = 10.0  # wall-clock slack for process start-up, on top of the tests
+  startup_grace_s: float = 5.0  # fixed wall-clock slack per run, on top of the tests' time budget
   require_network_isolation: bool = True  # raise SandboxError where no network namespace is possible
   require_privilege_drop: bool = True  # raise SandboxError where the uid cannot be changed (not root)
+  require_seccomp: bool = True  # raise SandboxError where the syscall filter cannot be installed
+  # Host directories hidden under an empty tmpfs inside (the interpreter is bound back if it
+  # lives under one); the interpreter's site-packages are always hidden as well.
+  hidden_paths: tuple[str, ...] = ("/root", "/home")
   python: str = sys.executable  # interpreter for the sandbox (stdlib only is needed)
 
   def __post_init__(self):
@@ -220,36 +242,17 @@ class SandboxConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive int (not root), got {value!r}")
+    if isinstance(self.hidden_paths, list):  # e.g. from a config file
+      object.__setattr__(self, "hidden_paths", tuple(self.hidden_paths))
+    ok = lambda p: isinstance(p, str) and os.path.isabs(p) and os.path.realpath(p) != "/"
+    if not isinstance(self.hidden_paths, tuple) or not all(ok(p) for p in self.hidden_paths):
+      raise ValueError("hidden_paths must be a tuple of absolute paths other than /, got "
+                       f"{self.hidden_paths!r}")
+    if self.memory_limit not in ("cgroup", "per-process"):
+      raise ValueError(f"memory_limit must be 'cgroup' or 'per-process', got {self.memory_limit!r}")
     _require_timeout("startup_grace_s", self.startup_grace_s)
     if not os.access(self.python, os.X_OK):
       raise ValueError(f"python must be an executable interpreter, got {self.python!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxCapabilities:
-  """What isolation ``run`` gets on this machine (from a live probe).
-
-  Attributes:
-    is_root: the caller is root.
-    namespaces: "root" (unshare as root), "user" (unprivileged user
-      namespace) or None (no namespaces: no network / pid / /tmp isolation).
-    network_isolated: a connect to a listener on the host's 127.0.0.1 failed.
-    pid_namespace: the run's processes die with its zygote (pid 1).
-    private_tmp: /tmp, /var/tmp, /dev/shm are private to the run.
-    private_proc: /proc inside shows only the run's processes.
-    privilege_drop: the candidate runs as ``SandboxConfig.uid`` (root only).
-    stdlib_readable: the sandboxed interpreter could import a stdlib module.
-    notes: consequences of what is missing, in words.
-  """
-  is_root: bool
-  namespaces: str | None
-  network_isolated: bool
-  pid_namespace: bool
-  private_tmp: bool
-  private_proc: bool
-  privilege_drop: bool
-  stdlib_readable: bool
-  notes: tuple[str, ...]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -269,90 +272,15 @@ def _require_timeout(name, value):
     raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
 
 
-def _harness_cfg(config, role, namespaces, drop, workdir, limits=None):
-  prefixes = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix,
-                                                   os.path.dirname(os.path.realpath(config.python)))})
-  return {"role": role, "namespaces": namespaces, "drop": drop, "uid": config.uid, "gid": config.gid,
-          "workdir": workdir, "expose": prefixes, "tmpfs_bytes": config.tmpfs_bytes, "limits": limits}
-
-
-def _make_workdir(config, drop):
-  workdir = tempfile.mkdtemp(prefix="mr_rl_sandbox_")
-  os.chmod(workdir, 0o700)
-  if drop:
-    os.chown(workdir, config.uid, config.gid)
-  return workdir
-
-
-# ----------------------------------------------------------------------------- capabilities
-def _probe(config, namespaces, drop):
-  with socket.socket() as listener:
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    listener.setblocking(False)
-    workdir = _make_workdir(config, drop)
-    try:
-      cfg = _harness_cfg(config, "probe", namespaces, drop, workdir)
-      cfg["probe_port"] = listener.getsockname()[1]
-      out, err, timed_out, _ = _launch(config, cfg, b"", 30.0, workdir, "/tmp" if namespaces else workdir)
-    finally:
-      _rmtree(workdir)
-    try:
-      listener.accept()[0].close()
-      reached_host = True
-    except BlockingIOError:
-      reached_host = False
-  if timed_out or not out:
-    raise SandboxError(f"sandbox probe produced no report (stderr: {err.decode(errors='replace')[-500:]})")
-  report = json.loads(out)
-  report["network_blocked"] = report.get("network_blocked", False) and not reached_host
-  return report
-
-
-@functools.lru_cache(maxsize=8)
 def sandbox_capabilities(config: SandboxConfig | None = None) -> SandboxCapabilities:
-  """Probes (once per config) which isolation ``run`` can use here.
+  """Probes (once per config) which isolation ``run`` can use here (see ``_sandbox_caps``).
 
-  Tries, in order: as root, new network + pid + mount namespaces and a uid
-  drop; as a normal user, an unprivileged user namespace with the same
-  namespaces; finally no namespaces. Each attempt runs the real harness.
+  Tries, in order: as root, a user namespace mapping only the sandbox uid plus new network,
+  pid, mount, IPC and UTS namespaces and a uid drop; as a normal user, an unprivileged user
+  namespace with the same namespaces; finally no namespaces. Each attempt runs the real
+  harness, and with ``memory_limit="cgroup"`` also creates, joins and removes a memory cgroup.
   """
-  config = config or SandboxConfig()
-  is_root = os.geteuid() == 0
-  attempts = [("root", True), (None, True)] if is_root else [("user", False), (None, False)]
-  report = None
-  for namespaces, drop in attempts:
-    report = _probe(config, namespaces, drop)
-    if report.get("namespaces") == namespaces and not report.get("error"):
-      break
-  ns = report.get("namespaces") if not report.get("error") else None
-  caps = dict(is_root=is_root, namespaces=ns, network_isolated=bool(report.get("network_blocked")),
-              pid_namespace=ns is not None, private_tmp=ns is not None,
-              private_proc=bool(report.get("private_proc")),
-              privilege_drop=is_root and report.get("uid") == config.uid,
-              stdlib_readable=bool(report.get("stdlib_readable")))
-  notes = []
-  if not is_root:
-    notes.append("not root: programs run as the calling user and can write wherever it can")
-  if ns is None:
-    notes.append("no namespaces: network reachable, /tmp shared with the host, and processes "
-                 "that leave the process group (setsid) survive the run")
-  if not caps["stdlib_readable"]:
-    notes.append(f"the sandbox cannot import the standard library ({report.get('child_error')})")
-  return SandboxCapabilities(notes=tuple(notes), **caps)
-
-
-def _plan(config):
-  caps = sandbox_capabilities(config)
-  if not caps.stdlib_readable:
-    raise SandboxError(f"sandboxed interpreter unusable: {caps.notes}")
-  if config.require_network_isolation and not caps.network_isolated:
-    raise SandboxError(f"no network isolation on this machine ({caps.notes}); "
-                       "set SandboxConfig(require_network_isolation=False) to run without it")
-  if config.require_privilege_drop and not caps.privilege_drop:
-    raise SandboxError(f"cannot run programs as an unprivileged uid ({caps.notes}); "
-                       "set SandboxConfig(require_privilege_drop=False) to run as the caller")
-  return caps
+  return _sandbox_caps.capabilities(config or SandboxConfig())
 
 
 # ----------------------------------------------------------------------------- runs
@@ -369,7 +297,9 @@ def run(program: str, tests: CodeTests, *, timeout_s: float = SMALL_TEST_TIMEOUT
     config: sandbox limits and policy.
 
   Returns:
-    The verdict; failures of the program are verdicts, never exceptions.
+    The verdict; failures of the program are verdicts, never exceptions. Every run
+    returns within ``timeout_s * (n_tests + 1) + config.startup_grace_s`` (plus process
+    start-up of a new fork server), whatever the program returns or prints.
 
   Raises:
     SandboxError: the sandbox cannot provide the isolation ``config`` requires.
@@ -391,10 +321,12 @@ def run(program: str, tests: CodeTests, *, timeout_s: float = SMALL_TEST_TIMEOUT
     nonce = secrets.token_hex(16)
     job = json.dumps({"nonce": nonce, "program": program, "tests": tests.payload(),
                       "n_tests": n_tests, "timeout_s": float(timeout_s)}).encode()
-    wall_s = config.startup_grace_s + budget + 5.0 * n_tests
+    wall_s = config.startup_grace_s + budget  # whatever the program returns or prints
     home = "/tmp" if caps.namespaces else workdir
-    spawned = _ForkServer.get(config.python).spawn(cfg, _env(home), workdir)
-    out, err, timed_out, wall = _exchange(*spawned, job, wall_s)
+    pool = (config.python, _cgroup_spec(config), (config.uid, config.gid))
+    with _ForkServer.acquire(*pool) as server:
+      spawned = server.spawn(cfg, _env(home), workdir)
+      out, err, timed_out, wall = _exchange(*spawned, job, wall_s)
     if caps.namespaces is None:  # no pid namespace: let stragglers die before removing workdir
       time.sleep(0.01)
   finally:

@@ -51,7 +51,7 @@ from typing import Any, Callable, Mapping
 
 from mr_rl.data.code import CodeTestSpec
 from mr_rl.rewards import code
-from mr_rl.rewards.runner import RewardChannel, register_reward
+from mr_rl.rewards.channels import REWARDS, MissingFieldError, RewardChannel
 
 __all__ = ["extract_program", "tests_from_spec", "tests_from_example", "prepare_program",
            "RunCache", "shared_run_cache", "code_channel"]
@@ -159,7 +159,8 @@ def tests_from_example(example: Mapping[str, Any]) -> code.CodeTests:
 
   Raises:
     TypeError: example is not a mapping, or example['tests'] has an unknown type.
-    KeyError: the example has neither 'tests' nor HumanEval 'test' + 'entry_point'.
+    MissingFieldError (a KeyError): the example has neither 'tests' nor HumanEval 'test' +
+      'entry_point'.
   """
   if not isinstance(example, Mapping):
     raise TypeError(f"example must be a mapping, got {type(example).__name__}")
@@ -176,8 +177,8 @@ def tests_from_example(example: Mapping[str, Any]) -> code.CodeTests:
   if "test" in example and "entry_point" in example:
     return code.CodeTests.humaneval(example["test"], example["entry_point"],
                                     prompt=example.get("prompt"))
-  raise KeyError(f"example has no code tests: need 'tests' (CodeTestSpec) or HumanEval 'test' "
-                 f"and 'entry_point' (keys: {sorted(example)})")
+  raise MissingFieldError(f"example has no code tests: need 'tests' (CodeTestSpec) or HumanEval "
+                          f"'test' and 'entry_point' (keys: {sorted(example)})")
 
 
 def _top_level_names(program: str) -> set[str] | None:
@@ -349,9 +350,22 @@ def code_channel(which: str, *, name: str | None = None, threshold_ms: float | N
   return RewardChannel(name or f"code_{which}", fn, "thread")
 
 
-# Registered channels (kind "thread": the host side only waits on the sandbox's pipes):
-#   code_correct(timeout_s=10, sandbox=None, prepend_prompt=False)
-#   code_fast(threshold_ms=60, ...), code_noop(threshold_ms=3, ...)
-register_reward("code_correct", functools.partial(code_channel, "correct"))
-register_reward("code_fast", functools.partial(code_channel, "fast"))
-register_reward("code_noop", functools.partial(code_channel, "noop"))
+# Registered channels (kind "thread": the host side only waits on the sandbox's pipes); each
+# takes `code_channel`'s keyword arguments.
+@REWARDS.register
+def code_correct(**kw: Any) -> RewardChannel:
+  """1 iff every test passes: ``code_channel("correct", **kw)`` (timeout_s=10, sandbox=None,
+  prepend_prompt=False)."""
+  return code_channel("correct", **kw)
+
+
+@REWARDS.register
+def code_fast(**kw: Any) -> RewardChannel:
+  """Runtime < threshold_ms (default 60): ``code_channel("fast", **kw)``."""
+  return code_channel("fast", **kw)
+
+
+@REWARDS.register
+def code_noop(**kw: Any) -> RewardChannel:
+  """Runtime < threshold_ms (default 3): ``code_channel("noop", **kw)``."""
+  return code_channel("noop", **kw)

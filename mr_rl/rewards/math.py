@@ -22,18 +22,20 @@ only works on the main thread, and sympy can hang in C code (e.g.
 ``9^{9^{9^9}}``) where no signal helps. So ``accuracy`` and ``negative`` run
 math-verify in worker processes of ``pool.shared_pool()`` with its own
 timeouts disabled (``parsing_timeout=None, timeout_seconds=None``) and a hard
-wall-clock timeout per call that kills and replaces the workers; they can be
-called from any thread. ``*_in_process`` variants run the same code in the
-calling process, with no timeout, and are what the runner's "process" channels
-execute inside the workers.
+wall-clock timeout per call that kills and replaces the worker; they can be
+called from any thread and any caller (unguarded scripts, stdin, notebooks: the
+workers never import ``__main__``). This module registers its worker set-up with
+the pool when imported (``_math_preload``: math-verify loaded once in the zygote).
+``*_in_process`` variants run the same code in the calling process, with no
+timeout, and are what the runner's "process" channels execute inside the workers.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import Any
 
+from mr_rl.rewards.channels import RewardConfigError
 from mr_rl.rewards.pool import shared_pool
 
 MAX_ANSWER_CHARS = 1000
@@ -121,20 +123,16 @@ def _reference_parse_input(reference: str) -> str:
 # Worker-side code: math-verify with its signal-based timeouts disabled.
 # ----------------------------------------------------------------------------
 
-
-def worker_init() -> None:
-  """Initializer of the reward worker processes: import math-verify once, quiet its
-  'timeout is disabled' warning (we time calls out from the parent)."""
-  from math_verify import parse  # pylint: disable=import-outside-toplevel
-  logging.getLogger("math_verify").setLevel(logging.ERROR)
-  parse("$1$", parsing_timeout=None)  # builds the LaTeX parser once
+# `_verify_parsed` / `_parse_number` unpickle from this module: the zygote loads it once, with
+# math-verify warmed up by `_math_preload`.
+shared_pool().add_setup(preload=("mr_rl.rewards._math_preload", "mr_rl.rewards.math"))
 
 
 def _verify_parsed(pred_input: str, gold_input: str) -> bool:
   from math_verify import parse, verify  # pylint: disable=import-outside-toplevel
   gold = parse(gold_input, parsing_timeout=None)
   if not gold:
-    raise ValueError(f"reference {gold_input!r} could not be parsed by math-verify")
+    raise RewardConfigError(f"reference {gold_input!r} could not be parsed by math-verify")
   pred = parse(pred_input, parsing_timeout=None)
   return bool(pred) and verify(gold, pred, timeout_seconds=None)
 
@@ -222,8 +220,9 @@ def accuracy(response: str, reference: str, *, timeout_s: float = DEFAULT_TIMEOU
 
   Raises:
     pool.RewardTimeoutError: math-verify ran longer than `timeout_s`
-      (the runner turns this into NaN and an error count).
-    ValueError: the reference cannot be parsed.
+      (the runner scores it as the channel's failure value, 0, and counts it).
+    channels.RewardConfigError (a ValueError): the reference cannot be parsed (the
+      runner stops the run: no response can fix it).
   """
   _check_str(response, "response")
   _check_str(reference, "reference")

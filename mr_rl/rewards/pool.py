@@ -1,21 +1,37 @@
 """Process pool with hard wall-clock timeouts for heavy / untrusted reward code.
 
-math-verify guards parse/verify with ``signal.alarm`` (main thread only) and
-sympy can hang inside C code where no signal helps, so reward code that may
-hang runs in worker processes that are killed when a call overruns
-(METHODS.md section 7; used by ``mr_rl.rewards.math`` and the "process"
-channels of ``mr_rl.rewards.runner``).
+math-verify guards parse/verify with ``signal.alarm`` (main thread only) and sympy can hang
+inside C code where no signal helps, so reward code that may hang runs in worker processes
+that are killed when a call overruns (METHODS.md section 7; used by ``mr_rl.rewards.math``
+and the "process" channels of ``mr_rl.rewards.runner``).
+
+The workers are our own processes, not ``multiprocessing``'s: a zygote started as
+``python -m mr_rl.rewards._worker`` (so they never import the caller's ``__main__``: reward
+functions work from unguarded scripts, stdin, ``python -c`` and notebooks) forks them on
+request and they talk to the pool over Unix sockets. The pool knows no client: a client
+module passes what its workers need (``preload`` modules, an ``initializer``) to
+``HardTimeoutPool`` or, for the process-wide pool, ``shared_pool().add_setup``.
 """
 
 from __future__ import annotations
 
 import atexit
-import concurrent.futures as cf
-import multiprocessing
 import os
+import pickle
+import socket
+import subprocess
+import sys
 import threading
-from concurrent.futures.process import BrokenProcessPool
+import time
+import types
+import weakref
 from typing import Any, Callable, Sequence
+
+from mr_rl.rewards import _worker
+
+# Directory that holds the `mr_rl` package this module belongs to: the zygote starts there,
+# so `python -m mr_rl.rewards._worker` imports this very copy of the package.
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class RewardTimeoutError(TimeoutError):
@@ -23,183 +39,390 @@ class RewardTimeoutError(TimeoutError):
 
 
 class RewardWorkerError(RuntimeError):
-  """A reward worker process died or the pool could not be (re)started."""
+  """A reward worker process died while running a call."""
 
 
-_WORKER_BARRIER = None
+class WorkerSetupError(RewardWorkerError):
+  """The workers could not start, or a call could not be sent to / loaded by one.
+
+  Not about the call's inputs: a preload module or initializer that fails, a function or
+  argument that does not pickle or does not unpickle in the worker (defined in
+  ``__main__``, a lambda, a module that is not importable there).
+  """
 
 
-def _pool_worker_init(barrier, initializer, initargs):
-  global _WORKER_BARRIER
-  _WORKER_BARRIER = barrier
-  if initializer is not None:
-    initializer(*initargs)
+class _RemoteTraceback(Exception):
+  """The worker-side traceback, attached as ``__cause__`` of a re-raised exception."""
+
+  def __init__(self, tb: str):
+    super().__init__(tb)
+    self.tb = tb
+
+  def __str__(self) -> str:
+    return self.tb
 
 
-def _pool_warmup(timeout_s: float) -> int:
-  # Every worker blocks here until all have started, so after warm-up each
-  # worker has finished its initializer and no call pays for start-up.
-  _WORKER_BARRIER.wait(timeout_s)
-  return os.getpid()
+class _ImportablePickler(pickle.Pickler):
+  """Pickler that refuses objects of ``__main__`` (the workers never import it)."""
+
+  def persistent_id(self, obj: Any) -> None:
+    if isinstance(obj, (types.FunctionType, type)) and obj.__module__ == "__main__":
+      raise pickle.PicklingError(
+          f"{obj.__qualname__} is defined in __main__; reward workers never import the "
+          f"caller's __main__, so functions and classes sent to them must live in an "
+          f"importable module")
+    return None
+
+
+def dumps_importable(obj: Any) -> bytes:
+  """Pickles `obj` for a worker process.
+
+  Raises:
+    pickle.PicklingError: `obj` does not pickle or refers to ``__main__``.
+  """
+  import io  # pylint: disable=import-outside-toplevel
+  buf = io.BytesIO()
+  try:
+    _ImportablePickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+  except pickle.PicklingError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (TypeError, AttributeError, ...)
+    raise pickle.PicklingError(f"cannot pickle {obj!r} for a worker process: {e!r}") from e
+  return buf.getvalue()
+
+
+def _last_line(tb: str) -> str:
+  """The exception line of a formatted traceback."""
+  lines = tb.strip().splitlines()
+  return lines[-1] if lines else "?"
+
+
+def _describe(status: int | None) -> str:
+  if status is None:
+    return "exit status unknown"
+  code = os.waitstatus_to_exitcode(status)
+  if code < 0:
+    import signal  # pylint: disable=import-outside-toplevel
+    return f"killed by signal {-code} ({signal.Signals(-code).name})"
+  return f"exit code {code}"
+
+
+class _ZygoteDied(Exception):
+  pass
+
+
+class _Zygote:
+  """The ``python -m mr_rl.rewards._worker`` process that forks the workers."""
+
+  def __init__(self, preload: Sequence[str], timeout_s: float):
+    self.preload = tuple(preload)
+    self._lock = threading.Lock()
+    ours, theirs = socket.socketpair()
+    try:
+      self._proc = subprocess.Popen(
+          [sys.executable, "-m", "mr_rl.rewards._worker", str(theirs.fileno())],
+          cwd=_PACKAGE_ROOT, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),))
+    except OSError as e:
+      ours.close()
+      raise WorkerSetupError(f"worker pool failed to start: {e!r}") from e
+    finally:
+      theirs.close()
+    self._sock = ours
+    try:
+      _worker.send_msg(ours, {"sys_path": list(sys.path), "cwd": os.getcwd(),
+                              "preload": list(self.preload)})
+      (status, detail), _ = _worker.recv_msg(ours, time.monotonic() + timeout_s)
+    except (OSError, EOFError, TimeoutError) as e:
+      self.close()
+      raise WorkerSetupError(f"worker pool failed to start: {e!r}") from e
+    if status != "ready":
+      self.close()
+      raise WorkerSetupError(f"worker pool failed to start: {_last_line(detail)} (preload "
+                             f"{list(self.preload)})\n{detail}")
+
+  def alive(self) -> bool:
+    return self._proc.poll() is None
+
+  def _request(self, cmd: str, arg: Any, fds: Sequence[int] = (), timeout_s: float = 60.0):
+    with self._lock:
+      try:
+        _worker.send_msg(self._sock, (cmd, arg), fds)
+        reply, _ = _worker.recv_msg(self._sock, time.monotonic() + timeout_s)
+      except (OSError, EOFError, TimeoutError) as e:
+        raise _ZygoteDied(repr(e)) from e
+    return reply
+
+  def spawn(self) -> tuple[socket.socket, int]:
+    """A new worker: (our end of its socket, its pid)."""
+    ours, theirs = socket.socketpair()
+    try:
+      status, pid = self._request("spawn", None, fds=(theirs.fileno(),))
+    except _ZygoteDied:
+      ours.close()
+      raise
+    finally:
+      theirs.close()
+    if status != "spawned":
+      ours.close()
+      raise WorkerSetupError(f"worker zygote refused to spawn: {pid}")
+    return ours, pid
+
+  def kill(self, pid: int) -> int | None:
+    """SIGKILLs worker `pid` (and its process group); its wait status, None if unknown."""
+    if not self.alive():
+      return None  # its workers died with it (PR_SET_PDEATHSIG)
+    try:
+      return self._request("kill", pid)[1]
+    except _ZygoteDied:
+      return None
+
+  def close(self) -> None:
+    self._sock.close()  # EOF: the zygote kills its workers and exits
+    try:
+      self._proc.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:
+      self._proc.kill()
+      self._proc.wait()
+
+
+class _Worker:
+  __slots__ = ("zygote", "sock", "pid", "sys_path")
+
+  def __init__(self, zygote: _Zygote, sock: socket.socket, pid: int):
+    self.zygote, self.sock, self.pid = zygote, sock, pid
+    self.sys_path: tuple[str, ...] = ()
 
 
 class HardTimeoutPool:
-  """Persistent process pool whose calls have a hard wall-clock timeout.
+  """Worker processes whose calls have a hard wall-clock timeout.
 
-  ``call`` waits for a free worker slot (at most ``max_workers`` calls are in
-  flight, so queueing never eats into a call's budget), runs ``fn(*args)`` in a
-  worker and waits ``timeout_s``. On timeout all workers are killed (a
-  ``ProcessPoolExecutor`` cannot kill just one) and the pool is recreated
-  lazily; calls of other threads that were in flight on the killed pool are
-  retried on the new one. Thread-safe.
+  ``call`` takes an idle worker (or starts one, at most ``max_workers``; waiting for a worker
+  never eats into a call's budget), sends it ``fn(*args)`` and waits ``timeout_s``. A call that
+  overruns gets its own worker killed (nothing else is disturbed) and a worker that dies is
+  blamed on exactly the call it was running; replacements fork from the zygote in
+  milliseconds. The caller's current ``sys.path`` goes with every call whose worker has not
+  seen it, so functions of modules added to the path later still import. Thread-safe; a
+  process forked from the caller (``os.fork``, multiprocessing's "fork") starts its own
+  zygote instead of sharing the parent's workers.
 
   Args:
     max_workers: number of worker processes.
-    initializer: picklable function run once in every worker.
+    initializer: picklable function run once in every worker (per-process state).
     initargs: its arguments.
-    preload: modules the forkserver imports once, so new workers fork with
-      them already loaded (only used with the forkserver context).
-    mp_context: multiprocessing start method, "forkserver" or "spawn" ("fork"
-      is refused: the trainer process runs JAX threads).
-    warmup_timeout_s: limit on starting the workers.
+    preload: modules the zygote imports once, so workers fork with them loaded.
+    warmup_timeout_s: limit on starting the zygote and on starting one worker.
   """
 
-  _MAX_VICTIM_RETRIES = 10
+  _MAX_ZYGOTE_RETRIES = 3
 
   def __init__(self, max_workers: int, initializer: Callable[..., None] | None = None,
                initargs: tuple[Any, ...] = (), preload: Sequence[str] = (),
-               mp_context: str = "forkserver", warmup_timeout_s: float = 120.0):
+               warmup_timeout_s: float = 120.0):
     if not isinstance(max_workers, int) or max_workers < 1:
       raise ValueError(f"max_workers must be a positive int, got {max_workers!r}")
-    if mp_context not in ("forkserver", "spawn"):
-      raise ValueError(f"mp_context must be 'forkserver' or 'spawn', got {mp_context!r}")
     if warmup_timeout_s <= 0:
       raise ValueError(f"warmup_timeout_s must be > 0, got {warmup_timeout_s}")
     self.max_workers = max_workers
-    self._initializer = initializer
-    self._initargs = tuple(initargs)
-    self._ctx = multiprocessing.get_context(mp_context)
-    if mp_context == "forkserver" and preload:
-      self._ctx.set_forkserver_preload(list(preload))  # no effect once the server runs
     self._warmup_timeout_s = float(warmup_timeout_s)
-    self._slot_cv = threading.Condition()
-    self._in_flight = 0
-    self._solo = False
-    self._timeout_kills: set[int] = set()
-    self._lock = threading.Lock()
-    self._executor: cf.ProcessPoolExecutor | None = None
-    self._generation = 0
+    self._preload: list[str] = []
+    self._inits: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+    self._cv = threading.Condition()
+    self._idle: list[_Worker] = []
+    self._count = 0  # live workers, idle or busy
+    self._zygote: _Zygote | None = None
+    self._zlock = threading.Lock()
     self._closed = False
-    self.restarts = 0  # pools killed after a timeout or crash
+    self.restarts = 0  # workers killed after a timeout or a crash
+    self.add_setup(preload, initializer, initargs)
+    _POOLS.add(self)
 
-  def _ensure(self) -> tuple[cf.ProcessPoolExecutor, int]:
-    with self._lock:
+  def _forget_after_fork(self) -> None:
+    """In a child made by ``os.fork``: the zygote and workers are the parent's; start afresh."""
+    self._cv, self._zlock = threading.Condition(), threading.Lock()
+    for worker in self._idle:
+      worker.sock.close()  # our copy only: the parent's connection stays open
+    if self._zygote is not None:
+      self._zygote._sock.close()  # pylint: disable=protected-access
+    self._idle, self._count, self._zygote = [], 0, None
+
+  def add_setup(self, preload: Sequence[str] = (),
+                initializer: Callable[..., None] | None = None,
+                initargs: tuple[Any, ...] = ()) -> None:
+    """Adds preload modules / an initializer for the workers (idempotent).
+
+    Modules added after the zygote started are imported by every new worker instead.
+
+    Raises:
+      pickle.PicklingError: the initializer cannot be sent to a worker.
+    """
+    if isinstance(preload, str):
+      raise TypeError(f"preload must be a sequence of module names, got {preload!r}")
+    if initializer is not None:
+      dumps_importable((initializer, tuple(initargs)))
+    with self._cv:
+      self._preload.extend(m for m in preload if m not in self._preload)
+      if initializer is not None and (initializer, tuple(initargs)) not in self._inits:
+        self._inits.append((initializer, tuple(initargs)))
+
+  # ------------------------------------------------------------------------ workers
+  def _get_zygote(self) -> _Zygote:
+    with self._zlock:
       if self._closed:
         raise RuntimeError("HardTimeoutPool is closed")
-      if self._executor is None:
-        barrier = self._ctx.Barrier(self.max_workers)
-        executor = cf.ProcessPoolExecutor(
-            self.max_workers, mp_context=self._ctx, initializer=_pool_worker_init,
-            initargs=(barrier, self._initializer, self._initargs))
-        futures = [executor.submit(_pool_warmup, self._warmup_timeout_s)
-                   for _ in range(self.max_workers)]
-        try:
-          for f in futures:
-            f.result(timeout=self._warmup_timeout_s)
-        except Exception as e:  # start-up failed: leave no half-started pool.
-          self._kill(executor)
-          raise RewardWorkerError(f"worker pool failed to start: {e!r}") from e
-        self._executor = executor
-      return self._executor, self._generation
+      z = self._zygote
+      if z is None or not z.alive():
+        if z is not None:
+          z.close()
+        with self._cv:
+          preload = tuple(self._preload)
+        self._zygote = z = _Zygote(preload, self._warmup_timeout_s)
+      return z
 
-  @staticmethod
-  def _kill(executor: cf.ProcessPoolExecutor) -> None:
-    # `_processes` is private but stable (CPython 3.8-3.13); it is the only way
-    # to stop a worker stuck in C code (e.g. a sympy bignum power).
-    for proc in list((executor._processes or {}).values()):  # pylint: disable=protected-access
+  def _spawn(self) -> _Worker:
+    for _ in range(self._MAX_ZYGOTE_RETRIES):
+      z = self._get_zygote()
       try:
-        proc.kill()
-      except Exception:  # pylint: disable=broad-except
-        pass
-    executor.shutdown(wait=False, cancel_futures=True)
+        sock, pid = z.spawn()
+      except _ZygoteDied:
+        continue  # _get_zygote starts a new one
+      worker = _Worker(z, sock, pid)
+      with self._cv:
+        imports = [m for m in self._preload if m not in z.preload]
+        inits = dumps_importable(list(self._inits))
+      worker.sys_path = tuple(sys.path)
+      try:
+        _worker.send_msg(sock, ("setup", list(worker.sys_path), os.getcwd(), imports, inits))
+        (status, detail), _ = _worker.recv_msg(sock, time.monotonic() + self._warmup_timeout_s)
+      except (OSError, EOFError, TimeoutError) as e:
+        self._discard(worker)
+        if not z.alive():
+          continue
+        raise WorkerSetupError(f"a reward worker failed to start: {e!r}") from e
+      if status != "ready":
+        self._discard(worker)
+        raise WorkerSetupError(f"a reward worker failed to start: {_last_line(detail)} (imports "
+                               f"{imports}, initializers {[f for f, _ in self._inits]})\n"
+                               f"{detail}")
+      return worker
+    raise WorkerSetupError(f"the worker zygote died {self._MAX_ZYGOTE_RETRIES} times in a row")
 
-  def _reset(self, generation: int, timed_out: bool = False) -> None:
-    """Kills the pool of `generation` unless another thread already did."""
-    with self._lock:
-      if self._generation != generation or self._executor is None:
-        return
-      if timed_out:
-        self._timeout_kills.add(generation)
-      self._kill(self._executor)
-      self._executor = None
-      self._generation += 1
-      self.restarts += 1
+  def _discard(self, worker: _Worker) -> int | None:
+    """Kills `worker`; returns its wait status (None if unknown)."""
+    worker.sock.close()
+    return worker.zygote.kill(worker.pid)
 
-  def _acquire(self, solo: bool) -> None:
-    with self._slot_cv:
-      if solo:
-        self._slot_cv.wait_for(lambda: not self._solo)
-        self._solo = True
-        self._slot_cv.wait_for(lambda: self._in_flight == 0)
+  def _acquire(self) -> _Worker:
+    with self._cv:
+      while True:
+        if self._closed:
+          raise RuntimeError("HardTimeoutPool is closed")
+        if self._idle:
+          return self._idle.pop()
+        if self._count < self.max_workers:
+          self._count += 1
+          break
+        self._cv.wait()
+    try:
+      return self._spawn()
+    except BaseException:
+      with self._cv:
+        self._count -= 1
+        self._cv.notify()
+      raise
+
+  def _release(self, worker: _Worker, healthy: bool) -> None:
+    with self._cv:
+      if healthy and not self._closed:
+        self._idle.append(worker)
       else:
-        self._slot_cv.wait_for(lambda: not self._solo and self._in_flight < self.max_workers)
-      self._in_flight += 1
+        self._count -= 1
+        worker.sock.close()
+      self._cv.notify()
 
-  def _release(self, solo: bool) -> None:
-    with self._slot_cv:
-      self._in_flight -= 1
-      if solo:
-        self._solo = False
-      self._slot_cv.notify_all()
-
+  # --------------------------------------------------------------------------- calls
   def call(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
     """Runs ``fn(*args)`` in a worker; returns its result or re-raises its exception.
 
-    A call whose pool was killed because of another call's timeout is retried.
-    A call whose worker crashed is retried once alone on a fresh pool (so a
-    crash is blamed on the right call); a second crash raises.
-
     Raises:
-      RewardTimeoutError: the call ran longer than ``timeout_s`` seconds.
-      RewardWorkerError: the worker crashed on this call, or the pool cannot start.
+      RewardTimeoutError: the call ran longer than ``timeout_s`` seconds (its worker is
+        killed).
+      RewardWorkerError: the worker died running this call.
+      WorkerSetupError: the workers cannot start, or the call cannot be sent to or loaded
+        in a worker.
+      Whatever ``fn`` raised, with the worker's traceback as ``__cause__``.
     """
     if not timeout_s or timeout_s <= 0:
       raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-    solo = False
-    for _ in range(self._MAX_VICTIM_RETRIES):
-      alone = solo
-      self._acquire(alone)
+    name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", fn)
+    try:
+      payload = dumps_importable((fn, args))
+    except pickle.PicklingError as e:
+      raise WorkerSetupError(f"cannot send {name} to a reward worker: {e}") from e
+    for _ in range(self._MAX_ZYGOTE_RETRIES):
+      worker = self._acquire()
+      healthy = False
       try:
-        executor, generation = self._ensure()
-        try:
-          future = executor.submit(fn, *args)
-        except (BrokenProcessPool, RuntimeError):
-          self._reset(generation)  # found broken before our task ran: not our fault
-          continue
-        try:
-          return future.result(timeout=timeout_s)
-        except cf.TimeoutError:
-          self._reset(generation, timed_out=True)
-          raise RewardTimeoutError(
-              f"{getattr(fn, '__name__', fn)!s} exceeded {timeout_s:g} s") from None
-        except (BrokenProcessPool, cf.CancelledError) as e:
-          if generation in self._timeout_kills:
-            continue  # killed for another call's timeout
-          self._reset(generation)
-          if solo:
-            raise RewardWorkerError(f"worker crashed on this call: {e!r}") from e
-          solo = True
+        path = tuple(sys.path)
+        _worker.send_msg(worker.sock, (None if path == worker.sys_path else list(path), payload))
+        worker.sys_path = path
+        reply = _worker.recv_raw(worker.sock, time.monotonic() + timeout_s)
+        healthy = True
+      except TimeoutError:
+        self._discard(worker)
+        with self._cv:
+          self.restarts += 1
+        raise RewardTimeoutError(f"{name!s} exceeded {timeout_s:g} s") from None
+      except (OSError, EOFError) as e:
+        status = self._discard(worker)
+        if not worker.zygote.alive():
+          continue  # the zygote (and with it this worker) died: not this call's doing
+        with self._cv:
+          self.restarts += 1
+        raise RewardWorkerError(f"reward worker died running {name!s} ({_describe(status)})"
+                                ) from e
       finally:
-        self._release(alone)
-    raise RewardWorkerError(f"pool was killed {self._MAX_VICTIM_RETRIES} times during this call")
+        self._release(worker, healthy)
+      return self._unpack(reply, name)
+    raise RewardWorkerError(f"the worker zygote died {self._MAX_ZYGOTE_RETRIES} times during "
+                            f"a call to {name!s}")
+
+  @staticmethod
+  def _unpack(reply: bytes, name: Any) -> Any:
+    try:
+      kind, *rest = pickle.loads(reply)
+    except Exception as e:  # pylint: disable=broad-except
+      raise RewardWorkerError(f"the reply of {name!s} could not be read: {e!r}") from e
+    if kind == "ok":
+      return rest[0]
+    if kind == "raise":
+      exc, tb = rest
+      raise exc from _RemoteTraceback(tb)
+    raise WorkerSetupError(f"a reward worker could not load the call to {name!s}: "
+                           f"{_last_line(rest[0])}") from _RemoteTraceback(rest[0])
 
   def close(self) -> None:
-    with self._lock:
-      self._closed = True
-      if self._executor is not None:
-        self._kill(self._executor)
-        self._executor = None
+    """Kills every worker and the zygote; later calls raise RuntimeError."""
+    with self._zlock:
+      with self._cv:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        self._cv.notify_all()
+      for worker in idle:
+        worker.sock.close()
+      if self._zygote is not None:
+        self._zygote.close()
+        self._zygote = None
 
+
+_POOLS: weakref.WeakSet[HardTimeoutPool] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+  for p in list(_POOLS):
+    p._forget_after_fork()  # pylint: disable=protected-access
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 _SHARED_POOL: HardTimeoutPool | None = None
 _SHARED_POOL_LOCK = threading.Lock()
@@ -208,20 +431,13 @@ _SHARED_POOL_LOCK = threading.Lock()
 def shared_pool() -> HardTimeoutPool:
   """The process-wide pool for math-verify and other ``"process"`` channels.
 
-  ``min(4, cpu_count)`` forkserver workers with math-verify preloaded; created
-  on first use, killed at interpreter exit.
+  ``min(4, cpu_count)`` workers, created (as an object; no process runs before the first
+  call) on first use and killed at interpreter exit. Client modules register what their
+  workers need with ``shared_pool().add_setup(...)`` when imported.
   """
   global _SHARED_POOL
   with _SHARED_POOL_LOCK:
     if _SHARED_POOL is None:
-      _SHARED_POOL = HardTimeoutPool(
-          max_workers=min(4, os.cpu_count() or 1),
-          initializer=_math_worker_init,
-          preload=("mr_rl.rewards._forkserver_preload", "mr_rl.rewards.runner"))
+      _SHARED_POOL = HardTimeoutPool(max_workers=min(4, os.cpu_count() or 1))
       atexit.register(_SHARED_POOL.close)
     return _SHARED_POOL
-
-
-def _math_worker_init() -> None:
-  from mr_rl.rewards import math as math_rewards  # pylint: disable=import-outside-toplevel
-  math_rewards.worker_init()

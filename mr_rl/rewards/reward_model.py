@@ -61,7 +61,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from mr_rl.models import hf_io
 from mr_rl.models import sharding as shd
 from mr_rl.models.transformer import Transformer, abstract_params, positions_from_mask
-from mr_rl.rewards.runner import RewardChannel, register_reward
+from mr_rl.rewards.channels import REWARDS, MissingFieldError, RewardChannel
 
 ARMORM_HUB = "RLHFlow/ArmoRM-Llama3-8B-v0.1"
 ARMORM_OBJECTIVES = (  # model card order; AMRP's help / corr / coh are 0 / 1 / 2
@@ -572,8 +572,8 @@ def conversation_of(example: Mapping[str, Any]):
     return example["messages"]
   if "prompt" in example:
     return example["prompt"]
-  raise KeyError(f"reward-model channels need example['messages'] or example['prompt'] "
-                 f"(keys: {sorted(example)})")
+  raise MissingFieldError(f"reward-model channels need example['messages'] or example['prompt'] "
+                          f"(keys: {sorted(example)})")
 
 
 def _rm_channel_fn(response, example, num_tokens, *, scorer, index, rescale):
@@ -604,11 +604,28 @@ def reward_model_channel(objective: int | str, *, path: str = ARMORM_HUB,
   return RewardChannel(name or f"rm_{scorer.model.objectives[index]}", fn, "thread")
 
 
-# Registered channels (AMRP alignment profile, objectives 0 / 1 / 2 of ArmoRM):
-#   armorm_helpfulness / armorm_correctness / armorm_coherence(path=ARMORM_HUB, rescale=None,
-#     dtype='float32', mesh=None, ...), reward_model(objective, path, ...); each channel is
-#     named as registered.
-for _name, _idx in (("helpfulness", 0), ("correctness", 1), ("coherence", 2)):
-  register_reward(f"armorm_{_name}", functools.partial(reward_model_channel, _idx,
-                                                       name=f"armorm_{_name}"))
-register_reward("reward_model", functools.partial(reward_model_channel, name="reward_model"))
+# Registered channels (AMRP alignment profile, objectives 0 / 1 / 2 of ArmoRM), each named as
+# registered and taking `reward_model_channel`'s keyword arguments (path=ARMORM_HUB,
+# rescale=None, dtype='float32', mesh=None, ...).
+@REWARDS.register
+def armorm_helpfulness(**kw: Any) -> RewardChannel:
+  """ArmoRM objective 0 (helpsteer-helpfulness)."""
+  return reward_model_channel(0, name="armorm_helpfulness", **kw)
+
+
+@REWARDS.register
+def armorm_correctness(**kw: Any) -> RewardChannel:
+  """ArmoRM objective 1 (helpsteer-correctness)."""
+  return reward_model_channel(1, name="armorm_correctness", **kw)
+
+
+@REWARDS.register
+def armorm_coherence(**kw: Any) -> RewardChannel:
+  """ArmoRM objective 2 (helpsteer-coherence)."""
+  return reward_model_channel(2, name="armorm_coherence", **kw)
+
+
+@REWARDS.register
+def reward_model(objective: int | str, **kw: Any) -> RewardChannel:
+  """Any one objective of a reward model, channel named ``reward_model``."""
+  return reward_model_channel(objective, name="reward_model", **kw)

@@ -1,34 +1,55 @@
-"""Batch reward runner: r[B, G, K] from K named channels, failures score NaN.
+"""Batch reward runner: r[B, G, K] from K named channels (METHODS.md section 7).
 
-Every reward is a host-side function ``fn(response, example, num_tokens) ->
-float`` (METHODS.md section 7). The runner evaluates B*G*K calls concurrently
-and never raises into the trainer because of a reward function: an exception,
-a timeout or a crashed worker scores NaN and increments a per-channel error
-count (``RewardRunner.error_counts``; per-call counts come back as metrics).
+Shapes: B prompts, G responses per prompt, K channels.
+
+Every reward is a host-side function ``fn(response, example, num_tokens) -> float | None``
+(or a batched ``fn(responses, examples, num_tokens) -> list[float | None]``, see
+``RewardChannel``). The runner evaluates the B*G*K calls concurrently. Each call ends in one
+of four ways, and the line between them is drawn here:
+
+* **a score**: a real number (bools count as 0 / 1).
+* **does not apply**: the function returned ``None`` or NaN on purpose -> NaN, which every
+  aggregator reads as "this channel does not apply to this sample"; counted in
+  ``rewards/<name>/not_applicable``.
+* **failure** (the response broke the scorer): the function raised anything but a
+  ``RewardConfigError``, overran ``timeout_s``, or its worker process died -> the channel's
+  ``on_failure`` value (0.0 by default), never NaN, so a policy cannot earn reward by making
+  a verifier crash or time out. Counted in ``rewards/<name>/errors`` (timeouts also in
+  ``/timeouts``), cumulatively in ``error_counts`` / ``timeout_counts``, with the latest
+  error in ``last_errors``. The failure-rate guard stops the run when a channel fails on
+  more than ``max_failure_share`` of a batch on ``failure_patience`` consecutive calls
+  (``RewardFailureError``, naming the channel and its last error).
+* **configuration error** (the scorer cannot run here; no response could fix it): the
+  function raised ``RewardConfigError`` (a ``MissingFieldError`` when it reads an example
+  field the data does not have: examples reach channels as ``ExampleFields``, whose missing
+  keys raise it), it returned something that is not a reward (a str, a list from a
+  per-sample function, +-inf, a batched list of the wrong length), or a "process" call
+  could not be sent to or loaded in a worker (``pool.WorkerSetupError``: a function in
+  ``__main__``, a plugin module that does not import there, workers that cannot start).
+  The runner raises ``RewardConfigError`` at the first batch, naming the channel, the error
+  and the keys the example has. Bad parameters fail earlier, when the channel is built.
 
 Two execution kinds:
 
-* ``"thread"``: light rules (regexes, length thresholds) run directly on the
-  runner's daemon threads. A call that overruns ``timeout_s`` scores NaN; the
-  thread cannot be killed, so it is abandoned and replaced by a fresh one (its
-  eventual result is dropped). Only use this kind for code that cannot hang.
-* ``"process"``: heavy or untrusted work (sympy, math-verify) runs in a
-  ``HardTimeoutPool``: a persistent ``ProcessPoolExecutor`` (forkserver
-  context) whose workers are killed and replaced when a call overruns its
-  wall-clock timeout. ``fn`` and its arguments must be picklable (a
-  module-level function or a ``functools.partial`` of one).
+* ``"thread"``: light rules (regexes, length thresholds) run directly on the runner's
+  daemon threads. A call that overruns ``timeout_s`` fails; the thread cannot be killed, so
+  it is abandoned and replaced by a fresh one (its eventual result is dropped). Only use
+  this kind for code that cannot hang.
+* ``"process"``: heavy or untrusted work (sympy, math-verify) runs in a ``HardTimeoutPool``
+  (``pool.py``): our own worker processes, one killed and replaced when its call overruns.
+  ``fn`` and its arguments must be importable by name in a worker (a module-level function
+  or a ``functools.partial`` of one; never one defined in ``__main__``).
 
-The registry maps a name to a factory of ``RewardChannel``s, so a config can
-pick channels by name and set their parameters:
+Channels come from the registry in ``mr_rl.rewards.channels`` (re-exported here), so a
+config can pick channels by name and set their parameters:
 ``get_reward("brief", threshold=128)``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import importlib
 import logging
+import math
+import numbers
 import queue
 import threading
 import time
@@ -36,164 +57,47 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from mr_rl.rewards import math as math_rewards
-from mr_rl.rewards.pool import HardTimeoutPool, RewardTimeoutError, RewardWorkerError, shared_pool
+from mr_rl.rewards.channels import (KINDS, REWARDS, ExampleFields, MissingFieldError,
+                                    RewardChannel, RewardConfigError, available_rewards,
+                                    batched_reward, channel_name, get_reward, is_import_path,
+                                    register_reward)
+from mr_rl.rewards.pool import (HardTimeoutPool, RewardTimeoutError, RewardWorkerError,
+                                WorkerSetupError, shared_pool)
 
-__all__ = ["KINDS", "RewardChannel", "RewardRunner", "available_rewards", "get_reward",
-           "register_reward", "HardTimeoutPool", "RewardTimeoutError", "RewardWorkerError",
+__all__ = ["KINDS", "REWARDS", "ExampleFields", "HardTimeoutPool", "MissingFieldError",
+           "RewardChannel", "RewardConfigError", "RewardFailureError", "RewardRunner",
+           "RewardTimeoutError", "RewardWorkerError", "WorkerSetupError", "available_rewards",
+           "batched_reward", "channel_name", "get_reward", "is_import_path", "register_reward",
            "shared_pool"]
 
-KINDS = ("thread", "process")
 _LOG = logging.getLogger(__name__)
-RewardFn = Callable[[str, Mapping[str, Any], int], float]
+_FATAL = (RewardConfigError, WorkerSetupError)
+
+
+class RewardFailureError(RuntimeError):
+  """A channel failed on too large a share of its calls for too many consecutive batches."""
 
 
 # ----------------------------------------------------------------------------
-# Registry.
-# ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class RewardChannel:
-  """One named reward channel.
-
-  Attributes:
-    name: channel name (a column k of r[B, G, K]).
-    fn: ``fn(response, example, num_tokens) -> float``.
-    kind: "thread" (light rule) or "process" (heavy / untrusted; picklable fn).
-  """
-  name: str
-  fn: RewardFn
-  kind: str = "thread"
-
-  def __post_init__(self):
-    if not isinstance(self.name, str) or not self.name:
-      raise ValueError(f"name must be a non-empty str, got {self.name!r}")
-    if not callable(self.fn):
-      raise TypeError(f"fn of channel {self.name!r} must be callable, got {type(self.fn)}")
-    if self.kind not in KINDS:
-      raise ValueError(f"kind of channel {self.name!r} must be one of {KINDS}, got {self.kind!r}")
-
-
-_REGISTRY: dict[str, Callable[..., RewardChannel]] = {}
-# Other reward modules register their channels when imported; get_reward
-# imports them on first lookup. A module that does not exist is skipped.
-_PLUGIN_MODULES = ("mr_rl.rewards.code", "mr_rl.rewards.alce",
-                   # added by the reward-model / code-channels helper: code_correct,
-                   # code_fast, code_noop and the armorm_* reward-model channels.
-                   "mr_rl.rewards.code_channels", "mr_rl.rewards.reward_model")
-_plugins_loaded = False
-
-
-def register_reward(name: str, factory: Callable[..., RewardChannel]) -> None:
-  """Registers ``factory(**params) -> RewardChannel`` under ``name``."""
-  if name in _REGISTRY:
-    raise ValueError(f"reward {name!r} is already registered")
-  _REGISTRY[name] = factory
-
-
-def _load_plugins() -> None:
-  global _plugins_loaded
-  if _plugins_loaded:
-    return
-  _plugins_loaded = True
-  for module in _PLUGIN_MODULES:
-    try:
-      importlib.import_module(module)
-    except ModuleNotFoundError as e:
-      if e.name != module:  # the module exists but one of its imports is missing
-        raise
-
-
-def available_rewards() -> list[str]:
-  _load_plugins()
-  return sorted(_REGISTRY)
-
-
-def get_reward(name: str, **params: Any) -> RewardChannel:
-  """Builds the registered channel ``name`` with ``params``.
-
-  Raises:
-    ValueError: unknown name (the message lists the valid ones).
-  """
-  _load_plugins()
-  if name not in _REGISTRY:
-    raise ValueError(f"unknown reward {name!r}; valid names: {sorted(_REGISTRY)}")
-  return _REGISTRY[name](**params)
-
-
-def _accuracy_channel(response, example, num_tokens, *, reference_key):
-  del num_tokens
-  if reference_key not in example:
-    raise KeyError(f"example has no {reference_key!r} (keys: {sorted(example)})")
-  return math_rewards.accuracy_in_process(response, example[reference_key])
-
-
-def _format_channel(response, example, num_tokens):
-  del example, num_tokens
-  return math_rewards.format_reward(response)
-
-
-def _length_channel(response, example, num_tokens, *, max_full, zero_at):
-  del response, example
-  return math_rewards.length_reward(num_tokens, max_full=max_full, zero_at=zero_at)
-
-
-def _brief_channel(response, example, num_tokens, *, threshold):
-  del response, example
-  return math_rewards.brief(num_tokens, threshold)
-
-
-def _negative_channel(response, example, num_tokens):
-  del example, num_tokens
-  return math_rewards.negative_in_process(response)
-
-
-def _accuracy_factory(reference_key: str = "reference") -> RewardChannel:
-  return RewardChannel(
-      "accuracy", functools.partial(_accuracy_channel, reference_key=reference_key), "process")
-
-
-def _length_factory(max_full: int = 2800, zero_at: int = 3000) -> RewardChannel:
-  math_rewards.length_reward(0, max_full=max_full, zero_at=zero_at)  # validates
-  return RewardChannel(
-      "length", functools.partial(_length_channel, max_full=max_full, zero_at=zero_at))
-
-
-def _brief_factory(threshold: int = 200) -> RewardChannel:
-  math_rewards.brief(0, threshold)  # validates
-  return RewardChannel("brief", functools.partial(_brief_channel, threshold=threshold))
-
-
-# Built-in channels (METHODS.md section 7):
-#   accuracy(reference_key="reference")  process  math-verify vs example[reference_key]
-#   format()                             thread   AMRP <reasoning>/<answer> format
-#   length(max_full=2800, zero_at=3000)  thread   AMRP soft length rule on num_tokens
-#   brief(threshold=200)                 thread   TAG: num_tokens < threshold
-#   negative()                           process  TAG: final answer is a number < 0
-register_reward("accuracy", _accuracy_factory)
-register_reward("format", lambda: RewardChannel("format", _format_channel))
-register_reward("length", _length_factory)
-register_reward("brief", _brief_factory)
-register_reward("negative", lambda: RewardChannel("negative", _negative_channel, "process"))
-
-
-# ----------------------------------------------------------------------------
-# Runner.
+# Calls and the threads that run them.
 # ----------------------------------------------------------------------------
 
 
 class _Call:
-  """One reward evaluation, filled in by a worker thread."""
+  """One reward evaluation, filled in by a worker thread.
 
-  __slots__ = ("channel", "args", "index", "t0", "done", "abandoned", "value", "error",
+  ``index`` is (b, g) for a per-sample call, None for a batched call (all B*G samples).
+  """
+
+  __slots__ = ("channel", "k", "args", "index", "t0", "done", "abandoned", "value", "error",
                "timed_out")
 
-  def __init__(self, channel: RewardChannel, args: tuple[Any, ...], index: tuple[int, int, int]):
-    self.channel, self.args, self.index = channel, args, index
+  def __init__(self, channel: RewardChannel, k: int, args: tuple[Any, ...],
+               index: tuple[int, int] | None):
+    self.channel, self.k, self.args, self.index = channel, k, args, index
     self.t0: float | None = None
     self.done = self.abandoned = self.timed_out = False
-    self.value = float("nan")
+    self.value: Any = None
     self.error: BaseException | None = None
 
 
@@ -222,9 +126,9 @@ class _ThreadWorkers:
           value = self._pool_getter().call(call.channel.fn, *call.args, timeout_s=self._timeout_s)
         else:
           value = call.channel.fn(*call.args)
-        value, error = float(value), None
+        error = None
       except BaseException as e:  # pylint: disable=broad-except
-        value, error = float("nan"), e
+        value, error = None, e
       with self._cond:
         if call.abandoned:
           return  # a replacement thread already took over this slot
@@ -256,6 +160,45 @@ class _ThreadWorkers:
           self._cond.wait(timeout=0.05)
 
 
+# ----------------------------------------------------------------------------
+# Return values.
+# ----------------------------------------------------------------------------
+
+
+def _as_score(value: Any, channel: RewardChannel) -> float:
+  """A returned value as a score (NaN = does not apply); RewardConfigError if it is none."""
+  if value is None:
+    return math.nan
+  if isinstance(value, (bool, np.bool_)):
+    return float(value)
+  if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "biuf":
+    value = value.item()
+  if isinstance(value, numbers.Real):
+    score = float(value)
+    if math.isinf(score):
+      raise RewardConfigError(f"returned {score}: a reward is a finite number, or None / NaN "
+                              f"for 'does not apply'")
+    return score
+  hint = ""
+  if isinstance(value, (list, tuple, np.ndarray)) and not channel.batched:
+    hint = " (a per-sample function returned a sequence: mark batched functions batched=True)"
+  raise RewardConfigError(f"returned {type(value).__name__} {value!r:.80}: a reward is a real "
+                          f"number, or None / NaN for 'does not apply'{hint}")
+
+
+def _as_scores(value: Any, channel: RewardChannel, n: int) -> list[float]:
+  if not isinstance(value, (list, tuple, np.ndarray)) or np.ndim(value) != 1 or len(value) != n:
+    raise RewardConfigError(f"batched function returned {type(value).__name__} "
+                            f"{value!r:.80}; expected a list of {n} rewards (one per response, "
+                            f"None / NaN where it does not apply)")
+  return [_as_score(v, channel) for v in value]
+
+
+# ----------------------------------------------------------------------------
+# Runner.
+# ----------------------------------------------------------------------------
+
+
 class RewardRunner:
   """Computes r[B, G, K] (float32) for a batch over K named channels.
 
@@ -267,15 +210,20 @@ class RewardRunner:
   Thread-safe: several threads may call the same runner at once.
 
   Args:
-    channels: names (built with default parameters) or ``RewardChannel``s.
-    timeout_s: wall-clock budget of one call (one response, one channel).
-    num_threads: runner threads (they also wait on the process pool, so keep
-      it >= the pool's workers).
+    channels: registered names or import paths (built with ``get_reward``, default
+      parameters) or ``RewardChannel``s.
+    timeout_s: wall-clock budget of one call (one response and channel, or one batched call).
+    num_threads: runner threads (they also wait on the process pool, so keep it >= the
+      pool's workers).
     pool: process pool for "process" channels; default ``shared_pool()``.
+    max_failure_share: the guard's limit on the share of a channel's calls in one batch that
+      fail (raise, time out, worker died); 1.0 never trips.
+    failure_patience: consecutive runner calls over the limit that stop the run.
   """
 
   def __init__(self, channels: Sequence[str | RewardChannel], timeout_s: float = 10.0,
-               num_threads: int = 8, pool: HardTimeoutPool | None = None):
+               num_threads: int = 8, pool: HardTimeoutPool | None = None,
+               max_failure_share: float = 0.5, failure_patience: int = 3):
     if isinstance(channels, (str, RewardChannel)) or not channels:
       raise ValueError(f"channels must be a non-empty sequence, got {channels!r}")
     self.channels = tuple(c if isinstance(c, RewardChannel) else get_reward(c) for c in channels)
@@ -286,17 +234,49 @@ class RewardRunner:
       raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
     if not isinstance(num_threads, int) or num_threads < 1:
       raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
+    if (isinstance(max_failure_share, bool) or not isinstance(max_failure_share, numbers.Real)
+        or not 0.0 <= max_failure_share <= 1.0):
+      raise ValueError(f"max_failure_share must be in [0, 1], got {max_failure_share!r}")
+    if isinstance(failure_patience, bool) or not isinstance(failure_patience, int) or \
+        failure_patience < 1:
+      raise ValueError(f"failure_patience must be a positive int, got {failure_patience!r}")
     self.names = tuple(names)
     self.timeout_s = float(timeout_s)
+    self.max_failure_share = float(max_failure_share)
+    self.failure_patience = failure_patience
     self._pool = pool
     self._workers = _ThreadWorkers(num_threads, self._get_pool, self.timeout_s)
     self._lock = threading.Lock()
     self.error_counts = {n: 0 for n in self.names}    # cumulative failures (incl. timeouts)
     self.timeout_counts = {n: 0 for n in self.names}  # cumulative timeouts
     self.last_errors: dict[str, str] = {}             # channel -> repr of its latest failure
+    self._streaks = {n: 0 for n in self.names}        # consecutive calls over the share limit
 
   def _get_pool(self) -> HardTimeoutPool:
     return self._pool if self._pool is not None else shared_pool()
+
+  def _check(self, responses_BG, examples_B, num_tokens_BG) -> tuple[int, int, np.ndarray]:
+    B = len(responses_BG)
+    if B == 0:
+      raise ValueError("responses_BG is empty")
+    G = len(responses_BG[0])
+    if any(len(row) != G for row in responses_BG) or G == 0:
+      raise ValueError(f"responses_BG must be B lists of the same G >= 1 responses, "
+                       f"got lengths {[len(row) for row in responses_BG]}")
+    if len(examples_B) != B:
+      raise ValueError(f"examples_B has {len(examples_B)} entries, expected B={B}")
+    for b, ex in enumerate(examples_B):
+      if not isinstance(ex, Mapping):
+        raise TypeError(f"examples_B[{b}] must be a mapping, got {type(ex).__name__}")
+    num_tokens_BG = np.asarray(num_tokens_BG)
+    if num_tokens_BG.shape != (B, G) or not np.issubdtype(num_tokens_BG.dtype, np.integer):
+      raise ValueError(f"num_tokens_BG must be an integer array of shape {(B, G)}, "
+                       f"got {num_tokens_BG.dtype} {num_tokens_BG.shape}")
+    for b, row in enumerate(responses_BG):
+      for g, resp in enumerate(row):
+        if not isinstance(resp, str):
+          raise TypeError(f"responses_BG[{b}][{g}] must be str, got {type(resp)}")
+    return B, G, num_tokens_BG
 
   def __call__(self, responses_BG: Sequence[Sequence[str]], examples_B: Sequence[Mapping[str, Any]],
                num_tokens_BG: Any) -> tuple[np.ndarray, dict[str, float]]:
@@ -308,61 +288,108 @@ class RewardRunner:
       num_tokens_BG: [B, G] generated-token counts.
 
     Returns:
-      r_BGK: float32 [B, G, K]; NaN where a call failed.
-      metrics: per-call logging stats: ``rewards/<name>/errors``,
-        ``rewards/<name>/timeouts``, ``rewards/<name>/mean`` (NaN-ignoring) and
+      r_BGK: float32 [B, G, K]; NaN where a channel does not apply, ``on_failure`` where a
+        call failed.
+      metrics: per-call logging stats: ``rewards/<name>/errors``, ``rewards/<name>/timeouts``,
+        ``rewards/<name>/not_applicable``, ``rewards/<name>/mean`` (NaN-ignoring) and
         ``rewards/seconds``.
-    """
-    B = len(responses_BG)
-    if B == 0:
-      raise ValueError("responses_BG is empty")
-    G = len(responses_BG[0])
-    if any(len(row) != G for row in responses_BG) or G == 0:
-      raise ValueError(f"responses_BG must be B lists of the same G >= 1 responses, "
-                       f"got lengths {[len(row) for row in responses_BG]}")
-    if len(examples_B) != B:
-      raise ValueError(f"examples_B has {len(examples_B)} entries, expected B={B}")
-    num_tokens_BG = np.asarray(num_tokens_BG)
-    if num_tokens_BG.shape != (B, G) or not np.issubdtype(num_tokens_BG.dtype, np.integer):
-      raise ValueError(f"num_tokens_BG must be an integer array of shape {(B, G)}, "
-                       f"got {num_tokens_BG.dtype} {num_tokens_BG.shape}")
-    for b, row in enumerate(responses_BG):
-      for g, resp in enumerate(row):
-        if not isinstance(resp, str):
-          raise TypeError(f"responses_BG[{b}][{g}] must be str, got {type(resp)}")
 
+    Raises:
+      RewardConfigError: a channel cannot run on this data (see the module docstring).
+      RewardFailureError: the failure-rate guard tripped.
+    """
+    B, G, num_tokens_BG = self._check(responses_BG, examples_B, num_tokens_BG)
     t0 = time.monotonic()
+    examples = [ExampleFields(ex) for ex in examples_B]
     calls = []
+    for k, ch in enumerate(self.channels):  # batched calls first: they are the long ones
+      if ch.batched:
+        calls.append(_Call(ch, k, ([r for row in responses_BG for r in row],
+                                   [ex for ex in examples for _ in range(G)],
+                                   [int(n) for n in num_tokens_BG.reshape(-1)]), None))
     for b in range(B):
       for g in range(G):
         for k, ch in enumerate(self.channels):
-          call = _Call(ch, (responses_BG[b][g], examples_B[b], int(num_tokens_BG[b, g])), (b, g, k))
-          calls.append(call)
-          self._workers.submit(call)
+          if not ch.batched:
+            calls.append(_Call(ch, k, (responses_BG[b][g], examples[b], int(num_tokens_BG[b, g])),
+                               (b, g)))
+    for call in calls:
+      self._workers.submit(call)
     self._workers.wait(calls)
-
-    r_BGK = np.full((B, G, len(self.channels)), np.nan, np.float32)
-    errors = dict.fromkeys(self.names, 0)
-    timeouts = dict.fromkeys(self.names, 0)
-    last_errors = {}
-    for c in calls:
-      if c.error is None:
-        r_BGK[c.index] = c.value
-      else:
-        errors[c.channel.name] += 1
-        timeouts[c.channel.name] += int(c.timed_out)
-        last_errors[c.channel.name] = repr(c.error)
-    with self._lock:
-      for n in self.names:
-        self.error_counts[n] += errors[n]
-        self.timeout_counts[n] += timeouts[n]
-      self.last_errors.update(last_errors)
-    for n, err in last_errors.items():
-      _LOG.warning("reward channel %r: %d failures in this batch (last: %s)", n, errors[n], err)
+    r_BGK, stats = self._collect(calls, B, G)
+    self._guard(stats, B * G)
     metrics = {"rewards/seconds": time.monotonic() - t0}
     for k, n in enumerate(self.names):
-      metrics[f"rewards/{n}/errors"] = float(errors[n])
-      metrics[f"rewards/{n}/timeouts"] = float(timeouts[n])
+      for what in ("errors", "timeouts", "not_applicable"):
+        metrics[f"rewards/{n}/{what}"] = float(stats[what][n])
       col = r_BGK[..., k]
-      metrics[f"rewards/{n}/mean"] = float(np.nanmean(col)) if np.isfinite(col).any() else float("nan")
+      metrics[f"rewards/{n}/mean"] = float(np.nanmean(col)) if np.isfinite(col).any() else math.nan
     return r_BGK, metrics
+
+  def _collect(self, calls: Sequence[_Call], B: int, G: int):
+    """Fills r[B, G, K] from finished calls; raises on configuration errors."""
+    r_BGK = np.full((B, G, len(self.channels)), np.nan, np.float32)
+    stats = {w: dict.fromkeys(self.names, 0) for w in ("errors", "timeouts", "not_applicable")}
+    last_errors, config_errors = {}, []
+    for c in calls:
+      name, n = c.channel.name, (1 if c.index is not None else B * G)
+      where = (*c.index, c.k) if c.index is not None else (Ellipsis, c.k)
+      if c.error is None:
+        try:
+          if c.index is None:
+            scores = np.asarray(_as_scores(c.value, c.channel, B * G), np.float32).reshape(B, G)
+          else:
+            scores = _as_score(c.value, c.channel)
+        except RewardConfigError as e:
+          config_errors.append((c, e))
+          continue
+        r_BGK[where] = scores
+        stats["not_applicable"][name] += int(np.isnan(scores).sum())
+      elif isinstance(c.error, _FATAL):
+        config_errors.append((c, c.error))
+      else:
+        r_BGK[where] = c.channel.on_failure
+        stats["errors"][name] += n
+        stats["timeouts"][name] += n * int(c.timed_out)
+        last_errors[name] = repr(c.error)
+    if config_errors:
+      raise self._config_error(config_errors)
+    with self._lock:
+      for n in self.names:
+        self.error_counts[n] += stats["errors"][n]
+        self.timeout_counts[n] += stats["timeouts"][n]
+      self.last_errors.update(last_errors)
+    for n, err in last_errors.items():
+      _LOG.warning("reward channel %r: %d failures in this batch (scored %g; last: %s)", n,
+                   stats["errors"][n], self.channels[self.names.index(n)].on_failure, err)
+    return r_BGK, stats
+
+  @staticmethod
+  def _config_error(config_errors) -> RewardConfigError:
+    c, e = config_errors[0]
+    same = sum(1 for c2, _ in config_errors if c2.channel is c.channel)
+    msg = (f"reward channel {c.channel.name!r} cannot run on this data ({same} of its calls in "
+           f"this batch): {type(e).__name__}: {e}")
+    if not isinstance(e, MissingFieldError):  # its message names the keys already
+      example = c.args[1] if c.index is not None else c.args[1][0]
+      msg += f" (example keys: {sorted(map(str, example))})"
+    err = RewardConfigError(msg)
+    err.__cause__ = e
+    return err
+
+  def _guard(self, stats, calls_per_channel: int) -> None:
+    """The failure-rate guard: counts consecutive over-limit batches per channel."""
+    tripped = []
+    with self._lock:
+      for n in self.names:
+        share = stats["errors"][n] / calls_per_channel
+        self._streaks[n] = self._streaks[n] + 1 if share > self.max_failure_share else 0
+        if self._streaks[n] >= self.failure_patience:
+          tripped.append((n, share, self._streaks[n]))
+    if tripped:
+      n, share, streak = tripped[0]
+      raise RewardFailureError(
+          f"reward channel {n!r} failed on {share:.0%} of this batch ({stats['errors'][n]} of "
+          f"{calls_per_channel} responses, {stats['timeouts'][n]} timeouts), more than "
+          f"max_failure_share={self.max_failure_share:g} for {streak} consecutive batches "
+          f"(failure_patience={self.failure_patience}); last error: {self.last_errors.get(n)}")

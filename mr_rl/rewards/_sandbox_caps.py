@@ -1,0 +1,195 @@
+"""Capabilities of the code sandbox on this machine, and the per-run harness config (host side).
+
+Private to ``mr_rl.rewards.code`` (``SandboxCapabilities`` and ``sandbox_capabilities`` are
+re-exported there). The probe runs the real harness (``_sandbox_harness.probe``) once per
+config and mode; ``_plan`` turns a missing layer into a ``SandboxError`` unless the config
+relaxes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import site
+import socket
+import sys
+import sysconfig
+import tempfile
+
+from mr_rl.rewards import _sandbox_kernel
+from mr_rl.rewards._sandbox_process import SandboxError, _launch, _rmtree
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxCapabilities:
+  """What isolation ``run`` gets on this machine (from a live probe).
+
+  Attributes:
+    is_root: the caller is root.
+    namespaces: "root" (as root, with a user namespace mapping only the sandbox uid),
+      "user" (unprivileged user namespace) or None (no namespaces: no network / pid / IPC /
+      /tmp isolation, and the host is writable wherever the uid may write).
+    network_isolated: a connect to a listener on the host's 127.0.0.1 failed.
+    pid_namespace: the run's processes die with its zygote (pid 1).
+    ipc_namespace: SysV / POSIX IPC objects are private to the run.
+    private_tmp: /tmp, /var/tmp, /dev/shm are private to the run.
+    private_proc: /proc inside shows only the run's processes.
+    read_only_host: every mount but the private tmpfs and /proc is read-only inside.
+    memory_cgroup: 1 or 2 (the cgroup version bounding a whole run's memory) or None.
+    seccomp: the syscall filter is installed (and no_new_privs set) before candidate code.
+    privilege_drop: the candidate runs as ``SandboxConfig.uid`` (root only).
+    capabilities_left: capability sets (name, mask) still non-empty after the drop; empty
+      wherever the probe ran (``run`` refuses otherwise).
+    stdlib_readable: the sandboxed interpreter could import a stdlib module.
+    notes: consequences of what is missing, in words.
+  """
+  is_root: bool
+  namespaces: str | None
+  network_isolated: bool
+  pid_namespace: bool
+  ipc_namespace: bool
+  private_tmp: bool
+  private_proc: bool
+  read_only_host: bool
+  memory_cgroup: int | None
+  seccomp: bool
+  privilege_drop: bool
+  capabilities_left: tuple[tuple[str, int], ...]
+  stdlib_readable: bool
+  notes: tuple[str, ...]
+
+
+def _site_dirs():
+  """This interpreter's site-packages / dist-packages (installed packages and their data)."""
+  paths = set(site.getsitepackages()) | {sysconfig.get_path(k) for k in ("purelib", "platlib")}
+  return sorted(os.path.realpath(p) for p in paths if p and os.path.isdir(p))
+
+
+def _harness_cfg(config, role, namespaces, drop, workdir, limits=None):
+  prefixes = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix,
+                                                   os.path.dirname(os.path.realpath(config.python)))})
+  hide = sorted({os.path.realpath(p) for p in config.hidden_paths} | set(_site_dirs()))
+  return {"role": role, "namespaces": namespaces, "drop": drop, "uid": config.uid, "gid": config.gid,
+          "workdir": workdir, "expose": prefixes, "hide": hide, "tmpfs_bytes": config.tmpfs_bytes,
+          "limits": limits}
+
+
+def _make_workdir(config, drop):
+  workdir = tempfile.mkdtemp(prefix="mr_rl_sandbox_")
+  os.chmod(workdir, 0o700)
+  if drop:
+    os.chown(workdir, config.uid, config.gid)
+  return workdir
+
+
+# ----------------------------------------------------------------------------- capabilities
+@functools.lru_cache(maxsize=1)
+def _cgroup_parent():
+  return _sandbox_kernel.find_memory_cgroup()
+
+
+def _cgroup_spec(config):
+  """The fork server's cgroup for ``config`` (``{"version", "parent", "limit"}``) or None."""
+  version, parent = _cgroup_parent()
+  if config.memory_limit != "cgroup" or version is None:
+    return None
+  return {"version": version, "parent": parent, "limit": config.memory_bytes}
+
+
+def _probe(config, namespaces, drop):
+  with socket.socket() as listener:
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.setblocking(False)
+    workdir = _make_workdir(config, drop)
+    try:
+      cfg = _harness_cfg(config, "probe", namespaces, drop, workdir)
+      cfg.update(probe_port=listener.getsockname()[1], host_ipc_ns=os.readlink("/proc/self/ns/ipc"),
+                 cgroup=_cgroup_spec(config))
+      out, err, timed_out, _ = _launch(config, cfg, b"", 30.0, workdir, "/tmp" if namespaces else workdir)
+    finally:
+      _rmtree(workdir)
+    try:
+      listener.accept()[0].close()
+      reached_host = True
+    except BlockingIOError:
+      reached_host = False
+  if timed_out or not out:
+    raise SandboxError(f"sandbox probe produced no report (stderr: {err.decode(errors='replace')[-500:]})")
+  report = json.loads(out)
+  report["network_blocked"] = report.get("network_blocked", False) and not reached_host
+  return report
+
+
+_WRITABLE_INSIDE = {"/tmp", "/var/tmp", "/dev/shm", "/proc", "/dev/pts", "/dev/ptmx"}  # all private
+
+
+@functools.lru_cache(maxsize=8)
+def capabilities(config) -> SandboxCapabilities:
+  """``code.sandbox_capabilities`` for a given ``SandboxConfig`` (cached per config)."""
+  is_root = os.geteuid() == 0
+  attempts = [("root", True), (None, True)] if is_root else [("user", False), (None, False)]
+  report, failed = None, []
+  for namespaces, drop in attempts:
+    report = _probe(config, namespaces, drop)
+    if report.get("namespaces") == namespaces and not report.get("error"):
+      break
+    failed.append(f"{namespaces}: {report.get('error')}")
+  ns = report.get("namespaces") if not report.get("error") else None
+  writable = set(report.get("writable_mounts") or ["/"])
+  caps = dict(is_root=is_root, namespaces=ns, network_isolated=bool(report.get("network_blocked")),
+              pid_namespace=ns is not None, ipc_namespace=bool(ns and report.get("ipc_namespace")),
+              private_tmp=ns is not None, private_proc=bool(report.get("private_proc")),
+              read_only_host=bool(ns) and writable <= _WRITABLE_INSIDE,
+              memory_cgroup=report.get("memory_cgroup"),
+              seccomp=bool(report.get("seccomp") and report.get("no_new_privs")),
+              privilege_drop=is_root and report.get("uid") == config.uid,
+              capabilities_left=tuple(sorted((report.get("capabilities") or {}).items())),
+              stdlib_readable=bool(report.get("stdlib_readable")))
+  notes = []
+  if not is_root:
+    notes.append("not root: programs run as the calling user (no uid drop), and no memory cgroup")
+  if ns is None:
+    notes.append(f"no namespaces ({'; '.join(failed)}; user namespaces and Linux >= 5.12 are "
+                 "needed): network reachable, /tmp and IPC shared with the host, the host "
+                 "writable, and processes that leave the process group (setsid) survive the run")
+  elif not caps["read_only_host"]:
+    notes.append(f"host mounts left writable inside: {sorted(writable - _WRITABLE_INSIDE)}")
+  if caps["memory_cgroup"] is None:
+    why = report.get("cgroup_error") or _cgroup_parent()[1]
+    why = why if config.memory_limit == "cgroup" else "memory_limit='per-process'"
+    notes.append(f"no memory cgroup ({why}): memory_bytes holds per process, so a run can hold "
+                 "memory_bytes * max_processes plus tmpfs_bytes of files")
+  if not caps["seccomp"]:
+    arch = _sandbox_kernel.ARCH
+    table = "supported" if arch in _sandbox_kernel.SYSCALLS else "no syscall table"
+    notes.append(f"no syscall filter (arch {arch}: {table}; "
+                 f"{report.get('child_error') or 'filter not active'}); without a table the "
+                 "trainer's session keyring is not replaced either")
+  if not caps["stdlib_readable"]:
+    notes.append(f"the sandbox cannot import the standard library ({report.get('child_error')})")
+  return SandboxCapabilities(notes=tuple(notes), **caps)
+
+
+def _plan(config):
+  """The capabilities, or SandboxError for a layer ``config`` requires and the machine lacks."""
+  caps = capabilities(config)
+  if caps.capabilities_left:  # never expected: a bug or an unusual kernel, not a policy choice
+    raise SandboxError(f"the sandboxed program would keep capabilities {caps.capabilities_left}")
+  if not caps.stdlib_readable:
+    raise SandboxError(f"sandboxed interpreter unusable: {caps.notes}")
+  if config.require_network_isolation and not caps.network_isolated:
+    raise SandboxError(f"no network isolation on this machine ({caps.notes}); "
+                       "set SandboxConfig(require_network_isolation=False) to run without it")
+  if config.require_privilege_drop and not caps.privilege_drop:
+    raise SandboxError(f"cannot run programs as an unprivileged uid ({caps.notes}); "
+                       "set SandboxConfig(require_privilege_drop=False) to run as the caller")
+  if config.memory_limit == "cgroup" and caps.memory_cgroup is None:
+    raise SandboxError(f"no memory cgroup for a whole-run memory limit ({caps.notes}); set "
+                       "SandboxConfig(memory_limit='per-process') to bound each process only")
+  if config.require_seccomp and not caps.seccomp:
+    raise SandboxError(f"no syscall filter on this machine ({caps.notes}); "
+                       "set SandboxConfig(require_seccomp=False) to run without it")
+  return caps

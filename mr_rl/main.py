@@ -3,9 +3,12 @@ r"""Entry point: parse flags, hand the config to the pipeline. Nothing else live
     python -m mr_rl.main --config=configs/demo.py --workdir=/tmp/mr_rl_demo
     python -m mr_rl.main --config=configs/amrp_math.py:model=qwen3_4b,method=amrp \
         --workdir=gs://bucket/run --config.total_steps=500
+    python -m mr_rl.main --config=configs/amrp_math.py --dry_run   # settings + compute estimate
 
 Pipelines (`config.pipeline`): 'train' (one run), 'tag' (probe every channel, elect the
 anchor by per-token reverse KL, then train TAG from pi_0), 'demo' (the CPU comparison).
+`--dry_run` prints the resolved settings and the compute estimate of the run
+(`mr_rl.pipelines.dry_run`) without loading weights or data; it needs no `--workdir`.
 """
 
 from absl import app, flags
@@ -16,16 +19,23 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (path[:ar
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (metrics, checkpoints).")
 _MULTIHOST = flags.DEFINE_bool("multihost", False,
                                "Call jax.distributed.initialize() (multi-host TPU/GPU).")
-flags.mark_flags_as_required(["config", "workdir"])
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved settings and the compute "
+                             "estimate, then exit (no weights are loaded; no --workdir needed).")
+flags.mark_flags_as_required(["config"])
+flags.register_validator("workdir", lambda v: v is not None or _DRY_RUN.value,
+                         message="--workdir is required (except with --dry_run)")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  from mr_rl import pipelines
+  if _DRY_RUN.value:
+    print(pipelines.dry_run(_CONFIG.value))
+    return
   import jax
   if _MULTIHOST.value:
     jax.distributed.initialize()
-  from mr_rl import pipelines
   pipelines.run(_CONFIG.value, _WORKDIR.value)
 
 

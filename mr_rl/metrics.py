@@ -1,18 +1,23 @@
-"""Per-step metrics: the reward-profile summaries, the shortcut alarm, and the writers.
+"""Per-step metrics: the reward-profile summaries, the shortcut alarm, the writers, the console.
 
 `WORKDIR/metrics.jsonl` holds one JSON object per step (keys `step`, `loss/...`,
 `reward/...`, `weights/...`, `profile/...`, `time/...`, ...); the same scalars go to
-TensorBoard (`WORKDIR/tb`). On resume the JSONL is cut back to the restored step, so a
-resumed run's file equals an uninterrupted run's.
+TensorBoard (`WORKDIR/tb`) and, with `config.logging.wandb_project`, to Weights & Biases under
+the same names (`tag`). On resume the JSONL is cut back to the restored step, so a resumed
+run's file equals an uninterrupted run's, and W&B continues the run of the same workdir (its
+id is kept in `WORKDIR/wandb_run_id`). The run's resolved settings are written to
+`WORKDIR/settings.json` (read by `mr_rl.export`; W&B's run config).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 import os
-from typing import Mapping, Sequence
+import time
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -87,10 +92,68 @@ def _jsonable(v):
   return v
 
 
-class MetricsWriter:
-  """Appends per-step metrics to WORKDIR/metrics.jsonl and TensorBoard."""
+def tag(key: str) -> str:
+  """The TensorBoard / W&B name of a metric (those tags allow no '=' or ',')."""
+  return key.replace("=", "").replace(",", "_")
 
-  def __init__(self, workdir: str, resume_step: int = 0, tensorboard: bool = True):
+
+def settings_dict(settings) -> dict:
+  """A run's resolved settings (`mr_rl.settings.RunSettings`) as plain JSON values."""
+  return json.loads(json.dumps(dataclasses.asdict(settings), default=repr))
+
+
+SETTINGS_FILE = "settings.json"
+WANDB_ID_FILE = "wandb_run_id"
+
+
+class WandbWriter:
+  """The per-step scalars to a Weights & Biases run (`config.logging`).
+
+  The run's files go to WORKDIR/wandb; its id is kept in WORKDIR/wandb_run_id, so running the
+  same workdir again (a resume) continues the same W&B run (`resume="allow"`). Steps that a
+  killed run logged after its last checkpoint are re-run on resume; W&B keeps the first value
+  of a step it has seen (it drops non-increasing steps), metrics.jsonl the re-run's.
+  """
+
+  def __init__(self, workdir: str, logging, config: Mapping[str, Any]):
+    try:
+      import wandb
+    except ImportError as e:
+      raise ImportError("config.logging.wandb_project is set but wandb is not installed: "
+                        "pip install -e '.[wandb]'") from e
+    id_path = os.path.join(workdir, WANDB_ID_FILE)
+    run_id = None  # a new run: W&B draws the id
+    if os.path.exists(id_path):
+      with open(id_path) as f:
+        run_id = f.read().strip() or None
+    self.run = wandb.init(
+        project=logging.wandb_project, entity=logging.wandb_entity or None,
+        name=logging.wandb_name or os.path.basename(os.path.normpath(workdir)),
+        mode=logging.wandb_mode or None, dir=workdir, id=run_id, resume="allow",
+        config=dict(config))
+    with open(id_path, "w") as f:
+      f.write(self.run.id + "\n")
+
+  def write(self, step: int, scalars: Mapping[str, float]) -> None:
+    self.run.log(dict(scalars), step=int(step))
+
+  def close(self) -> None:
+    self.run.finish()
+
+
+class MetricsWriter:
+  """Appends per-step metrics to WORKDIR/metrics.jsonl, TensorBoard and (optionally) W&B.
+
+  Args:
+    workdir: the run's directory.
+    resume_step: the restored step; metrics.jsonl lines of later steps are dropped.
+    tensorboard: write WORKDIR/tb.
+    settings: the run's `RunSettings`: written to WORKDIR/settings.json, and with
+      `settings.logging.wandb_project` a W&B run is opened with them as its config.
+  """
+
+  def __init__(self, workdir: str, resume_step: int = 0, tensorboard: bool = True,
+               settings=None):
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, "metrics.jsonl")
     kept = []
@@ -108,7 +171,13 @@ class MetricsWriter:
             kept.append(line)
     with open(self.path, "w") as f:
       f.writelines(l + "\n" for l in kept)
-    self._tb = None
+    self._tb = self._wandb = None
+    if settings is not None:
+      config = settings_dict(settings)
+      with open(os.path.join(workdir, SETTINGS_FILE), "w") as f:
+        json.dump(config, f, indent=1)
+      if settings.logging.wandb_project:
+        self._wandb = WandbWriter(workdir, settings.logging, config)
     if tensorboard:
       from tensorboardX import SummaryWriter
       self._tb = SummaryWriter(os.path.join(workdir, "tb"))
@@ -120,14 +189,18 @@ class MetricsWriter:
       f.write(json.dumps(rec) + "\n")
       f.flush()
       os.fsync(f.fileno())
+    scalars = {tag(k): v for k, v in rec.items() if k != "step" and isinstance(v, float)}
     if self._tb is not None:
-      for k, v in rec.items():
-        if k != "step" and isinstance(v, float):  # TensorBoard tags allow no '=' or ','
-          self._tb.add_scalar(k.replace("=", "").replace(",", "_"), v, step)
+      for k, v in scalars.items():
+        self._tb.add_scalar(k, v, step)
+    if self._wandb is not None:
+      self._wandb.write(step, scalars)
 
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+    if self._wandb is not None:
+      self._wandb.close()
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -135,7 +208,44 @@ def read_jsonl(path: str) -> list[dict]:
     return [json.loads(l) for l in f if l.strip()]
 
 
-def console_line(step: int, total: int, m: Mapping[str, float], names: Sequence[str]) -> str:
+class ETA:
+  """Remaining wall-clock time of a run from the time its steps have taken.
+
+  `update(step)` is called when a step has finished. The first step of a process (compiles
+  included) is timed from construction and sets the estimate until a second step has run;
+  from then on the rate is the mean over the steps after the first, so compile time does not
+  inflate the estimate.
+  """
+
+  def __init__(self, total: int, clock: Callable[[], float] = time.monotonic):
+    self.total, self.clock = int(total), clock
+    self._t0 = clock()
+    self._first: tuple[int, float] | None = None  # (step, time it finished)
+
+  def update(self, step: int) -> float:
+    """Seconds left after `step` (0-based) has finished."""
+    now = self.clock()
+    if self._first is None:
+      self._first = (int(step), now)
+      per_step = now - self._t0
+    else:
+      per_step = (now - self._first[1]) / max(int(step) - self._first[0], 1)
+    return max(self.total - int(step) - 1, 0) * per_step
+
+
+def format_duration(seconds: float) -> str:
+  """'42s', '3m05s', '2h07m'."""
+  s = int(round(max(seconds, 0.0)))
+  if s < 60:
+    return f"{s}s"
+  if s < 3600:
+    return f"{s // 60}m{s % 60:02d}s"
+  return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def console_line(step: int, total: int, m: Mapping[str, float], names: Sequence[str],
+                 eta_s: float | None = None) -> str:
+  """One line per logged step: rewards, length, loss, entropy, timings, the alarm, the ETA."""
   parts = [f"step {step + 1}/{total}"]
   if "reward/scalar/mean" in m:
     parts.append(f"R {m['reward/scalar/mean']:.3f}")
@@ -148,4 +258,6 @@ def console_line(step: int, total: int, m: Mapping[str, float], names: Sequence[
   parts.append("t %.2f/%.2f/%.2fs" % tuple(t))
   if m.get("alarm/shortcut"):
     parts.append("SHORTCUT ALARM")
+  if eta_s is not None:
+    parts.append(f"ETA {format_duration(eta_s)}")
   return " | ".join(parts)

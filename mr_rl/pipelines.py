@@ -1,7 +1,8 @@
 """What `mr_rl.main` runs, by `config.pipeline`, from the `PIPELINES` registry.
 
 * `train`: `mr_rl.train.train`, then the final evaluation (`mr_rl.evaluation.final_eval`)
-  written to WORKDIR/eval.json.
+  written to WORKDIR/eval.json (and, with `config.export.hf_at_end`, the trained policy as a
+  transformers checkpoint in WORKDIR/hf, `mr_rl.export`).
 * `tag`: probe every channel from pi_0 (single-channel GRPO for `anchor.probe_steps` steps),
   measure per-token reverse/forward KL drift on held-out prompts, elect the anchor
   (argmin reverse drift), write WORKDIR/drift.{json,md}, then train TAG (`anchor`, `lam`)
@@ -9,6 +10,8 @@
 * more from plugin modules (`config.plugins`), e.g. `demo` from `mr_rl.demo.run`.
 
 Every pipeline is `fn(config, workdir)`, registered with `@PIPELINES.register`.
+`dry_run(config)` (`mr_rl.main --dry_run`) resolves the settings and estimates the compute of
+a run without loading weights or data.
 """
 
 from __future__ import annotations
@@ -47,8 +50,15 @@ def tag(config, workdir: str):
 
 
 def run_train(s, workdir: str, comp=None):
+  """Trains, writes WORKDIR/hf/ when `config.export.hf_at_end`, then the final evaluation."""
   comp = train_lib.build(s) if comp is None else comp
   res = train_lib.train(s, workdir, comp=comp)
+  if s.export.hf_at_end:
+    from mr_rl import export as export_lib
+    from mr_rl.models import hf_io
+    out = export_lib.write_hf(comp.model, res.params, os.path.join(workdir, "hf"),
+                              hf_io.resolve_path(s.model.path))
+    print(f"wrote the trained policy to {out} (transformers / vLLM checkpoint)")
   ev = evaluation.final_eval(dataclasses.replace(comp, settings=s), res.params)
   with open(os.path.join(workdir, "eval.json"), "w") as f:
     json.dump(ev, f, indent=1)
@@ -109,3 +119,61 @@ def run_tag(s, workdir: str, comp=None):
   comp = train_lib.build(s) if comp is None else comp
   a, _ = elect_anchor(s, comp, workdir)
   return run_train(tag_settings(s, a), workdir, comp=comp)
+
+
+# ------------------------------------------------------------------------------ dry run
+def _model_config(s):
+  """The run's ModelConfig without loading weights: its preset, the config.json of a local
+  checkpoint, or the paper preset of a paper model's hub id; None if none is at hand."""
+  from mr_rl import models
+  from mr_rl.models import hf_io
+  if s.model.preset:
+    return models.get_preset(s.model.preset), f"preset {s.model.preset}"
+  if os.path.isdir(s.model.path):
+    hf = hf_io._read_config(s.model.path)  # pylint: disable=protected-access
+    return hf_io.config_from_hf(hf), f"{s.model.path}/config.json"
+  from mr_rl.config_lib.paper import MODELS
+  preset = next((m.preset for m in MODELS.values() if m.hub == s.model.path), None)
+  if preset:
+    return models.get_preset(preset), f"preset {preset} (the papers' {s.model.path})"
+  return None, f"{s.model.path!r} is neither a local checkpoint nor one of the papers' models"
+
+
+def dry_run(config) -> str:
+  """The resolved settings (as WORKDIR/settings.json would hold them) and the compute estimate
+  of one run (`mr_rl.config_lib.estimates`: rollout, reference and policy step; TAG adds its
+  probes); loads no weights and no data."""
+  from mr_rl import metrics as metrics_lib
+  from mr_rl.config_lib import estimates
+  import_plugins(config.get("plugins", ""))
+  s = settings_lib.from_config(config)
+  lines = ["resolved settings:", json.dumps(metrics_lib.settings_dict(s), indent=1)]
+  cfg, source = _model_config(s)
+  rows = s.data.batch_prompts * s.rollout.group_size
+  lines.append(f"run: pipeline {s.pipeline}, {s.total_steps} steps x {rows} rollouts "
+               f"(B={s.data.batch_prompts} x G={s.rollout.group_size}), prompts <= "
+               f"{s.data.max_prompt_len} + responses <= {s.rollout.max_new_tokens} tokens")
+  if cfg is None:
+    lines.append(f"compute estimate: unavailable ({source}; give --config.model.path=DIR)")
+    return "\n".join(lines)
+  sizes = estimates.model_sizes(cfg)
+  kw = dict(prompt_len=s.data.max_prompt_len, new_tokens=s.rollout.max_new_tokens)
+  per_chip = {}
+  for chip in estimates.CHIPS:
+    h = estimates.estimate_device_hours(cfg, steps=s.total_steps, rows=rows, chip=chip,
+                                        critic=s.advantage == "ppo", **kw)
+    if s.pipeline == "tag":
+      h += s.num_channels * estimates.estimate_device_hours(
+          cfg, steps=s.anchor.probe_steps,
+          rows=s.anchor.probe_batch_prompts * s.rollout.group_size, chip=chip, **kw)
+    per_chip[chip] = h
+  lines.append(f"model: {source}: {sizes['total'] / 1e6:.1f}M parameters "
+               f"({sizes['active'] / 1e6:.1f}M active per token)")
+  lines.append("compute estimate" + (" (training + TAG probes)" if s.pipeline == "tag" else "")
+               + ": " + ", ".join(f"{chip} {h:.3g}" for chip, h in per_chip.items())
+               + " chip-hours (rollout, reference and policy step at the padded shapes; "
+               "rewards, evaluation and compilation not counted)")
+  if s.pipeline not in ("train", "tag"):
+    lines.append(f"(that is one training run of these settings; the {s.pipeline!r} pipeline "
+                 "may run several)")
+  return "\n".join(lines)

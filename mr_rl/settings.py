@@ -79,6 +79,25 @@ def _eval_sets(d) -> tuple[tuple[str, ...], dict]:
   return names, opts
 
 
+def _logging(c) -> LoggingSettings:
+  """config.logging; a W&B project needs the `wandb` package (the `wandb` extra)."""
+  out = LoggingSettings(wandb_project=str(c.wandb_project), wandb_entity=str(c.wandb_entity),
+                        wandb_name=str(c.wandb_name), wandb_mode=str(c.wandb_mode))
+  _choice("logging.wandb_mode", out.wandb_mode, ("", "online", "offline", "disabled"))
+  if out.wandb_project:
+    import importlib.util
+    if importlib.util.find_spec("wandb") is None:
+      raise ValueError(f"config.logging.wandb_project={out.wandb_project!r} needs the wandb "
+                       "package: pip install -e '.[wandb]' (or unset the field)")
+  return out
+
+
+def _export(c) -> ExportSettings:
+  if not isinstance(c.hf_at_end, bool):
+    raise ValueError(f"config.export.hf_at_end must be True or False, got {c.hf_at_end!r}")
+  return ExportSettings(hf_at_end=c.hf_at_end)
+
+
 def _as_dict(x) -> dict:
   if x is None:
     return {}
@@ -148,6 +167,20 @@ class EvalSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoggingSettings:
+  """Where the per-step metrics go besides WORKDIR/metrics.jsonl and TensorBoard."""
+  wandb_project: str            # Weights & Biases project ('' = W&B off)
+  wandb_entity: str             # W&B team or user ('' = the account's default)
+  wandb_name: str               # W&B run name ('' = the workdir's base name)
+  wandb_mode: str               # 'online' | 'offline' | 'disabled' ('' = WANDB_MODE or online)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportSettings:
+  hf_at_end: bool               # write WORKDIR/hf/ (a transformers checkpoint) after training
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSettings:
   seed: int
   pipeline: str
@@ -167,6 +200,8 @@ class RunSettings:
   update: UpdateConfig
   anchor: AnchorSettings
   eval: EvalSettings
+  logging: LoggingSettings
+  export: ExportSettings
 
   @property
   def num_channels(self) -> int:
@@ -259,6 +294,13 @@ def default_config():
       num_prompts=256,            # held-out prompts (per eval set)
       samples_per_prompt=4,       # n samples per prompt (pass@k)
       temperature=1.0))           # 0 = greedy (one response per prompt)
+  c.logging = ml_collections.ConfigDict(dict(
+      wandb_project="",           # Weights & Biases project ('' = off; pip install -e .[wandb])
+      wandb_entity="",            # W&B team or user ('' = the account's default)
+      wandb_name="",              # W&B run name ('' = the workdir's base name)
+      wandb_mode=""))             # online | offline | disabled ('' = WANDB_MODE, else online)
+  c.export = ml_collections.ConfigDict(dict(
+      hf_at_end=False))           # write WORKDIR/hf/ (transformers / vLLM checkpoint) at the end
   return c
 
 
@@ -377,7 +419,8 @@ def from_config(cfg) -> RunSettings:
           samples_per_prompt=int(c.anchor.samples_per_prompt), lam=float(c.anchor.lam)),
       eval=EvalSettings(every=int(c.eval.every), num_prompts=int(c.eval.num_prompts),
                         samples_per_prompt=int(c.eval.samples_per_prompt),
-                        temperature=float(c.eval.temperature)))
+                        temperature=float(c.eval.temperature)),
+      logging=_logging(c.logging), export=_export(c.export))
   # Build the aggregator once so unknown hyperparameters fail now, not at step 1.
   aggregators.get(agg_name, **agg_hp).init(len(channels))
   return settings

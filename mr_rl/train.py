@@ -259,8 +259,9 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
       alarm.restore(meta["alarm"])
       if log:
         log(f"resumed from {ckpt.directory} at step {start}")
-    writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
+    writer = metrics_lib.MetricsWriter(workdir, resume_step=start, settings=s)
   history = []
+  eta = metrics_lib.ETA(s.total_steps)
   for step in range(start, s.total_steps):
     key = jax.random.fold_in(state["key"], step)
     k_roll, k_agg, k_upd = jax.random.split(key, 3)
@@ -297,8 +298,9 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
     history.append({"step": step, **m})
     if writer:
       writer.write(step, m)
+    eta_s = eta.update(step)
     if log and (step % s.log_every == 0 or step + 1 == s.total_steps):
-      log(metrics_lib.console_line(step, s.total_steps, m, names))
+      log(metrics_lib.console_line(step, s.total_steps, m, names, eta_s))
     if ckpt and ((step + 1) % s.checkpoint_every == 0 or step + 1 == s.total_steps):
       ckpt.save(step + 1, state, {"step": step + 1, "data": data_iter.state(),
                                   "alarm": alarm.state(),

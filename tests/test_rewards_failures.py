@@ -21,7 +21,7 @@ from mr_rl.rewards import runner as rr
 TABLE_RESPONSES = [["\\boxed{7}", "\\boxed{8}", "\\boxed{10^{10^{10^{10}}}}"]]
 TABLE_EXAMPLES = [{"reference": "7"}]
 TABLE_TOKENS = np.array([[5, 5, 5]])
-AGG_HP = {"weighted": {"w": [0.5, 0.5]}}
+AGG_HP = {"weighted_sum": {"w": [0.5, 0.5]}}  # by registered name (aliases resolve to it)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_timed_out_row_is_wrong_under_every_aggregator(table, name):
   r_BGK = np.asarray(table[0])
   wrong = r_BGK.copy()
   wrong[0, 2] = wrong[0, 1]  # what a plainly wrong, brief answer scores
-  agg = aggregators.get(name, **AGG_HP.get(name, {}))
+  agg = aggregators.get(name, **AGG_HP.get(aggregators.AGGREGATORS.canonical(name), {}))
   state = agg.init(2)
   key = jax.random.PRNGKey(0)
   R = np.asarray(agg.apply(state, r_BGK, key)[0])
@@ -52,7 +52,7 @@ def test_timed_out_row_is_wrong_under_every_aggregator(table, name):
   # The attack this closes: scored NaN ("does not apply"), the same row was paid as correct.
   gamed = r_BGK.copy()
   gamed[0, 2, 0] = np.nan
-  if name in ("additive", "min"):
+  if aggregators.AGGREGATORS.canonical(name) in ("additive", "min_and"):
     assert np.asarray(agg.apply(state, gamed, key)[0])[0, 2] == R[0, 0]
 
 

@@ -23,10 +23,13 @@ MFU = 0.4            # model-FLOP utilisation of the policy step and the referen
 DECODE_BW_EFF = 0.7  # share of HBM bandwidth the decode loop reaches
 
 
-def model_sizes(preset: str) -> dict[str, float]:
-  """Active matmul parameters per token, total parameters, KV bytes per token (fp32)."""
+def model_sizes(preset) -> dict[str, float]:
+  """Active matmul parameters per token, total parameters, KV bytes per token (fp32).
+
+  `preset`: a preset name or a `ModelConfig` (e.g. read from a checkpoint's config.json).
+  """
   from mr_rl import models
-  m = models.get_preset(preset)
+  m = models.get_preset(preset) if isinstance(preset, str) else preset
   attn = m.d_model * (m.n_heads + 2 * m.n_kv_heads) * m.head_dim + m.n_heads * m.head_dim * m.d_model
   if m.num_experts:
     mlp_active = 3 * m.d_model * m.moe_d_ff * m.num_experts_per_tok + m.d_model * m.num_experts
@@ -41,7 +44,7 @@ def model_sizes(preset: str) -> dict[str, float]:
   return dict(active=active, total=total, kv_bytes_per_token=kv, attn_width=attn_width)
 
 
-def estimate_device_hours(preset: str, *, steps: int, rows: int, prompt_len: int,
+def estimate_device_hours(preset, *, steps: int, rows: int, prompt_len: int,
                           new_tokens: int, chip: str = "v5p", critic: bool = False) -> float:
   """Chip-hours of `steps` GRPO steps of `rows` = B*G sequences (the trainer's padded shapes).
 

@@ -4,8 +4,9 @@ Resolution order (issue section 4): an explicit local `path` is used if given (a
 must exist: a wrong path is an error, never a silent switch to the hub); otherwise
 the hub id is read through `datasets` (which serves its local cache first and honours
 `HF_DATASETS_OFFLINE=1` / `HF_HUB_OFFLINE=1`). A hub failure is re-raised as
-`DatasetUnavailableError`, naming the hub id and the `path=` option / config field
-that points at a local copy.
+`DatasetUnavailableError`, naming the hub id and the config field that points at a
+local copy (`--config.data.path=...`, or `--config.data.eval_set_options.<set>.path=...`
+for an evaluation set).
 
 Local formats: a single `.json`/`.jsonl`/`.parquet`/`.csv` file (its rows are taken
 as the requested split), a directory written by `Dataset.save_to_disk` /
@@ -36,10 +37,11 @@ def hub_failure_message(name: str, hub_id: str, cause: BaseException | str) -> s
           " the local cache." if offline else "")
   return (f"Data set {name!r} could not be loaded from the Hugging Face hub id {hub_id!r}"
           f" ({type(cause).__name__ if isinstance(cause, BaseException) else 'error'}: {cause})."
-          f"{hint} Download it elsewhere and point at the local copy with"
-          f" load_dataset({name!r}, path=...) (config field `data.path`); a .json/.jsonl/"
-          f".parquet/.csv file, a save_to_disk directory or a clone of the hub repository"
-          f" all work.")
+          f"{hint} Download it elsewhere and point at the local copy: as the run's data set"
+          f" --config.data.path=PATH, as an evaluation set"
+          f" --config.data.eval_set_options.{name}.path=PATH, in code"
+          f" load_dataset({name!r}, path=PATH); a .json/.jsonl/.parquet/.csv file, a"
+          f" save_to_disk directory or a clone of the hub repository all work.")
 
 
 def _load_local(path: str, split: str, config_name: str | None, cache_dir: str | None):

@@ -190,8 +190,13 @@ def param_mapping(
 
 
 # ----------------------------------------------------------------------------- path resolution
-def resolve_path(path_or_hub_id: str, allow_patterns: list[str] | None = None) -> str:
-  """A local directory for a path or a hub id (snapshot_download; fails clearly offline)."""
+def resolve_path(path_or_hub_id: str, allow_patterns: list[str] | None = None,
+                 field: str = "model.path") -> str:
+  """A local directory for a path or a hub id (snapshot_download; fails clearly offline).
+
+  A hub failure is an OSError that says how to point at a local copy instead: the config
+  `field` (`--config.model.path=DIR` for the policy) and a reward model's `path` parameter.
+  """
   if not isinstance(path_or_hub_id, (str, os.PathLike)):
     raise TypeError(f"path_or_hub_id must be a str path or hub id, got {type(path_or_hub_id)}")
   p = os.fspath(path_or_hub_id)
@@ -206,7 +211,9 @@ def resolve_path(path_or_hub_id: str, allow_patterns: list[str] | None = None) -
     raise OSError(
         f"could not fetch {p!r} from the Hugging Face hub ({type(e).__name__}: {e}). If this "
         f"machine is offline, download it elsewhere (`huggingface-cli download {p} --local-dir "
-        f"DIR`), copy DIR here and pass the local directory instead of the hub id.") from e
+        f"DIR`), copy DIR here and pass the local directory instead of the hub id: "
+        f"--config.{field}=DIR (a reward-model channel: "
+        f"--config.rewards.params.<channel>.path=DIR).") from e
 
 
 def _tensor_index(path: str) -> dict[str, str]:
@@ -399,8 +406,8 @@ def save_pretrained(model: Transformer, params, path: str, *, source: str | None
     json.dump(hf_config_from(config, extra), f, indent=2)
   if source is not None:
     for fn in os.listdir(source):
-      if fn.startswith(("tokenizer", "special_tokens", "vocab", "merges", "generation_config",
-                        "chat_template")):
+      if fn.startswith(("tokenizer", "special_tokens", "added_tokens", "vocab", "merges",
+                        "generation_config", "chat_template")):
         shutil.copy(os.path.join(source, fn), os.path.join(path, fn))
 
 

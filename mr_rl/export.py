@@ -1,0 +1,219 @@
+r"""A trained policy out of a run's workdir as a Hugging Face checkpoint (transformers, vLLM).
+
+    python -m mr_rl.export --workdir=W [--step=N] --out=DIR [--base=BASE_DIR]
+
+reads the policy parameters of checkpoint step N (default: the latest) from
+`W/checkpoints/<N>/state` and writes DIR: safetensors in transformers' layout, config.json,
+and the base checkpoint's tokenizer files, chat template and generation config, so
+
+    AutoModelForCausalLM.from_pretrained(DIR); AutoTokenizer.from_pretrained(DIR)
+    vllm serve DIR
+
+load it, and transformers' greedy `generate` on DIR gives mr_rl's greedy samples token for token
+(tested for dense and MoE models, also from parameters sharded over 8 devices).
+`config.export.hf_at_end = True` writes the same to `W/hf/` at the end of training
+(`mr_rl.pipelines.run_train`).
+
+Export works from the workdir alone: the architecture and tokenizer come from the run's base
+checkpoint (`model.path` of `W/settings.json`, which every training run writes; `--base`
+overrides it, e.g. when the base was a hub id and this machine is offline), and only the
+`params` subtree of the checkpoint is read (orbax partial restore), never the optimizer
+state, so exporting needs memory for the parameters only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+from typing import Sequence
+
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+
+from mr_rl import metrics as metrics_lib
+from mr_rl import models
+from mr_rl.models import hf_io
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+  """The finished checkpoint steps under `workdir/checkpoints` (orbax renames a step's
+  directory into place when it is complete), ascending."""
+  d = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(d):
+    return []
+  return sorted(int(n) for n in os.listdir(d)
+                if n.isdigit() and os.path.isdir(os.path.join(d, n, "state")))
+
+
+def saved_settings(workdir: str) -> dict:
+  """The run's resolved settings (`WORKDIR/settings.json`, written by the trainer)."""
+  path = os.path.join(workdir, metrics_lib.SETTINGS_FILE)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"no {metrics_lib.SETTINGS_FILE} in {workdir!r} (not a training "
+                            "run's workdir?); give the base checkpoint with --base=DIR")
+  with open(path) as f:
+    return json.load(f)
+
+
+def base_checkpoint(workdir: str, base: str | None = None) -> str:
+  """The local directory of the run's base checkpoint: `base`, else the run's model.path."""
+  if base is None:
+    model = saved_settings(workdir)["model"]
+    if not model.get("path"):
+      raise ValueError(f"the run in {workdir!r} trained a random-init preset "
+                       f"({model.get('preset')!r}) without a base checkpoint; give one with "
+                       "--base=DIR (its config.json and tokenizer are written with the params)")
+    base = model["path"]
+  try:
+    return hf_io.resolve_path(base, ["*.json", "tokenizer*", "*.txt", "*.model", "*.tiktoken",
+                                     "*.jinja"])
+  except OSError as e:
+    raise OSError(f"{e} For mr_rl.export, give the local copy with --base=DIR.") from e
+
+
+def _state_dir(workdir: str, step: int) -> epath.Path:
+  return epath.Path(os.path.abspath(workdir)) / "checkpoints" / str(step) / "state"
+
+
+def params_metadata(workdir: str, step: int):
+  """Shapes and dtypes of the policy params in checkpoint `step` (read from its metadata)."""
+  return ocp.PyTreeCheckpointHandler().metadata(_state_dir(workdir, step)).tree["train"]["params"]
+
+
+def restore_params(workdir: str, step: int, model, mesh=None):
+  """The policy params of checkpoint `step` (only that subtree is read).
+
+  Args:
+    workdir: the run's workdir.
+    step: a finished checkpoint step (`checkpoint_steps`).
+    model: the `Transformer` whose parameter tree the checkpoint holds.
+    mesh: optional `jax.sharding.Mesh`: params are restored into their shardings on it
+      (`sharding.param_shardings`); else onto the host.
+
+  Raises:
+    ValueError: the checkpoint's params do not have the model's structure / shapes.
+  """
+  path = _state_dir(workdir, step)
+  saved = params_metadata(workdir, step)
+  expected = models.abstract_params(model)
+  shape = lambda t: jax.tree.map(lambda x: tuple(x.shape), t)
+  try:
+    same = shape(saved) == shape(expected)
+  except (TypeError, ValueError):
+    same = False
+  if not same:
+    raise ValueError(f"the params of {path} do not match the base checkpoint's architecture "
+                     f"({model.config.family}, {model.config.n_layers} layers, d_model "
+                     f"{model.config.d_model}); was the run trained from another base?")
+  if mesh is not None:
+    from mr_rl.models import sharding
+    shardings = sharding.param_shardings(model, mesh)
+    target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          saved, shardings)
+  else:
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), saved)
+  item = {"train": {"params": target}}
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    out = handler.restore(path, args=ocp.args.PyTreeRestore(
+        item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+        partial_restore=True))
+  finally:
+    handler.close()
+  return out["train"]["params"]
+
+
+def _model_for(base_dir: str, dtype) -> models.Transformer:
+  hf = hf_io._read_config(base_dir)  # pylint: disable=protected-access
+  return models.Transformer(hf_io.config_from_hf(hf, param_dtype=dtype, dtype=dtype))
+
+
+def write_hf(model, params, out: str, base_dir: str) -> str:
+  """Writes `params` as a transformers checkpoint to `out` with the base's tokenizer files.
+
+  `models.save_pretrained` writes the weights and config.json and copies the tokenizer, chat
+  template and generation config of `base_dir`; where the base names no BOS / EOS / PAD ids
+  (in config.json or a generation_config.json) they are taken from its tokenizer, the ids
+  mr_rl's sampler stops and pads with, so `generate` and vLLM stop where mr_rl does. Weight
+  files of an earlier export in `out` are removed first.
+
+  Returns:
+    `out`.
+  """
+  if os.path.realpath(out) == os.path.realpath(base_dir):
+    raise ValueError(f"the export directory {out!r} is the base checkpoint itself; choose "
+                     "another --out (the base's weights would be replaced)")
+  os.makedirs(out, exist_ok=True)
+  is_writer = jax.process_index() == 0
+  if is_writer:
+    for fn in glob.glob(os.path.join(out, "model*.safetensors*")):
+      os.remove(fn)
+  models.save_pretrained(model, params, out, source=base_dir)
+  if not is_writer:
+    return out
+  tok = models.load_tokenizer(base_dir)
+  ids = {f"{n}_token_id": getattr(tok, f"{n}_token_id") for n in ("bos", "eos", "pad")}
+  ids = {k: v for k, v in ids.items() if v is not None}
+  cfg_path = os.path.join(out, "config.json")
+  with open(cfg_path) as f:
+    cfg = json.load(f)
+  for k, v in ids.items():
+    if cfg.get(k) is None:
+      cfg[k] = v
+  with open(cfg_path, "w") as f:
+    json.dump(cfg, f, indent=2)
+  if not os.path.exists(os.path.join(out, "generation_config.json")):
+    from transformers import GenerationConfig
+    GenerationConfig(**{k: cfg[k] for k in ids}).save_pretrained(out)
+  return out
+
+
+def export(workdir: str, out: str, *, step: int | None = None, base: str | None = None,
+           mesh=None, log=print) -> str:
+  """Writes checkpoint `step` (default: the latest) of the run in `workdir` to `out`.
+
+  Args:
+    workdir: a training run's workdir (`checkpoints/`, `settings.json`).
+    out: output directory (a transformers checkpoint).
+    step: checkpoint step; None = the latest.
+    base: the base checkpoint directory (default: the run's `model.path`).
+    mesh: optional mesh to restore the params onto (sharded), see `restore_params`.
+    log: callable for a one-line summary, or None.
+
+  Raises:
+    FileNotFoundError: no checkpoints, or `step` is not one of them (the message lists them).
+  """
+  steps = checkpoint_steps(workdir)
+  if not steps:
+    raise FileNotFoundError(f"no checkpoints under {os.path.join(workdir, 'checkpoints')!r} "
+                            "(config.checkpoint_every = 0 saves none)")
+  step = steps[-1] if step is None else int(step)
+  if step not in steps:
+    raise FileNotFoundError(f"no checkpoint step {step} in {workdir!r}; saved steps: {steps}")
+  base_dir = base_checkpoint(workdir, base)
+  dtype = jax.tree.leaves(params_metadata(workdir, step))[0].dtype
+  model = _model_for(base_dir, dtype)
+  params = restore_params(workdir, step, model, mesh)
+  write_hf(model, params, out, base_dir)
+  if log:
+    log(f"exported step {step} of {workdir} to {out} (base {base_dir})")
+  return out
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+  p = argparse.ArgumentParser(prog="python -m mr_rl.export",
+                              description=__doc__.strip().split("\n\n")[0])
+  p.add_argument("--workdir", required=True, help="the training run's workdir")
+  p.add_argument("--out", required=True, help="output directory (a transformers checkpoint)")
+  p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+  p.add_argument("--base", default=None,
+                 help="base checkpoint directory (default: the run's config.model.path)")
+  a = p.parse_args(argv)
+  return export(a.workdir, a.out, step=a.step, base=a.base)
+
+
+if __name__ == "__main__":
+  main()

@@ -47,7 +47,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 

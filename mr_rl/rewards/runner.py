@@ -81,7 +81,8 @@ _REGISTRY: dict[str, Callable[..., RewardChannel]] = {}
 _PLUGIN_MODULES = ("mr_rl.rewards.code", "mr_rl.rewards.alce",
                    # added by the reward-model / code-channels helper: code_correct,
                    # code_fast, code_noop and the armorm_* reward-model channels.
-                   "mr_rl.rewards.code_channels", "mr_rl.rewards.reward_model")
+                   "mr_rl.rewards.code_channels", "mr_rl.rewards.reward_model",
+                   "mr_rl.rewards.overlong")
 _plugins_loaded = False
 
 

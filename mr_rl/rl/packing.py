@@ -54,19 +54,21 @@ def pack(batch: dict, loss_agg: str, norm_len, row_multiple: int) -> dict:
 
   Args:
     batch: `update_batch` keys (`tokens_NT`, `mask_NT`, `response_mask_NT`, `old_logp_NT`,
-      `advantages_BG`); host or device arrays.
+      `advantages_BG`), optionally `ref_logp_NT`; host or device arrays.
     loss_agg, norm_len: the loss aggregation (`PolicyLossConfig`), for the weights.
     row_multiple: packed rows are a multiple of this (micro-batches x data shards).
 
   Returns:
     {tokens, mask, segment_ids, response_mask, old_logp, advantages, weights,
-    metric_weights}_NT over N' packed rows x W columns, plus `rows_packed` (int, sequences
-    placed) for logging.
+    metric_weights[, ref_logp]}_NT over N' packed rows x W columns, plus `rows_packed` (int,
+    sequences placed) for logging.
   """
   tok = np.asarray(batch["tokens_NT"])
   mask = np.asarray(batch["mask_NT"]) > 0
   resp = np.asarray(batch["response_mask_NT"])
-  old = np.asarray(batch["old_logp_NT"], np.float32)
+  per_token = {"old_logp_NT": np.asarray(batch["old_logp_NT"], np.float32)}
+  if "ref_logp_NT" in batch:
+    per_token["ref_logp_NT"] = np.asarray(batch["ref_logp_NT"], np.float32)
   adv_N = np.asarray(batch["advantages_BG"], np.float32).reshape(-1)
   N, T = tok.shape
   if adv_N.shape != (N,):
@@ -85,9 +87,9 @@ def pack(batch: dict, loss_agg: str, norm_len, row_multiple: int) -> dict:
   n_rows = min(n_rows, -(-N // row_multiple) * row_multiple)  # never more rows than unpacked
   out = {k: np.zeros((n_rows, width), d) for k, d in (
       ("tokens_NT", tok.dtype), ("mask_NT", np.int32), ("segment_ids_NT", np.int32),
-      ("response_mask_NT", resp.dtype), ("old_logp_NT", np.float32),
-      ("advantages_NT", np.float32), ("weights_NT", np.float32),
-      ("metric_weights_NT", np.float32))}
+      ("response_mask_NT", resp.dtype), ("advantages_NT", np.float32),
+      ("weights_NT", np.float32), ("metric_weights_NT", np.float32),
+      *((k, np.float32) for k in per_token))}
   for r, members in enumerate(rows):
     col = 0
     for seg, j in enumerate(members, start=1):
@@ -99,7 +101,8 @@ def pack(batch: dict, loss_agg: str, norm_len, row_multiple: int) -> dict:
       out["mask_NT"][r, dst] = 1
       out["segment_ids_NT"][r, dst] = seg
       out["response_mask_NT"][r, dst] = resp[i, src]
-      out["old_logp_NT"][r, dst] = old[i, src]
+      for k, v in per_token.items():
+        out[k][r, dst] = v[i, src]
       out["advantages_NT"][r, dst] = adv_N[i]
       out["weights_NT"][r, dst] = w[i, src]
       out["metric_weights_NT"][r, dst] = mw[i, src]

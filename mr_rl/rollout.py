@@ -207,10 +207,12 @@ def column_bucket(n: int, cap: int) -> int:
 def update_batch(ro: Rollout, A_BG, *, loss_rows_BG=None, trim: bool = True) -> dict:
   """The policy step's batch over N = B*G rows (row b*G + g) and T = P' + S' columns.
 
-  Length-aware: with `trim`, the prompt columns are cut to the batch's longest prompt and
-  the response columns to its longest response that enters the loss, each rounded up by
-  `column_bucket` (so the update, the reference / critic forwards and the metrics cover
-  only the columns in use, with a bounded number of compiled widths). Cut columns hold
+  Length-aware: with `trim`, the columns are cut to the batch's longest prompt plus its
+  longest response that enters the loss, rounded up by `column_bucket` (so the update, the
+  reference / critic forwards and the metrics cover only the columns in use). Only the total
+  width T is bucketed (the extra columns go to the prompt side, up to P, then to the
+  response side): the compiled programs depend on T alone, so a run compiles at most one
+  program per bucket of P + S (18 for 512 + 3000; 2-3 in the demo). Cut columns hold
   only padding (prompts are left-padded, responses right-padded), so every loss and metric
   is unchanged up to float summation order; Dr.GRPO's `norm_len` stays the configured
   `max_new_tokens` (settings.py). Without `trim`: P' = P, S' = S (the sampler's cap).
@@ -236,9 +238,12 @@ def update_batch(ro: Rollout, A_BG, *, loss_rows_BG=None, trim: bool = True) -> 
   if loss_rows_BG is not None:
     keep_N = np.asarray(loss_rows_BG, bool).reshape(N)
     loss_resp = resp * keep_N[:, None].astype(resp.dtype)
-  if trim:
-    p_w = column_bucket(int(ro.prompt_mask.sum(1).max()), P)
-    s_w = column_bucket(max(int(loss_resp.sum(1).max()), 1), S)
+  if trim:  # one bucketed width T; the prompt / response split inside it is data, not shape
+    p_used = int(ro.prompt_mask.sum(1).max())
+    s_used = max(int(loss_resp.sum(1).max()), 1)
+    width = column_bucket(p_used + s_used, P + S)
+    p_w = min(P, width - s_used)
+    s_w = width - p_w
   else:
     p_w, s_w = P, S
   rep = lambda a: np.repeat(a[:, P - p_w:], G, axis=0)

@@ -19,6 +19,14 @@ The reference log-prob and critic forwards run in `num_micro_batches` row chunks
 (`mr_rl.rl.update.chunked_forward`), the split the update step uses for gradient
 accumulation, so no program holds the activations of more than B*G / M rows.
 
+Tokens in use (issue 16): the update batch, the reference / critic forwards and the sampler's
+prefill cover only the columns in use (`mr_rl.rollout.update_batch`, bucketed widths); with
+`update_batch.pack` the loss-carrying sequences are packed (`mr_rl.rl.packing`).
+`dynamic_sampling` (DAPO) keeps the groups with a learning signal, over-sampling rounds of
+prompts (`mr_rl.rl.dynamic_sampling`); `update_batch.mask_truncated` masks truncated
+responses out of the loss; the sampler/trainer mismatch is logged every step
+(`mismatch/*`) and, with `loss.recompute_old_logp` / `loss.tis_cap`, corrected in the step.
+
 Shape letters: B prompts, G responses per prompt, K reward channels, N = B*G update rows,
 T token columns of the update batch.
 """
@@ -299,7 +307,7 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
     state["train"], upd_m = learner.step(state["train"], learner.place_batch(batch), k_upd)
     kl_m = None if ref_logp is None else _kl_ref_metrics(ref_logp, batch["old_logp_NT"],
                                                          batch["response_mask_NT"])
-    upd_m, kl_m = jax.device_get((upd_m, kl_m))
+    upd_m, kl_m, agg_m = jax.device_get((upd_m, kl_m, agg_m))  # the step's one host sync
     t3 = time.perf_counter()
     kept = ro if n_kept in (0, B) else ro.take(n_kept)
     m = _step_metrics(s, r_BGK[:b_used], R_BG, agg_m, upd_m, reward_m, kept, kl_m)
@@ -407,7 +415,6 @@ def _step_metrics(s, r_BGK, R_BG, agg_m, upd_m, reward_m, ro, kl_m) -> dict:
   R = np.asarray(R_BG)
   m["reward/scalar/mean"] = float(np.nanmean(R)) if np.isfinite(R).any() else float("nan")
   m["reward/scalar/std"] = float(np.nanstd(R)) if np.isfinite(R).any() else float("nan")
-  agg_m = jax.device_get(agg_m)
   if "weights" in agg_m:
     for k, n in enumerate(names):
       m[f"weights/{n}"] = float(agg_m["weights"][k])

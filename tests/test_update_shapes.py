@@ -102,6 +102,24 @@ def test_column_buckets():
                     2048, 3000]
 
 
+@pytest.mark.parametrize('max_prompt,max_resp', [(6, 9), (P, 9), (3, S), (P, S)])
+def test_trim_keeps_every_real_column(max_prompt, max_resp):
+  """The trimmed batch is the padded one without all-padding columns (plus the bucket's
+  extra padding): the same tokens, masks and log-probs at the same offsets from the
+  prompt / response boundary."""
+  ro = make_rollout(3, max_prompt=max_prompt, max_resp=max_resp)
+  A = jnp.zeros((B, G))
+  full = {k: np.asarray(v) for k, v in rollout_lib.update_batch(ro, A, trim=False).items()}
+  trim = {k: np.asarray(v) for k, v in rollout_lib.update_batch(ro, A).items()}
+  T = trim['tokens_NT'].shape[1]
+  p_used, s_used = int(ro.prompt_mask.sum(1).max()), int(ro.lengths.max())
+  assert T == rollout_lib.column_bucket(p_used + s_used, P + S) >= p_used + s_used
+  p_w = min(P, T - s_used)  # the split: extra columns on the prompt side first
+  for k in ('tokens_NT', 'mask_NT', 'response_mask_NT', 'old_logp_NT'):
+    np.testing.assert_array_equal(trim[k], full[k][:, P - p_w:P + T - p_w], err_msg=k)
+  assert full['mask_NT'][:, :P - p_w].sum() == 0 and full['mask_NT'][:, P + T - p_w:].sum() == 0
+
+
 @pytest.mark.parametrize('agg', losses.LOSS_AGG_MODES)
 def test_trimmed_batch_equals_padded_batch(model_and_params, agg):
   model, params, ref = model_and_params
@@ -110,7 +128,8 @@ def test_trimmed_batch_equals_padded_batch(model_and_params, agg):
   full = rollout_lib.update_batch(ro, A, trim=False)
   trim = rollout_lib.update_batch(ro, A)
   assert full['tokens_NT'].shape == (B * G, P + S)
-  assert trim['tokens_NT'].shape == (B * G, 8 + 12)  # prompts <= 6 tokens, responses <= 9
+  used = int(ro.prompt_mask.sum(1).max() + ro.lengths.max())  # <= 6 + 9
+  assert trim['tokens_NT'].shape == (B * G, rollout_lib.column_bucket(used, P + S)) == (B * G, 16)
   # Dr.GRPO's L stays the configured max_new_tokens, not the trimmed width.
   cfg = update.UpdateConfig(loss=losses.PolicyLossConfig(
       loss_agg=agg, kl_coef=0.05, norm_len=S if agg == 'seq-mean-token-sum-norm' else None),
@@ -157,7 +176,8 @@ def test_compiles_stay_bounded_over_many_lengths():
     return W[tokens]
 
   cfg = update.UpdateConfig()
-  step = update.make_policy_step(chex.assert_max_traces(logits_fn, n=12), cfg, optax.sgd(0.1))
+  # Widths are buckets of P + S = 34: 8, 12, 16, 24, 32, 34.
+  step = update.make_policy_step(chex.assert_max_traces(logits_fn, n=6), cfg, optax.sgd(0.1))
   state = update.init_train_state(jnp.zeros((V, V)), optax.sgd(0.1))
   widths = set()
   for seed in range(40):
@@ -169,11 +189,11 @@ def test_compiles_stay_bounded_over_many_lengths():
     p_w = int(ro.prompt_mask.sum(1).max())
     s_w = int(ro.lengths.max())
     T = batch['tokens_NT'].shape[1]
-    assert T == rollout_lib.column_bucket(p_w, P) + rollout_lib.column_bucket(s_w, S)
+    assert T == rollout_lib.column_bucket(p_w + s_w, P + S)
     widths.add(T)
     state, m = step(state, batch, jax.random.PRNGKey(0))
     assert np.isfinite(float(m['policy_loss']))
-  assert len(traced) == len(set(traced)) == len(widths) <= 12
+  assert len(traced) == len(set(traced)) == len(widths) <= 6
   assert len(widths) > 3  # the lengths did vary
 
 
@@ -187,8 +207,8 @@ def test_masked_rows_enter_no_loss(model_and_params):
   resp = np.asarray(batch['response_mask_NT']).reshape(B, G, -1)
   assert (resp[ro.truncated] == 0).all() and (resp[keep].sum(-1) == ro.lengths[keep]).all()
   # Truncated rows (length S) do not set the width: the kept rows' longest response does.
-  assert batch['tokens_NT'].shape[1] == 8 + rollout_lib.column_bucket(ro.lengths[keep].max(), S)
-  assert batch['tokens_NT'].shape[1] < 8 + S
+  used = int(ro.prompt_mask.sum(1).max() + ro.lengths[keep].max())
+  assert batch['tokens_NT'].shape[1] == rollout_lib.column_bucket(used, P + S) < P + S
   cfg = update.UpdateConfig(loss=losses.PolicyLossConfig(kl_coef=0.05))
   got = _step(model, cfg, batch, params, ref)
   rows = np.flatnonzero(keep.reshape(-1))

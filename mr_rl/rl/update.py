@@ -79,7 +79,8 @@ class UpdateConfig:
   Attributes:
     loss: clipped-surrogate / KL / entropy settings (PolicyLossConfig). For
       ``seq-mean-token-sum-norm`` set ``loss.norm_len`` to the maximum response length;
-      its default (None) is the batch's full T, prompt included.
+      its default (None) is the batch's T, prompt included, which varies with trimmed
+      batches (the trainer always sets it to ``max_new_tokens``).
     num_micro_batches: M, gradient-accumulation chunks; must divide the row count.
     lr: AdamW learning rate of the policy (papers: 1e-6).
     warmup_steps: linear warm-up steps from 0 to ``lr`` (0 = constant).
@@ -303,7 +304,9 @@ def make_policy_step(logits_fn: LogitsFn, config: UpdateConfig, tx=None, *, mesh
 
   Returns:
     The step function; ``metrics`` holds policy_loss, pg_loss, clip fractions,
-    approx_kl, ratio_mean, entropy, kl (if beta > 0), grad_norm, response_tokens.
+    approx_kl, ratio_mean, entropy, kl (if beta > 0), the sampler/trainer mismatch
+    (mismatch_abs, mismatch_k3; tis_weight_mean, tis_clip_frac with TIS), grad_norm,
+    response_tokens.
   """
   tx = make_optimizer(config) if tx is None else tx
   batch_axes = () if mesh is None else sharding.data_axes(mesh)

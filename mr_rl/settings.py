@@ -139,7 +139,7 @@ class EvalSettings:
 
 @dataclasses.dataclass(frozen=True)
 class BatchSettings:
-  trim_columns: bool            # update batch cut to the columns in use (mr_rl.rollout.update_batch)
+  trim_columns: bool            # update batch cut to the columns in use (rollout.update_batch)
   mask_truncated: bool          # DAPO overlong filtering: truncated responses enter no loss
 
 
@@ -228,7 +228,7 @@ def default_config():
       mask_truncated=False))      # DAPO overlong filtering: truncated responses enter no loss
   c.dynamic_sampling = ml_collections.ConfigDict(dict(
       mode="off",                 # DAPO: off | refill (over-sample to B groups) | shrink
-      signal="auto",              # which signal keeps a group: auto | scalar (R) | channels (any r_k)
+      signal="auto",              # what keeps a group: auto | scalar (R) | channels (any r_k)
       max_rounds=4))              # refill: at most this many extra sampling rounds per step
   c.rewards = ml_collections.ConfigDict(dict(
       channels="accuracy",        # comma-separated reward names (K channels)
@@ -247,9 +247,10 @@ def default_config():
       kl_coef=L.kl_coef,          # beta of the KL penalty to pi_ref
       kl_estimator=L.kl_estimator,  # k1 | k2 | k3
       entropy_coef=L.entropy_coef,  # entropy bonus weight
-      recompute_old_logp="auto",  # pi_old from the training forward: auto (on when the
-                                  # sampler's dtype or cache dtype differs from model.dtype) | on | off
-      tis_cap=0.0))               # truncated importance sampling cap C on pi_train/pi_sampler (0 = off)
+      recompute_old_logp="auto",  # pi_old from the training forward: auto (on when the sampler's
+                                  # dtype or cache dtype differs from model.dtype) | on | off
+      tis_cap=0.0))               # truncated importance sampling cap C of pi_train/pi_sampler
+                                  # (0 = off)
   c.optim = ml_collections.ConfigDict(dict(
       lr=U.lr,                    # AdamW learning rate (papers: 1e-6)
       warmup_steps=U.warmup_steps,  # linear warm-up steps (0 = constant)

@@ -346,7 +346,7 @@ def _add_ppo_targets(batch, R_BG, values_NT, hp) -> None:
 
 
 def _draw_groups(comp: Components, params, agg_state, data_iter, agg_fn, k_roll, k_agg):
-  """The step's B groups: one rollout, or DAPO dynamic sampling's rounds (mr_rl.rl.dynamic_sampling).
+  """The step's B groups: one rollout, or DAPO dynamic sampling's rounds (rl.dynamic_sampling).
 
   Round 0 samples `data.batch_prompts` prompts with `k_roll` (exactly the draw without
   dynamic sampling); round i > 0 with `fold_in(k_roll, i)`. The `scalar` signal applies the

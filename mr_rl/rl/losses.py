@@ -109,7 +109,8 @@ class PolicyLossConfig:
     if self.entropy_coef < 0.0:
       raise ValueError(f'entropy_coef must be >= 0, got {self.entropy_coef}.')
     if not isinstance(self.recompute_old_logp, bool):
-      raise ValueError(f'recompute_old_logp must be True or False, got {self.recompute_old_logp!r}.')
+      raise ValueError(
+          f'recompute_old_logp must be True or False, got {self.recompute_old_logp!r}.')
     if self.tis_cap is not None:
       if not self.tis_cap >= 1.0:
         raise ValueError(f'tis_cap (C) must be >= 1 or None, got {self.tis_cap}.')

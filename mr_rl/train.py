@@ -353,8 +353,9 @@ def _draw_groups(comp: Components, params, agg_state, data_iter, agg_fn, k_roll,
   aggregator with the step's starting state (not committed) to each round.
 
   Returns:
-    (rollout of the B groups, r_BGK, summed reward-runner metrics, n_kept = how many of the
-    groups (the first ones) enter the loss, dynamic/* metrics, rollout seconds, reward seconds).
+    (rollout of the B groups, r_BGK, the reward runner's metrics over the rounds, n_kept =
+    how many of the groups (the first ones) enter the loss, dynamic/* metrics, rollout
+    seconds, reward seconds).
   """
   s = comp.settings
   dyn = s.dynamic
@@ -370,9 +371,9 @@ def _draw_groups(comp: Components, params, agg_state, data_iter, agg_fn, k_roll,
     r_BGK, m = rollout_lib.score(comp.runner, ro, examples)
     t_roll, t_reward = t_roll + t1 - t0, t_reward + time.perf_counter() - t1
     for k, v in m.items():
-      reward_m[k] = reward_m.get(k, 0.0) + float(v)
+      reward_m.setdefault(k, []).append(float(v))
     if dyn.mode == "off":
-      return ro, r_BGK, reward_m, B, {}, t_roll, t_reward
+      return ro, r_BGK, {k: v[0] for k, v in reward_m.items()}, B, {}, t_roll, t_reward
     rounds.append((ro, r_BGK))
     if dyn.signal == "scalar":
       R_BG = agg_fn(agg_state, jnp.asarray(r_BGK), k_agg if i == 0 else
@@ -389,6 +390,10 @@ def _draw_groups(comp: Components, params, agg_state, data_iter, agg_fn, k_roll,
   r_BGK = np.stack([rounds[i][1][b] for i, b in picks])
   dyn_m = {"dynamic/dropped_frac": len(dropped) / (B * len(rounds)),
            "dynamic/rounds": float(len(rounds)), "dynamic/kept_frac": n_kept / B}
+  # Counts and durations add up over the rounds; other runner metrics (means) are averaged.
+  counts = ("errors", "timeouts", "seconds")
+  reward_m = {k: float(np.sum(v) if k.endswith(counts) else np.mean(v))
+              for k, v in reward_m.items()}
   return ro, r_BGK, reward_m, n_kept, dyn_m, t_roll, t_reward
 
 

@@ -34,6 +34,15 @@ TEST_REQUIRES = [
     "wandb>=0.19",
 ]
 
+# Benchmark-only peers (benchmarks/rl_step.py: TRL's GRPOTrainer side by side with mr_rl's
+# trainer); never needed by tests or CI. torch is pinned as in the test extra, so the CPU build
+# on local disk satisfies accelerate's `torch>=2.0` and no CUDA build is pulled.
+BENCH_REQUIRES = [
+    "trl==1.16.0",
+    "accelerate==1.15.0",
+    "torch==2.13.0",
+]
+
 # Optional loggers: `pip install -e ".[wandb]"` for config.logging.wandb_project.
 WANDB_REQUIRES = ["wandb>=0.19"]
 
@@ -46,5 +55,5 @@ setup(
     package_data={"mr_rl.demo": ["assets/base_policy/*"]},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TEST_REQUIRES, "wandb": WANDB_REQUIRES},
+    extras_require={"test": TEST_REQUIRES, "wandb": WANDB_REQUIRES, "bench": BENCH_REQUIRES},
 )

@@ -24,11 +24,20 @@ and method (default `negative`, `additive`) for 1 + `--steps` GRPO steps; the fi
 and their shares of the three's sum are reported, with the whole step's wall time (the gap
 between the trainer's per-step log calls) for the remainder (metrics, data). Note that
 `time/update` covers more than the policy step: aggregation + advantages, batch assembly,
-the reference-policy forward pass (always run, for the `kl_ref/*` metrics) and the
-metrics' device_get.
+the reference-policy forward pass (every `kl_ref_every`-th step, 10 in the demo, for the
+`kl_ref/*` metrics) and the metrics' device_get. Part 1's `step/fwd` is the policy step's time
+in forward-pass equivalents; `FLOPs/fwd` is the same ratio by XLA's FLOP counts (3.0 means
+the step computes one forward and a backward of twice its cost, nothing more).
+
+Part 3, cost growth (`--cap-growth 48,96,192`): part 2's demo steps at each `max_new_tokens`
+cap on the same prompts, with the base policy's `max_position_embeddings` raised in a copy
+of its config.json (RoPE: outputs below the old limit unchanged, FACTS.md), so the responses
+are identical (checked) and only the cap changes. Issue 16's goal: doubling the cap changes
+the step time by less than 15%.
 
   python benchmarks/train_step.py --quick --json /tmp/train_step.json   # ~1-2 min, idle 2 cores
   python benchmarks/train_step.py                                       # more repeats / steps
+  python benchmarks/train_step.py --only-cap-growth --cap-growth 48,96,192 --steps 10
 
 The load average (os.getloadavg) is printed and stored at start and end: on a shared CPU
 every figure here scales with it. If the demo's base policy
@@ -38,7 +47,7 @@ the same, but part 2's responses are those of an untrained model (mostly truncat
 
 JSON: the top-level `update_tokens_per_s` / `update_flops_fraction` are qwen3_tiny's
 (`*_demo` the demo model's); `rollout_share`, `reward_share`, `update_share` are part 2's.
-Everything else is under `update` and `shares`.
+Everything else is under `update`, `shares` and `cap_growth`.
 """
 
 from __future__ import annotations
@@ -138,6 +147,7 @@ def time_policy_step(name: str, model, params, update_config, batch: dict, repea
   if not np.isfinite(float(m["policy_loss"])):
     raise FloatingPointError(f"{name}: non-finite policy loss {float(m['policy_loss'])}")
   fwd = train_lib._logprob_fn(model)  # the trainer's reference forward (compiled by grpo_batch)
+  fwd_flops = _xla_flops(fwd.lower(params, batch["tokens_NT"], batch["mask_NT"]).compile())
   fwd_times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
@@ -150,7 +160,7 @@ def time_policy_step(name: str, model, params, update_config, batch: dict, repea
               compile_s=compile_s, times_s=times, median_s=sec,
               forward_times_s=fwd_times, forward_median_s=statistics.median(fwd_times),
               tokens_per_s=rows * T / sec,
-              flops_xla=_xla_flops(compiled),
+              flops_xla=_xla_flops(compiled), forward_flops_xla=fwd_flops,
               flops_analytic=analytic_train_flops(model.config, rows, T))
 
 
@@ -180,13 +190,45 @@ def time_shares(settings, comp) -> dict:
     raise ValueError("need at least 2 steps (the first one compiles)")
   mean = {k: float(np.mean([h[f"time/{k}"] for h in hist])) for k in ("rollout", "reward", "update")}
   parts = sum(mean.values())
-  wall = float(np.mean(np.diff(stamps))) if len(stamps) == len(res.history) else float("nan")
+  ok = len(stamps) == len(res.history)
+  wall = float(np.mean(np.diff(stamps))) if ok else float("nan")
+  wall_median = float(np.median(np.diff(stamps))) if ok else float("nan")
   return dict(steps_timed=len(hist), first_step_s=stamps[0] - t0 if stamps else float("nan"),
-              total_s=total_s, mean_s=mean, step_wall_s=wall,
+              total_s=total_s, mean_s=mean, step_wall_s=wall, step_wall_median_s=wall_median,
+              widths=sorted({h["batch/columns"] for h in res.history if "batch/columns" in h}),
               other_s=wall - parts,
               shares={k: v / parts for k, v in mean.items()},
               response_length_mean=float(np.mean([h["response/length_mean"] for h in hist])),
-              truncated_frac=float(np.mean([h["response/truncated_frac"] for h in hist])))
+              truncated_frac=float(np.mean([h["response/truncated_frac"] for h in hist])),
+              columns_mean=float(np.mean([h.get("batch/columns", np.nan) for h in hist])),
+              lengths=[h["response/length_mean"] for h in res.history])
+
+
+def cap_growth(base_policy: str, caps, task: str, method: str, steps: int, tmp: str) -> list:
+  """The issue-16 cost-growth check: the demo step at several `max_new_tokens` caps on the
+  same prompts. The base policy is copied with config.json's `max_position_embeddings` raised
+  to fit the largest cap (RoPE: outputs below the old limit are unchanged, FACTS.md), so the
+  responses are the same and only the cap changes (checked: equal mean lengths per step)."""
+  import shutil
+  path = os.path.join(tmp, "base_policy_long")
+  shutil.copytree(base_policy, path, dirs_exist_ok=True)
+  with open(os.path.join(path, "config.json")) as f:
+    cfg = json.load(f)
+  cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"], 64 + max(caps))
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(cfg, f, indent=1)
+  out = []
+  comp = None
+  for cap in caps:
+    s = demo_settings(task, method, steps, path)
+    s = dataclasses.replace(s, rollout=dataclasses.replace(s.rollout, max_new_tokens=cap))
+    comp = train_lib.build(s) if comp is None else dataclasses.replace(comp, settings=s)
+    sh = time_shares(s, comp)
+    out.append(dict(max_new_tokens=cap, **sh))
+    print(f"  cap {cap}: step {sh['step_wall_s']:.3f} s, update {sh['mean_s']['update']:.3f} s, "
+          f"rollout {sh['mean_s']['rollout']:.3f} s, columns {sh['columns_mean']:.1f}, "
+          f"mean length {sh['response_length_mean']:.2f}", flush=True)
+  return out
 
 
 def ensure_base_policy(path: str | None, tmp: str) -> tuple[str, bool]:
@@ -204,11 +246,13 @@ def ensure_base_policy(path: str | None, tmp: str) -> tuple[str, bool]:
 # -------------------------------------------------------------------------------- main
 def _fmt_update(r: dict, peak: float) -> str:
   flops = r["flops_xla"] if r["flops_xla"] is not None else r["flops_analytic"]
+  ratio = (r["flops_xla"] / r["forward_flops_xla"] if r["flops_xla"] and r["forward_flops_xla"]
+           else float("nan"))
   return (f"{r['model']:<11s} {r['params'] / 1e6:6.2f}M {r['rows']:4d}x{r['T']:<4d} "
           f"{r['median_s'] * 1e3:9.1f} {r['tokens_per_s']:10.0f} "
           f"{flops / r['median_s'] / 1e9:8.1f} {100 * flops / r['median_s'] / peak:6.1f}% "
           f"{r['flops_analytic'] / r['median_s'] / 1e9:9.1f} {r['forward_median_s'] * 1e3:8.1f} "
-          f"{r['median_s'] / r['forward_median_s']:8.1f} {r['compile_s']:8.1f}")
+          f"{r['median_s'] / r['forward_median_s']:8.1f} {ratio:8.2f} {r['compile_s']:8.1f}")
 
 
 def main(argv=None):
@@ -223,6 +267,9 @@ def main(argv=None):
   p.add_argument("--method", default="additive", help="demo method for the time shares")
   p.add_argument("--base-policy", default=None, help="demo base policy checkpoint directory")
   p.add_argument("--json", default=None, help="write the results here")
+  p.add_argument("--cap-growth", default="", help="comma-separated max_new_tokens caps "
+                 "(e.g. 48,96,192): also time the demo step at each cap on the same prompts")
+  p.add_argument("--only-cap-growth", action="store_true", help="skip parts 1 and 2")
   a = p.parse_args(argv)
   if a.quick:
     a.repeats, a.steps = 3, 3
@@ -238,6 +285,17 @@ def main(argv=None):
   with tempfile.TemporaryDirectory() as tmp:
     base_policy, throwaway = ensure_base_policy(a.base_policy, tmp)
     res["base_policy"] = "3-step warm start (temporary)" if throwaway else base_policy
+    caps = [int(x) for x in a.cap_growth.split(",") if x.strip()]
+    if a.only_cap_growth:
+      if not caps:
+        raise ValueError("--only-cap-growth needs --cap-growth CAPS")
+      res["cap_growth"] = cap_growth(base_policy, caps, a.task, a.method, a.steps, tmp)
+      res["load_avg_end"] = load_avg()
+      _print_cap_growth(res)
+      if a.json:
+        with open(a.json, "w") as f:
+          json.dump(res, f, indent=1)
+      return res
     settings = demo_settings(a.task, a.method, a.steps, base_policy)
     comp = train_lib.build(settings)
 
@@ -274,6 +332,9 @@ def main(argv=None):
           flush=True)
     sh = time_shares(settings, comp)
     res["shares"] = dict(task=a.task, method=a.method, **sh)
+    if caps:
+      print(f"cap growth {caps}: {a.steps + 1} demo steps each ...", flush=True)
+      res["cap_growth"] = cap_growth(base_policy, caps, a.task, a.method, a.steps, tmp)
   res["load_avg_end"] = load_avg()
   res["seconds"] = time.perf_counter() - t_start
 
@@ -289,12 +350,13 @@ def main(argv=None):
         f"{peak0 / 1e9:.1f} / {peak1 / 1e9:.1f} GFLOP/s (start / after), best used as peak")
   print(f"{'model':<11s} {'params':>7s} {'batch':>9s} {'ms/step':>9s} {'tokens/s':>10s} "
         f"{'GFLOP/s':>8s} {'of mm':>7s} {'analytic':>9s} {'fwd ms':>8s} {'step/fwd':>8s} "
-        f"{'compile':>8s}")
+        f"{'FLOPs/fwd':>8s} {'compile':>8s}")
   for r in upd.values():
     print(_fmt_update(r, peak))
   print("  (GFLOP/s from XLA cost_analysis of the timed executable; 'analytic' = "
         "6*params*tokens + attention; tokens include padding;\n   fwd = the trainer's jitted "
-        "log-prob forward on the same batch, as for the reference policy; compile in s)")
+        "log-prob forward on the same batch, as for the reference policy; step/fwd = time in\n"
+        "   forward-pass equivalents, FLOPs/fwd = the same by XLA's FLOP counts; compile in s)")
   print()
   print(f"Demo {a.task}/{a.method} ({res['base_policy']}): mean of {sh['steps_timed']} "
         f"steps after the first ({sh['first_step_s']:.1f} s, compiling)")
@@ -303,10 +365,13 @@ def main(argv=None):
     print(f"{k:<10s} {sh['mean_s'][k]:8.3f} {100 * sh['shares'][k]:6.1f}%")
   print(f"{'(other)':<10s} {sh['other_s']:8.3f}   (step wall {sh['step_wall_s']:.3f} s; "
         "shares are of rollout + reward + update)")
+  print(f"  update batch columns (mean): {sh['columns_mean']:.1f}")
   print(f"  part 1's policy step + forward = "
         f"{100 * (d['median_s'] + d['forward_median_s']) / sh['mean_s']['update']:.0f}% "
         f"of time/update; responses: mean length {sh['response_length_mean']:.1f}, "
         f"{100 * sh['truncated_frac']:.0f}% truncated")
+  if "cap_growth" in res:
+    _print_cap_growth(res)
   print()
   print(f"load average start {res['load_avg_start']}, after part 1 "
         f"{res['load_avg_after_update']}, end {res['load_avg_end']}; total {res['seconds']:.0f} s")
@@ -315,6 +380,23 @@ def main(argv=None):
       json.dump(res, f, indent=1)
     print(f"wrote {a.json}")
   return res
+
+
+def _print_cap_growth(res: dict) -> None:
+  rows = res["cap_growth"]
+  print()
+  print("Cost growth: demo step vs max_new_tokens (same prompts; mean and median of the timed "
+        "steps; a step that meets a new width compiles)")
+  print(f"{'cap':>5s} {'step s':>8s} {'median s':>9s} {'update s':>9s} {'rollout s':>10s} "
+        f"{'columns':>8s} {'widths':>14s} {'mean len':>9s} {'median vs first':>16s}")
+  for r in rows:
+    widths = ",".join(str(int(w)) for w in r["widths"]) or "-"
+    print(f"{r['max_new_tokens']:5d} {r['step_wall_s']:8.3f} {r['step_wall_median_s']:9.3f} "
+          f"{r['mean_s']['update']:9.3f} {r['mean_s']['rollout']:10.3f} {r['columns_mean']:8.1f} "
+          f"{widths:>14s} {r['response_length_mean']:9.2f} "
+          f"{r['step_wall_median_s'] / rows[0]['step_wall_median_s']:16.2f}")
+  same = all(r["lengths"] == rows[0]["lengths"] for r in rows)
+  print(f"  per-step mean lengths identical across caps: {same}")
 
 
 if __name__ == "__main__":

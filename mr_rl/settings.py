@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from mr_rl import aggregators
 from mr_rl.registry import import_plugins
 from mr_rl.rl import advantages as adv_lib
+from mr_rl.rl import dynamic_sampling
 from mr_rl.rl.losses import PolicyLossConfig
 from mr_rl.rl.update import UpdateConfig
 from mr_rl.rollout import SamplingSettings
@@ -181,6 +182,19 @@ class ExportSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class BatchSettings:
+  trim_columns: bool            # update batch cut to the columns in use (rollout.update_batch)
+  mask_truncated: bool          # DAPO overlong filtering: truncated responses enter no loss
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicSamplingSettings:
+  mode: str                     # 'off' | 'refill' | 'shrink' (mr_rl.rl.dynamic_sampling)
+  signal: str                   # 'scalar' | 'channels' (resolved from 'auto')
+  max_rounds: int               # refill: extra sampling rounds per step at most
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSettings:
   seed: int
   pipeline: str
@@ -202,6 +216,8 @@ class RunSettings:
   eval: EvalSettings
   logging: LoggingSettings
   export: ExportSettings
+  batch: BatchSettings
+  dynamic: DynamicSamplingSettings
 
   @property
   def num_channels(self) -> int:
@@ -249,7 +265,17 @@ def default_config():
       max_new_tokens=3000,        # max response length
       temperature=1.0,            # training rollouts at T = 1
       top_k=0,                    # 0 = off
-      top_p=1.0))                 # 1.0 = off
+      top_p=1.0,                  # 1.0 = off
+      dtype="",                   # sampler compute dtype ('' = model.dtype; e.g. 'bfloat16')
+      cache_dtype=""))            # sampler KV-cache dtype ('' = the sampler's compute dtype)
+  c.update_batch = ml_collections.ConfigDict(dict(
+      trim_columns=True,          # update / reference / critic over the columns in use (bucketed)
+      pack=U.pack,                # several sequences per row (segment ids); GRPO family only
+      mask_truncated=False))      # DAPO overlong filtering: truncated responses enter no loss
+  c.dynamic_sampling = ml_collections.ConfigDict(dict(
+      mode="off",                 # DAPO: off | refill (over-sample to B groups) | shrink
+      signal="auto",              # what keeps a group: auto | scalar (R) | channels (any r_k)
+      max_rounds=4))              # refill: at most this many extra sampling rounds per step
   c.rewards = ml_collections.ConfigDict(dict(
       channels="accuracy",        # comma-separated reward names or import paths 'pkg.mod:fn'
                                   # (K channels; an import path's channel is named 'fn')
@@ -272,7 +298,11 @@ def default_config():
       loss_agg=L.loss_agg,        # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
       kl_coef=L.kl_coef,          # beta of the KL penalty to pi_ref
       kl_estimator=L.kl_estimator,  # k1 | k2 | k3
-      entropy_coef=L.entropy_coef))  # entropy bonus weight
+      entropy_coef=L.entropy_coef,  # entropy bonus weight
+      recompute_old_logp="auto",  # pi_old from the training forward: auto (on when the sampler's
+                                  # dtype or cache dtype differs from model.dtype) | on | off
+      tis_cap=0.0))               # truncated importance sampling cap C of pi_train/pi_sampler
+                                  # (0 = off)
   c.optim = ml_collections.ConfigDict(dict(
       lr=U.lr,                    # AdamW learning rate (papers: 1e-6)
       warmup_steps=U.warmup_steps,  # linear warm-up steps (0 = constant)
@@ -351,25 +381,46 @@ def from_config(cfg) -> RunSettings:
   else:
     adv_lib.get_advantage(advantage, **adv_hp)  # unknown hyperparameters fail here
 
+  model_dtype = _choice("model.dtype", c.model.dtype, ("float32", "bfloat16"))
+  sample_dtype = _choice("rollout.dtype", c.rollout.dtype, ("", "float32", "bfloat16"))
+  cache_dtype = _choice("rollout.cache_dtype", c.rollout.cache_dtype, ("", "float32", "bfloat16"))
+  recompute = _choice("loss.recompute_old_logp", c.loss.recompute_old_logp, ("auto", "on", "off"))
+  tis_cap = float(c.loss.tis_cap)
+  if tis_cap != 0.0 and tis_cap < 1.0:
+    raise ValueError(f"config.loss.tis_cap must be 0 (off) or >= 1, got {tis_cap}")
+  if tis_cap and recompute == "off":
+    raise ValueError("config.loss.tis_cap needs config.loss.recompute_old_logp 'on' (or 'auto'): "
+                     "its weight is pi_train_old / pi_sampler")
+  if recompute == "auto":  # on when the sampler computes differently from the training forward
+    sampler_dtype = sample_dtype or model_dtype
+    differs = sampler_dtype != model_dtype or (cache_dtype or sampler_dtype) != model_dtype
+    recompute = "on" if differs or tis_cap else "off"
   loss = PolicyLossConfig(
       eps_low=float(c.loss.eps_low), eps_high=float(c.loss.eps_high), loss_agg=c.loss.loss_agg,
       norm_len=int(c.rollout.max_new_tokens) if c.loss.loss_agg == "seq-mean-token-sum-norm"
       else None,
       kl_coef=float(c.loss.kl_coef), kl_estimator=c.loss.kl_estimator,
-      entropy_coef=float(c.loss.entropy_coef))
+      entropy_coef=float(c.loss.entropy_coef),
+      recompute_old_logp=recompute == "on", tis_cap=tis_cap or None)
+  for field in ("update_batch.trim_columns", "update_batch.pack", "update_batch.mask_truncated"):
+    section, name = field.split(".")
+    if not isinstance(c[section][name], bool):
+      raise ValueError(f"config.{field} must be True or False, got {c[section][name]!r}")
+  if c.update_batch.pack and advantage == "ppo":
+    raise ValueError("config.update_batch.pack is for the GRPO family; PPO's critic and GAE run "
+                     "on unpacked rows")
   optional = lambda v: None if v is None else float(v)
   update = UpdateConfig(
       loss=loss, num_micro_batches=int(c.optim.num_micro_batches), lr=float(c.optim.lr),
       warmup_steps=int(c.optim.warmup_steps), weight_decay=float(c.optim.weight_decay),
       b1=float(c.optim.b1), b2=float(c.optim.b2), adam_eps=float(c.optim.adam_eps),
       value_lr=float(c.optim.value_lr), max_grad_norm=optional(c.optim.max_grad_norm),
-      vf_clip=optional(c.optim.vf_clip))
+      vf_clip=optional(c.optim.vf_clip), pack=c.update_batch.pack)
 
-  model = ModelSettings(path=c.model.path, preset=c.model.preset, dtype=c.model.dtype)
+  model = ModelSettings(path=c.model.path, preset=c.model.preset, dtype=model_dtype)
   if bool(model.path) == bool(model.preset):
     raise ValueError("set exactly one of config.model.path (checkpoint) and config.model.preset "
                      f"(random init); got path={model.path!r}, preset={model.preset!r}")
-  _choice("model.dtype", model.dtype, ("float32", "bfloat16"))
   if model.preset:
     from mr_rl import models
     _choice("model.preset", model.preset, models.PRESETS)
@@ -391,10 +442,22 @@ def from_config(cfg) -> RunSettings:
       group_size=_positive("rollout.group_size", int(c.rollout.group_size)),
       max_new_tokens=_positive("rollout.max_new_tokens", int(c.rollout.max_new_tokens)),
       temperature=_positive("rollout.temperature", float(c.rollout.temperature), True),
-      top_k=int(c.rollout.top_k), top_p=float(c.rollout.top_p))
+      top_k=int(c.rollout.top_k), top_p=float(c.rollout.top_p), dtype=sample_dtype,
+      cache_dtype=cache_dtype)
   if rollout.group_size < 2 and advantage in ("grpo", "dr_grpo", "rloo", "gdpo", "mo_grpo"):
     raise ValueError(f"config.rollout.group_size must be >= 2 for group-relative advantages "
                      f"({advantage}), got {rollout.group_size}")
+  dyn = c.dynamic_sampling
+  mode = _choice("dynamic_sampling.mode", dyn.mode, dynamic_sampling.MODES)
+  signal = _choice("dynamic_sampling.signal", dyn.signal, dynamic_sampling.SIGNALS)
+  if mode != "off" and advantage == "ppo":
+    raise ValueError("config.dynamic_sampling needs a group-relative advantage; PPO's GAE "
+                     "advantages do not vanish on constant groups")
+  dynamic = DynamicSamplingSettings(
+      mode=mode, signal=dynamic_sampling.resolve_signal(
+          signal, advantage != "ppo" and adv_lib.uses_channels(advantage)),
+      max_rounds=_positive("dynamic_sampling.max_rounds",
+                           _int("dynamic_sampling.max_rounds", dyn.max_rounds), True))
   settings = RunSettings(
       seed=int(c.seed), pipeline=pipeline,
       total_steps=_positive("total_steps", int(c.total_steps), True),
@@ -420,7 +483,10 @@ def from_config(cfg) -> RunSettings:
       eval=EvalSettings(every=int(c.eval.every), num_prompts=int(c.eval.num_prompts),
                         samples_per_prompt=int(c.eval.samples_per_prompt),
                         temperature=float(c.eval.temperature)),
-      logging=_logging(c.logging), export=_export(c.export))
+      logging=_logging(c.logging), export=_export(c.export),
+      batch=BatchSettings(trim_columns=c.update_batch.trim_columns,
+                          mask_truncated=c.update_batch.mask_truncated),
+      dynamic=dynamic)
   # Build the aggregator once so unknown hyperparameters fail now, not at step 1.
   aggregators.get(agg_name, **agg_hp).init(len(channels))
   return settings

@@ -19,6 +19,14 @@ The reference log-prob and critic forwards run in `num_micro_batches` row chunks
 (`mr_rl.rl.update.chunked_forward`), the split the update step uses for gradient
 accumulation, so no program holds the activations of more than B*G / M rows.
 
+Tokens in use (issue 16): the update batch, the reference / critic forwards and the sampler's
+prefill cover only the columns in use (`mr_rl.rollout.update_batch`, bucketed widths); with
+`update_batch.pack` the loss-carrying sequences are packed (`mr_rl.rl.packing`).
+`dynamic_sampling` (DAPO) keeps the groups with a learning signal, over-sampling rounds of
+prompts (`mr_rl.rl.dynamic_sampling`); `update_batch.mask_truncated` masks truncated
+responses out of the loss; the sampler/trainer mismatch is logged every step
+(`mismatch/*`) and, with `loss.recompute_old_logp` / `loss.tis_cap`, corrected in the step.
+
 Shape letters: B prompts, G responses per prompt, K reward channels, N = B*G update rows,
 T token columns of the update batch.
 """
@@ -42,7 +50,9 @@ from mr_rl.checkpointing import Checkpointer
 from mr_rl.models import sharding
 from mr_rl.rewards.runner import RewardRunner, get_reward
 from mr_rl.rl import advantages as adv_lib
+from mr_rl.rl import dynamic_sampling
 from mr_rl.rl import gae
+from mr_rl.rl import packing
 from mr_rl.rl import update as update_lib
 from mr_rl.settings import RunSettings
 
@@ -260,36 +270,55 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
       if log:
         log(f"resumed from {ckpt.directory} at step {start}")
     writer = metrics_lib.MetricsWriter(workdir, resume_step=start, settings=s)
+  row_multiple = M * (1 if comp.mesh is None else sharding.data_parallel_size(comp.mesh))
   history = []
   eta = metrics_lib.ETA(s.total_steps)
   for step in range(start, s.total_steps):
     key = jax.random.fold_in(state["key"], step)
     k_roll, k_agg, k_upd = jax.random.split(key, 3)
-    t0 = time.perf_counter()
-    examples = next(data_iter)
-    ro = rollout_lib.rollout(comp.policy, state["train"].params, examples, k_roll, s.rollout)
-    t1 = time.perf_counter()
-    r_BGK, reward_m = rollout_lib.score(comp.runner, ro, examples)
+    ro, r_BGK, reward_m, n_kept, dyn_m, t_roll, t_reward = _draw_groups(
+        comp, state["train"].params, state["agg"], data_iter, agg_fn, k_roll, k_agg)
     t2 = time.perf_counter()
-    R_BG, A_BG, state["agg"], agg_m = agg_fn(state["agg"], jnp.asarray(r_BGK), k_agg)
-    batch = rollout_lib.update_batch(ro, A_BG)
-    forward = lambda fn, p: update_lib.chunked_forward(fn, p, batch["tokens_NT"],
-                                                       batch["mask_NT"], num_chunks=M,
-                                                       mesh=comp.mesh)
+    B, G = r_BGK.shape[:2]
+    b_used = n_kept or B  # no group kept: the aggregator sees the whole draw (no loss anyway)
+    R_BG, A_BG, state["agg"], agg_m = agg_fn(state["agg"], jnp.asarray(r_BGK[:b_used]), k_agg)
+    loss_rows = None
+    if n_kept < B:  # dynamic sampling's unfilled slots: zero advantage, no loss
+      A_BG = jnp.concatenate([A_BG, jnp.zeros((B - b_used, G), A_BG.dtype)])
+      loss_rows = np.arange(B)[:, None] < np.full((1, G), n_kept)
+    if s.batch.mask_truncated:  # DAPO overlong filtering
+      loss_rows = ~ro.truncated if loss_rows is None else loss_rows & ~ro.truncated
+    batch = rollout_lib.update_batch(ro, A_BG, loss_rows_BG=loss_rows, trim=s.batch.trim_columns)
+    shape_m = {"batch/columns": float(batch["tokens_NT"].shape[1])}
     if ppo:
+      forward = lambda fn, p: update_lib.chunked_forward(
+          fn, p, batch["tokens_NT"], batch["mask_NT"], num_chunks=M, mesh=comp.mesh)
       _add_ppo_targets(batch, np.asarray(R_BG),
                        forward(learner.value_fn, state["train"].value_params), s.advantage_hp)
+    if s.update.pack:
+      batch = packing.pack(batch, s.update.loss.loss_agg, s.update.loss.norm_len, row_multiple)
+      shape_m.update({"batch/packed_rows": float(batch["tokens_NT"].shape[0]),
+                      "batch/packed_sequences": float(batch.pop("rows_packed")),
+                      "batch/columns": float(batch["tokens_NT"].shape[1])})
+      batch = {k: jnp.asarray(v) for k, v in batch.items()}
     ref_logp = None  # log pi_0: the KL penalty needs it; else only the kl_ref/* metrics do
     if s.update.loss.kl_coef > 0 or (s.kl_ref_every and step % s.kl_ref_every == 0):
-      ref_logp = forward(logprob_fn, comp.base_params)
+      cols = [batch[k] for k in ("tokens_NT", "mask_NT", "segment_ids_NT") if k in batch]
+      ref_logp = update_lib.chunked_forward(logprob_fn, comp.base_params, *cols, num_chunks=M,
+                                            mesh=comp.mesh)
     if s.update.loss.kl_coef > 0:
       batch["ref_logp_NT"] = ref_logp
     state["train"], upd_m = learner.step(state["train"], learner.place_batch(batch), k_upd)
-    upd_m = jax.device_get(upd_m)
+    kl_m = None if ref_logp is None else _kl_ref_metrics(ref_logp, batch["old_logp_NT"],
+                                                         batch["response_mask_NT"])
+    upd_m, kl_m, agg_m = jax.device_get((upd_m, kl_m, agg_m))  # the step's one host sync
     t3 = time.perf_counter()
-    m = _step_metrics(s, r_BGK, R_BG, agg_m, upd_m, reward_m, ro, batch, ref_logp)
+    kept = ro if n_kept in (0, B) else ro.take(n_kept)
+    m = _step_metrics(s, r_BGK[:b_used], R_BG, agg_m, upd_m, reward_m, kept, kl_m)
+    m.update(shape_m)
+    m.update(dyn_m)
     m.update(alarm.update(m["reward/scalar/mean"], m[f"reward/{names[s.rewards.primary]}/mean"]))
-    m.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/update": t3 - t2})
+    m.update({"time/rollout": t_roll, "time/reward": t_reward, "time/update": t3 - t2})
     if s.eval.every and (step + 1) % s.eval.every == 0:
       m.update(evaluation.run_evaluation(comp, state["train"].params,
                                          jax.random.fold_in(root, 10**9 + step)))
@@ -321,14 +350,81 @@ def _add_ppo_targets(batch, R_BG, values_NT, hp) -> None:
   batch.update(advantages_NT=adv, returns_NT=ret, old_values_NT=values_NT)
 
 
-def _step_metrics(s, r_BGK, R_BG, agg_m, upd_m, reward_m, ro, batch, ref_logp) -> dict:
+def _draw_groups(comp: Components, params, agg_state, data_iter, agg_fn, k_roll, k_agg):
+  """The step's B groups: one rollout, or DAPO dynamic sampling's rounds (rl.dynamic_sampling).
+
+  Round 0 samples `data.batch_prompts` prompts with `k_roll` (exactly the draw without
+  dynamic sampling); round i > 0 with `fold_in(k_roll, i)`. The `scalar` signal applies the
+  aggregator with the step's starting state (not committed) to each round.
+
+  Returns:
+    (rollout of the B groups, r_BGK, the reward runner's metrics over the rounds, n_kept =
+    how many of the groups (the first ones) enter the loss, dynamic/* metrics, rollout
+    seconds, reward seconds).
+  """
+  s = comp.settings
+  dyn = s.dynamic
+  B = s.data.batch_prompts
+  rounds, kept, dropped, reward_m = [], [], [], {}
+  t_roll = t_reward = 0.0
+  for i in range(1 + (dyn.max_rounds if dyn.mode == "refill" else 0)):
+    t0 = time.perf_counter()
+    examples = next(data_iter)
+    ro = rollout_lib.rollout(comp.policy, params, examples,
+                             k_roll if i == 0 else jax.random.fold_in(k_roll, i), s.rollout)
+    t1 = time.perf_counter()
+    r_BGK, m = rollout_lib.score(comp.runner, ro, examples)
+    t_roll, t_reward = t_roll + t1 - t0, t_reward + time.perf_counter() - t1
+    for k, v in m.items():
+      reward_m.setdefault(k, []).append(float(v))
+    if dyn.mode == "off":
+      return ro, r_BGK, {k: v[0] for k, v in reward_m.items()}, B, {}, t_roll, t_reward
+    rounds.append((ro, r_BGK))
+    if dyn.signal == "scalar":
+      R_BG = agg_fn(agg_state, jnp.asarray(r_BGK), k_agg if i == 0 else
+                    jax.random.fold_in(k_agg, i))[0]
+      has = dynamic_sampling.scalar_signal(np.asarray(R_BG))
+    else:
+      has = dynamic_sampling.channel_signal(r_BGK)
+    kept += [(i, int(b)) for b in np.flatnonzero(has)]
+    dropped += [(i, int(b)) for b in np.flatnonzero(~has)]
+    if len(kept) >= B:
+      break
+  picks, n_kept = dynamic_sampling.fill(kept, dropped, B)
+  ro = rollout_lib.Rollout.gather([x[0] for x in rounds], picks)
+  r_BGK = np.stack([rounds[i][1][b] for i, b in picks])
+  dyn_m = {"dynamic/dropped_frac": len(dropped) / (B * len(rounds)),
+           "dynamic/rounds": float(len(rounds)), "dynamic/kept_frac": n_kept / B}
+  # Counts and durations add up over the rounds; other runner metrics (means) are averaged.
+  counts = ("errors", "timeouts", "seconds")
+  reward_m = {k: float(np.sum(v) if k.endswith(counts) else np.mean(v))
+              for k, v in reward_m.items()}
+  return ro, r_BGK, reward_m, n_kept, dyn_m, t_roll, t_reward
+
+
+@jax.jit
+def _kl_ref_metrics(ref_logp_NT, logp_NT, response_mask_NT):
+  """k1, k3 of KL(pi || pi_0) per response token (pi: the sampler's log-probs)."""
+  resp = response_mask_NT.astype(jnp.float32)
+  x = jnp.clip(ref_logp_NT - logp_NT, -20, 20)  # log pi_ref - log pi
+  denom = jnp.maximum(resp.sum(), 1.0)
+  return {"kl_ref/k1": (-x * resp).sum() / denom,
+          "kl_ref/k3": ((jnp.exp(x) - 1 - x) * resp).sum() / denom}
+
+
+_UPDATE_NAMES = {"policy_loss": "loss/policy", "pg_loss": "loss/pg", "entropy": "policy/entropy",
+                 "kl": "loss/kl", "mismatch_abs": "mismatch/abs_logp_diff",
+                 "mismatch_k3": "mismatch/k3", "tis_weight_mean": "mismatch/tis_weight_mean",
+                 "tis_clip_frac": "mismatch/tis_clip_frac"}
+
+
+def _step_metrics(s, r_BGK, R_BG, agg_m, upd_m, reward_m, ro, kl_m) -> dict:
   names = s.rewards.channels
   m = metrics_lib.channel_summaries(r_BGK, names)
   m.update(metrics_lib.profile_distribution(r_BGK, names))
   R = np.asarray(R_BG)
   m["reward/scalar/mean"] = float(np.nanmean(R)) if np.isfinite(R).any() else float("nan")
   m["reward/scalar/std"] = float(np.nanstd(R)) if np.isfinite(R).any() else float("nan")
-  agg_m = jax.device_get(agg_m)
   if "weights" in agg_m:
     for k, n in enumerate(names):
       m[f"weights/{n}"] = float(agg_m["weights"][k])
@@ -340,18 +436,10 @@ def _step_metrics(s, r_BGK, R_BG, agg_m, upd_m, reward_m, ro, batch, ref_logp) -
       m[f"aggregator/{k}"] = float(v)
   for k, v in upd_m.items():
     if np.ndim(v) == 0:
-      key = {"policy_loss": "loss/policy", "pg_loss": "loss/pg", "entropy": "policy/entropy",
-             "kl": "loss/kl"}.get(k, f"update/{k}")
-      m[key] = float(v)
+      m[_UPDATE_NAMES.get(k, f"update/{k}")] = float(v)
   m.update({k.replace("rewards/", "reward_runner/"): float(v) for k, v in reward_m.items()})
   m["response/length_mean"] = float(ro.lengths.mean())
   m["response/truncated_frac"] = float(ro.truncated.mean())
-  if ref_logp is None:  # not measured this step (kl_ref_every)
-    return m
-  resp = np.asarray(batch["response_mask_NT"], np.float32)
-  x = np.asarray(ref_logp) - np.asarray(batch["old_logp_NT"])  # log pi_ref - log pi
-  x = np.clip(x, -20, 20)
-  denom = max(resp.sum(), 1.0)
-  m["kl_ref/k1"] = float((-x * resp).sum() / denom)
-  m["kl_ref/k3"] = float(((np.exp(x) - 1 - x) * resp).sum() / denom)
+  if kl_m is not None:  # measured this step (kl_ref_every)
+    m.update({k: float(v) for k, v in kl_m.items()})
   return m

@@ -92,6 +92,68 @@ def test_gradient_zero_when_clipped():
   np.testing.assert_allclose(g(jnp.array([[0.0, 0.1]]))[0, 1], -np.exp(0.1), rtol=1e-6)
 
 
+def _np_tis_loss_and_grad(logp, sampler, A, mask, cap, beta, ref, eps=(0.2, 0.28)):
+  """Token-mean loss and dL/dlogp with pi_old recomputed (= logp, so rho = 1) and truncated
+  importance sampling: each token's clipped term times min(exp(logp - sampler), cap) (TRL
+  `token_truncate`, verl `tis_imp_ratio_cap`); the KL term is not reweighted."""
+  m = mask > 0
+  n = m.sum()
+  loss, grad = 0.0, np.zeros_like(logp)
+  for b, t in zip(*np.nonzero(m)):
+    w_is = min(np.exp(logp[b, t] - sampler[b, t]), cap)
+    x = ref[b, t] - logp[b, t]
+    loss += (-A[b] * w_is + beta * (np.exp(x) - 1 - x)) / n
+    # d/dlogp of -A * rho * w_is at rho = 1 (inside the clip range) is -A * w_is; the
+    # weight and pi_old are constants (stop-gradient).
+    grad[b, t] = (-A[b] * w_is + beta * (1 - np.exp(x))) / n
+  return loss, grad
+
+
+@pytest.mark.parametrize('cap', [1.2, 3.0])
+def test_recomputed_old_logp_and_truncated_importance_sampling_match_numpy(cap):
+  logp, sampler, ref, mask, A = _batch(3)  # sampler log-probs 0.4 nats off: many ratios > cap
+  cfg = losses.PolicyLossConfig(kl_coef=0.05, recompute_old_logp=True, tis_cap=cap)
+  fn = lambda lp: losses.policy_loss(lp, jnp.asarray(sampler, jnp.float32), jnp.asarray(A),
+                                     jnp.asarray(mask), cfg, ref_logp_NT=jnp.asarray(ref))
+  (loss, metrics), grad = jax.jit(jax.value_and_grad(fn, has_aux=True))(
+      jnp.asarray(logp, jnp.float32))
+  want_loss, want_grad = _np_tis_loss_and_grad(logp, sampler, A, mask, cap, 0.05, ref)
+  np.testing.assert_allclose(float(loss), want_loss, rtol=2e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=2e-5, atol=1e-7)
+  m = mask > 0
+  ratio = np.exp(logp - sampler)[m]
+  x = (logp - sampler)[m]
+  for k, v in (('mismatch_abs', np.abs(x).mean()), ('mismatch_k3', (np.exp(x) - 1 - x).mean()),
+               ('tis_weight_mean', np.minimum(ratio, cap).mean()),
+               ('tis_clip_frac', (ratio > cap).mean()), ('ratio_mean', 1.0),
+               ('clip_frac', 0.0), ('approx_kl', 0.0)):
+    np.testing.assert_allclose(float(metrics[k]), v, rtol=1e-5, atol=1e-7, err_msg=k)
+  if cap == 1.2:  # the cap binds on some tokens, not all
+    assert 0 < float(metrics['tis_clip_frac']) < 1
+
+
+def test_mismatch_logged_without_recompute_and_recompute_is_exact_when_equal():
+  logp, sampler, _, mask, A = _batch(4)
+  plain = losses.PolicyLossConfig()
+  loss, metrics = _jit_policy_loss(jnp.asarray(logp, jnp.float32),
+                                   jnp.asarray(sampler, jnp.float32), jnp.asarray(A),
+                                   jnp.asarray(mask), plain)
+  x = (logp - sampler)[mask > 0]
+  np.testing.assert_allclose(float(metrics['mismatch_abs']), np.abs(x).mean(), rtol=1e-5)
+  np.testing.assert_allclose(float(metrics['mismatch_k3']), (np.exp(x) - 1 - x).mean(),
+                             rtol=1e-5)
+  assert 'tis_weight_mean' not in metrics
+  np.testing.assert_allclose(float(loss), _np_policy_loss(logp, sampler, A, mask, 'token-mean',
+                                                          0.2, 0.28), rtol=2e-5)
+  # When the sampler computed exactly what the trainer computes, recomputing changes nothing.
+  same = jnp.asarray(logp, jnp.float32)
+  g = lambda cfg: jax.jit(jax.value_and_grad(lambda lp: losses.policy_loss(
+      lp, same, jnp.asarray(A), jnp.asarray(mask), cfg)[0]))(same)
+  (l0, g0), (l1, g1) = g(plain), g(losses.PolicyLossConfig(recompute_old_logp=True))
+  assert float(l0) == float(l1)
+  np.testing.assert_array_equal(np.asarray(g0), np.asarray(g1))
+
+
 def test_loss_aggregation_registry_names_and_aliases():
   reg = losses.LOSS_AGGREGATIONS
   assert reg.names() == ('seq_mean_token_mean', 'seq_mean_token_sum_norm', 'token_mean')
@@ -151,6 +213,10 @@ def test_config_validation():
   with pytest.raises(ValueError, match='advantages'):
     losses.policy_loss(jnp.zeros((1, 2)), jnp.zeros((1, 2)), jnp.ones(3), jnp.ones((1, 2)),
                        losses.PolicyLossConfig())
+  with pytest.raises(ValueError, match='tis_cap needs recompute_old_logp=True'):
+    losses.PolicyLossConfig(tis_cap=2.0)
+  with pytest.raises(ValueError, match=r'tis_cap \(C\) must be >= 1'):
+    losses.PolicyLossConfig(tis_cap=0.5, recompute_old_logp=True)
 
 
 def test_value_loss_matches_numpy():

@@ -171,6 +171,20 @@ for a, b in zip(jax.tree.leaves(ref_state.params), jax.tree.leaves(new.params)):
 for k in ref_m:
   np.testing.assert_allclose(float(m[k]), float(ref_m[k]), rtol=1e-4, atol=1e-6, err_msg=k)
 assert int(new.step) == 1
+# Packed rows (segment ids) on the mesh equal the unpacked single-device step too.
+from mr_rl.rl import packing
+packed = packing.pack(batch, cfg.loss.loss_agg, None, row_multiple=8)
+assert packed.pop('rows_packed') == 8 and packed['segment_ids_NT'].max() >= 2
+packed = {k: jnp.asarray(v) for k, v in packed.items()}
+cfg3 = dataclasses.replace(cfg2, pack=True)
+state = jax.device_put(update.init_train_state(jax.tree.map(jnp.asarray, host), tx), st_sh)
+step = update.make_policy_step(logits_fn, cfg3, tx, mesh=mesh, rules=sharding.DEFAULT_RULES,
+                               state_sharding=st_sh, batch_example=packed)
+new_p, m_p = step(state, packed, key)
+for a, b in zip(jax.tree.leaves(ref_state.params), jax.tree.leaves(new_p.params)):
+  np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=2e-6)
+for k in ref_m:
+  np.testing.assert_allclose(float(m_p[k]), float(ref_m[k]), rtol=1e-4, atol=1e-6, err_msg=k)
 print('SHARDED_OK', float(m['policy_loss']), float(m['grad_norm']))
 ''')
 

@@ -175,14 +175,16 @@ def attention_mask(kv_mask_BS, T: int, S: int, cache_index) -> jax.Array:
 class Attention(nn.Module):
   """Grouped-query attention with optional QK-norm and an explicit KV cache.
 
-  __call__(x_BTD, positions_BT, kv_mask_BS, layer_cache, cache_index) -> (y_BTD, new_cache):
-  layer_cache None attends over this call's own T keys (new_cache None); otherwise the T new
-  keys/values are written at slots [cache_index, cache_index + T) of the LayerCache first.
+  __call__(x_BTD, positions_BT, kv_mask_BS, layer_cache, cache_index, segment_ids_BT=None)
+  -> (y_BTD, new_cache): layer_cache None attends over this call's own T keys (new_cache None;
+  with `segment_ids_BT`, packed rows, only keys of the query's own segment); otherwise the T
+  new keys/values are written at slots [cache_index, cache_index + T) of the LayerCache first.
   """
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, kv_mask_BS, layer_cache, cache_index):
+  def __call__(self, x_BTD, positions_BT, kv_mask_BS, layer_cache, cache_index,
+               segment_ids_BT=None):
     cfg = self.config
     H, J, W, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
     Q = H // J
@@ -207,6 +209,8 @@ class Attention(nn.Module):
     if layer_cache is None:
       # Training / scoring: keys and values are this call's own (S = T).
       mask_BTS = attention_mask(kv_mask_BS, T, T, 0)
+      if segment_ids_BT is not None:  # packed rows: a query sees only its own segment
+        mask_BTS = mask_BTS & (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :])
       q_BTJQW = q_BTHW.reshape(B, T, J, Q, W)
       scores = jnp.einsum("btjqw,bsjw->bjqts", q_BTJQW, k_BTJW, precision=prec,
                           preferred_element_type=jnp.float32) * (W ** -0.5)

@@ -35,11 +35,12 @@ class Block(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, kv_mask_BS, layer_cache, cache_index):
+  def __call__(self, x_BTD, positions_BT, kv_mask_BS, layer_cache, cache_index,
+               segment_ids_BT=None):
     cfg = self.config
     h = RMSNorm(cfg.norm_eps, cfg.param_dtype, name="attn_norm")(x_BTD)
     a, new_cache = Attention(cfg, name="attn")(h, positions_BT, kv_mask_BS, layer_cache,
-                                               cache_index)
+                                               cache_index, segment_ids_BT)
     x = nn.with_logical_constraint(x_BTD + a, _RESID_AXES)
     h = RMSNorm(cfg.norm_eps, cfg.param_dtype, name="mlp_norm")(x)
     m = MoEBlock(cfg, name="mlp")(h) if cfg.is_moe else MLP(cfg, name="mlp")(h)
@@ -50,11 +51,12 @@ class Transformer(nn.Module):
   """Decoder-only LM.
 
   __call__(tokens_BT, positions_BT, *, kv_mask_BS=None, cache=None, cache_index=None,
-           return_hidden=False) -> (logits_BTV, new_cache[, hidden_BTD])
+           return_hidden=False, segment_ids_BT=None) -> (logits_BTV, new_cache[, hidden_BTD])
 
   * cache None (training / scoring): causal attention over the T tokens; kv_mask_BS ([B, T],
     default all ones) is 1 on real tokens, 0 on padding; padded keys are never attended to.
-    new_cache is None.
+    new_cache is None. `segment_ids_BT` (int, packed rows: several sequences per row) also
+    restricts every query to the keys of its own segment (positions must restart per segment).
   * cache given (a tuple of LayerCache, see `layers.LayerCache`): the T new K/V are written
     at slots [cache_index, cache_index + T); query t attends to slot s iff kv_mask_BS[b, s]
     ([B, S_max], set by the caller for the new slots) and s <= cache_index + t.
@@ -64,12 +66,15 @@ class Transformer(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BT, positions_BT, *, kv_mask_BS=None, cache=None, cache_index=None,
-               return_hidden=False):
+               return_hidden=False, segment_ids_BT=None):
     cfg = self.config
     if tokens_BT.ndim != 2 or positions_BT.shape != tokens_BT.shape:
       raise ValueError(f"tokens_BT must be [B, T] and positions_BT the same shape; got "
                        f"{tokens_BT.shape} and {positions_BT.shape}")
     B, T = tokens_BT.shape
+    if segment_ids_BT is not None and (cache is not None or segment_ids_BT.shape != (B, T)):
+      raise ValueError(f"segment_ids_BT must be [B, T] = {(B, T)} and used without a cache; got "
+                       f"{segment_ids_BT.shape}, cache {'given' if cache is not None else 'None'}")
     if cache is None:
       if cache_index is not None:
         raise ValueError("cache_index given without a cache")
@@ -105,7 +110,7 @@ class Transformer(nn.Module):
     for i in range(cfg.n_layers):
       layer_cache = None if cache is None else cache[i]
       x, c = block_cls(cfg, name=f"layers_{i}")(x, positions_BT, kv_mask_BS, layer_cache,
-                                                 cache_index)
+                                                 cache_index, segment_ids_BT)
       new_cache.append(c)
     h = RMSNorm(cfg.norm_eps, cfg.param_dtype, name="final_norm")(x)
     prec = precision_of(cfg)
@@ -148,8 +153,20 @@ def count_params(config: ModelConfig) -> int:
   return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes)))
 
 
-def logits(model: Transformer, params, tokens_BT: jax.Array, mask_BT: jax.Array | None = None):
-  """Full-sequence logits [B, T, V] for a left-padded batch (mask 1 on real tokens).
+def positions_from_segments(segment_ids_BT: jax.Array) -> jax.Array:
+  """Position ids of packed rows: 0 at the first token of each segment (a run of equal ids),
+  counting up within it, int32 [B, T]."""
+  seg = jnp.asarray(segment_ids_BT)
+  idx = jnp.broadcast_to(jnp.arange(seg.shape[1], dtype=jnp.int32), seg.shape)
+  start = jnp.concatenate([jnp.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+  return idx - jax.lax.cummax(jnp.where(start, idx, 0), axis=1)
+
+
+def logits(model: Transformer, params, tokens_BT: jax.Array, mask_BT: jax.Array | None = None,
+           segment_ids_BT: jax.Array | None = None):
+  """Full-sequence logits [B, T, V] for a left-padded batch (mask 1 on real tokens), or for
+  packed rows (`segment_ids_BT`: 1, 2, ... per sequence, 0 on padding; positions restart and
+  attention stays within each segment).
 
   Values at padded positions are finite but meaningless.
   """
@@ -157,6 +174,10 @@ def logits(model: Transformer, params, tokens_BT: jax.Array, mask_BT: jax.Array 
     mask_BT = jnp.ones(tokens_BT.shape, jnp.int32)
   if mask_BT.shape != tokens_BT.shape:
     raise ValueError(f"mask_BT shape {mask_BT.shape} != tokens_BT shape {tokens_BT.shape}")
-  out, _ = model.apply({"params": params}, tokens_BT, positions_from_mask(mask_BT),
-                       kv_mask_BS=mask_BT)
+  if segment_ids_BT is None:
+    out, _ = model.apply({"params": params}, tokens_BT, positions_from_mask(mask_BT),
+                         kv_mask_BS=mask_BT)
+    return out
+  out, _ = model.apply({"params": params}, tokens_BT, positions_from_segments(segment_ids_BT),
+                       kv_mask_BS=mask_BT, segment_ids_BT=segment_ids_BT)
   return out

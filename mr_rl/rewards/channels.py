@@ -10,7 +10,8 @@ Channel modules are the registry's plugins, imported on the first lookup:
 * ``mr_rl.rewards.code_channels``: code_correct, code_fast, code_noop;
 * ``mr_rl.rewards.alce``: alce_correctness, alce_citation;
 * ``mr_rl.rewards.reward_model``: armorm_helpfulness / _correctness / _coherence,
-  reward_model.
+  reward_model;
+* ``mr_rl.rewards.overlong``: overlong (DAPO's soft overlong penalty).
 
 ``get_reward(name, **params)`` builds one; ``register_reward(name, factory)`` is the
 function form of the decorator.
@@ -140,7 +141,8 @@ class RewardChannel:
 
 REWARDS: Registry[Callable[..., RewardChannel]] = Registry(
     "reward channel", plugins=("mr_rl.rewards.math_channels", "mr_rl.rewards.code_channels",
-                               "mr_rl.rewards.alce", "mr_rl.rewards.reward_model"))
+                               "mr_rl.rewards.alce", "mr_rl.rewards.reward_model",
+                               "mr_rl.rewards.overlong"))
 
 
 def register_reward(name: str, factory: Callable[..., RewardChannel]) -> None:

@@ -75,6 +75,15 @@ class PolicyLossConfig:
     kl_coef: beta, weight of the per-token KL penalty to the frozen reference (0 = off).
     kl_estimator: 'k1' | 'k2' | 'k3' (METHODS.md section 5).
     entropy_coef: weight of the entropy bonus (subtracted from the loss; 0 = off).
+    recompute_old_logp: pi_old is the training forward's own log-prob (stop-gradient) instead
+      of the sampler's. Exact because the trainer makes one optimizer step per rollout (the
+      params that sampled are the params of the step's forward, as TRL and verl assume when
+      they skip the old-log-prob pass); needed when the sampler computes differently (another
+      dtype, a bf16 KV cache, another sharding).
+    tis_cap: C of truncated importance sampling (None = off): each token's policy-gradient
+      term is weighted by ``min(pi_train_old / pi_sampler, C)`` (token level, as verl's
+      ``tis_imp_ratio_cap`` and TRL's ``vllm_importance_sampling_mode='token_truncate'``;
+      Yao et al. 2025). Requires ``recompute_old_logp`` (otherwise the weight is 1).
   """
   eps_low: float = 0.2
   eps_high: float = 0.28
@@ -83,6 +92,8 @@ class PolicyLossConfig:
   kl_coef: float = 0.0
   kl_estimator: str = 'k3'
   entropy_coef: float = 0.0
+  recompute_old_logp: bool = False
+  tis_cap: Optional[float] = None
 
   def __post_init__(self):
     if not 0.0 <= self.eps_low < 1.0:
@@ -97,6 +108,16 @@ class PolicyLossConfig:
     get_kl_estimator(self.kl_estimator)
     if self.entropy_coef < 0.0:
       raise ValueError(f'entropy_coef must be >= 0, got {self.entropy_coef}.')
+    if not isinstance(self.recompute_old_logp, bool):
+      raise ValueError(
+          f'recompute_old_logp must be True or False, got {self.recompute_old_logp!r}.')
+    if self.tis_cap is not None:
+      if not self.tis_cap >= 1.0:
+        raise ValueError(f'tis_cap (C) must be >= 1 or None, got {self.tis_cap}.')
+      if not self.recompute_old_logp:
+        raise ValueError('tis_cap needs recompute_old_logp=True: the truncated importance weight '
+                         'is pi_train_old / pi_sampler, and without the recomputation pi_old is '
+                         'the sampler (weight 1).')
 
 
 def token_weights(response_mask_NT, loss_agg: str, norm_len: Optional[int] = None) -> jax.Array:
@@ -159,9 +180,17 @@ def policy_loss(logp_NT, old_logp_NT, advantages, response_mask_NT, config: Poli
                 weights_NT=None, metric_weights_NT=None, ref_logp_NT=None, entropy_NT=None):
   """Clipped surrogate ``-min(rho A, clip(rho, 1-eps_low, 1+eps_high) A)`` (METHODS.md s. 4).
 
+  ``rho = pi / pi_old``; pi_old is ``old_logp_NT`` (the sampler's log-probs), or with
+  ``config.recompute_old_logp`` the stop-gradient of ``logp_NT`` itself (so rho = 1 in value
+  and the gradient is ``A grad log pi``). With ``config.tis_cap = C`` the policy-gradient term
+  of each token is multiplied by ``min(exp(sg(logp) - old_logp), C)`` (truncated importance
+  sampling of the sampler/trainer mismatch); KL and entropy terms are not reweighted (as in
+  TRL and verl).
+
   Args:
     logp_NT: log-probs of the current policy (differentiated).
-    old_logp_NT: behaviour log-probs (the sampler's, reused as old log-probs).
+    old_logp_NT: the sampler's log-probs of the tokens (pi_old unless recomputed; pi_sampler
+      of the mismatch metrics and of the importance weight).
     advantages: ``[N]`` per sequence or ``[N, T]`` per token.
     response_mask_NT: 1 on response tokens.
     config: PolicyLossConfig.
@@ -175,7 +204,10 @@ def policy_loss(logp_NT, old_logp_NT, advantages, response_mask_NT, config: Poli
   Returns:
     (loss, metrics): metrics are sums over tokens with ``metric_weights_NT`` (so they add
     up over micro-batches): pg_loss, clip_frac, clip_frac_low, clip_frac_high, approx_kl
-    (k3 of pi vs pi_old), ratio_mean, and kl / entropy when given.
+    (k3 of pi vs pi_old), ratio_mean, the sampler/trainer mismatch ``mismatch_abs``
+    (mean |logp_sampler - logp_train|) and ``mismatch_k3`` (k3 estimate of
+    KL(pi_sampler || pi_train) on the sampled tokens), with TIS ``tis_weight_mean`` and
+    ``tis_clip_frac`` (share of tokens whose ratio exceeded C), and kl / entropy when given.
   """
   shape = logp_NT.shape
   for name, x in (('old_logp_NT', old_logp_NT), ('response_mask_NT', response_mask_NT)):
@@ -187,17 +219,29 @@ def policy_loss(logp_NT, old_logp_NT, advantages, response_mask_NT, config: Poli
   mw = token_weights(response_mask_NT, 'token-mean') if metric_weights_NT is None \
       else metric_weights_NT
   A = _per_token_adv(advantages, shape)
-  log_ratio = jnp.clip(jnp.where(m, logp_NT - old_logp_NT, 0.0), -LOG_RATIO_CLAMP,
-                       LOG_RATIO_CLAMP)
+  logp_train_old = jax.lax.stop_gradient(logp_NT)  # the training forward at the step's params
+  pi_old = logp_train_old if config.recompute_old_logp else old_logp_NT
+  log_ratio = jnp.clip(jnp.where(m, logp_NT - pi_old, 0.0), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
   rho = jnp.exp(log_ratio)
   pg1 = -A * rho
   pg2 = -A * jnp.clip(rho, 1.0 - config.eps_low, 1.0 + config.eps_high)
   pg = jnp.maximum(pg1, pg2)
-  per_token = pg
   metrics = {}
 
   def wsum(weights, x):
     return jnp.sum(jnp.where(m, weights * x, 0.0))
+
+  # Sampler/trainer mismatch: x = log pi_train - log pi_sampler on the sampled tokens.
+  mis = jnp.clip(jnp.where(m, logp_train_old - old_logp_NT, 0.0), -LOG_RATIO_CLAMP,
+                 LOG_RATIO_CLAMP)
+  metrics['mismatch_abs'] = wsum(mw, jnp.abs(mis))
+  metrics['mismatch_k3'] = wsum(mw, jnp.expm1(mis) - mis)
+  if config.tis_cap is not None:
+    is_ratio = jnp.exp(mis)
+    pg = pg * jnp.minimum(is_ratio, config.tis_cap)
+    metrics['tis_weight_mean'] = wsum(mw, jnp.minimum(is_ratio, config.tis_cap))
+    metrics['tis_clip_frac'] = wsum(mw, (is_ratio > config.tis_cap).astype(jnp.float32))
+  per_token = pg
 
   if config.kl_coef > 0.0 and ref_logp_NT is None:
     raise ValueError('ref_logp_NT is required when kl_coef (beta) > 0.')

@@ -14,7 +14,16 @@ the N rows:
 * ``advantages_BG`` ``[B, G]`` with ``B * G = N`` (row ``b * G + g``), or
   ``advantages_NT`` per token (PPO: whitened GAE, see gae.py);
 * ``ref_logp_NT`` reference-policy log-probs, when ``kl_coef > 0``;
-* PPO only: ``returns_NT`` and ``old_values_NT``.
+* PPO only: ``returns_NT`` and ``old_values_NT``;
+* packed batches (``UpdateConfig.pack``, built by ``mr_rl.rl.packing.pack``): several
+  sequences per row, ``segment_ids_NT`` (1, 2, ... per sequence, 0 on padding; positions
+  restart and attention stays inside each segment), ``advantages_NT`` and the aggregation
+  weights ``weights_NT`` / ``metric_weights_NT`` computed on the unpacked rows (a packed
+  row is not a sequence, so per-sequence normalisers cannot be recomputed from it).
+
+Columns: ``mr_rl.rollout.update_batch`` trims T to the columns in use (bucketed), so a run
+compiles the step for a few widths; nothing here depends on T except Dr.GRPO's ``norm_len``
+default (None -> T), which the trainer always sets to ``max_new_tokens``.
 
 Micro-batching: the batch is split into ``num_micro_batches`` strided micro-batches
 (row ``i`` goes to micro-batch ``i % M``, so each data shard feeds every micro-batch);
@@ -70,7 +79,8 @@ class UpdateConfig:
   Attributes:
     loss: clipped-surrogate / KL / entropy settings (PolicyLossConfig). For
       ``seq-mean-token-sum-norm`` set ``loss.norm_len`` to the maximum response length;
-      its default (None) is the batch's full T, prompt included.
+      its default (None) is the batch's T, prompt included, which varies with trimmed
+      batches (the trainer always sets it to ``max_new_tokens``).
     num_micro_batches: M, gradient-accumulation chunks; must divide the row count.
     lr: AdamW learning rate of the policy (papers: 1e-6).
     warmup_steps: linear warm-up steps from 0 to ``lr`` (0 = constant).
@@ -81,6 +91,7 @@ class UpdateConfig:
     max_grad_norm: global-norm gradient clip (None = off).
     value_lr: AdamW learning rate of the PPO critic.
     vf_clip: PPO value clip range (None = unclipped).
+    pack: the step takes packed batches (module docstring; GRPO family only).
   """
   loss: PolicyLossConfig = PolicyLossConfig()
   num_micro_batches: int = 1
@@ -93,6 +104,7 @@ class UpdateConfig:
   max_grad_norm: Optional[float] = 1.0
   value_lr: float = 1e-5
   vf_clip: Optional[float] = 0.2
+  pack: bool = False
 
   def __post_init__(self):
     if not isinstance(self.loss, PolicyLossConfig):
@@ -110,6 +122,8 @@ class UpdateConfig:
       raise ValueError(f'max_grad_norm must be > 0 or None, got {self.max_grad_norm}.')
     if self.vf_clip is not None and self.vf_clip <= 0:
       raise ValueError(f'vf_clip must be > 0 or None, got {self.vf_clip}.')
+    if not isinstance(self.pack, bool):
+      raise ValueError(f'pack must be True or False, got {self.pack!r}.')
 
 
 def make_optimizer(config: UpdateConfig,
@@ -141,11 +155,12 @@ def model_logits_fn(model) -> LogitsFn:
 
 # ------------------------------------------------------------------------------- steps
 _REQUIRED = ('tokens_NT', 'mask_NT', 'response_mask_NT', 'old_logp_NT')
+_PACKED = ('segment_ids_NT', 'weights_NT', 'metric_weights_NT')
 
 
-def _rows(batch, ppo: bool):
+def _rows(batch, ppo: bool, packed: bool = False):
   """Validates the batch and returns per-row arrays (advantages flattened to rows)."""
-  need = _REQUIRED + (('returns_NT', 'old_values_NT') if ppo else ())
+  need = _REQUIRED + (('returns_NT', 'old_values_NT') if ppo else ()) + (_PACKED if packed else ())
   missing = [k for k in need if k not in batch]
   if missing:
     raise ValueError(f'batch is missing {missing}; it has {sorted(batch)}.')
@@ -158,13 +173,14 @@ def _rows(batch, ppo: bool):
     rows['adv'] = batch['advantages_NT']
     if rows['adv'].shape != (N, T):
       raise ValueError(f'batch["advantages_NT"] must be {(N, T)}, got {rows["adv"].shape}.')
-  elif 'advantages_BG' in batch and not ppo:
+  elif 'advantages_BG' in batch and not ppo and not packed:
     a = batch['advantages_BG']
     if a.ndim != 2 or a.shape[0] * a.shape[1] != N:
       raise ValueError(f'batch["advantages_BG"] must be [B, G] with B * G = {N}, got {a.shape}.')
     rows['adv'] = a.reshape(N)
   else:
-    raise ValueError('batch needs "advantages_NT"' + ('' if ppo else ' or "advantages_BG"') + '.')
+    raise ValueError('batch needs "advantages_NT"' + ('' if ppo or packed else
+                                                      ' or "advantages_BG"') + '.')
   if 'ref_logp_NT' in batch:
     rows['ref_logp_NT'] = batch['ref_logp_NT']
   return rows
@@ -194,7 +210,8 @@ def _accumulate(grad_fn, num_micro: int, rows, constrain):
 def _policy_grad_fn(logits_fn, cfg: PolicyLossConfig):
 
   def loss_fn(params, mb):
-    logits = logits_fn(params, mb['tokens_NT'], mb['mask_NT'])
+    seg = () if 'segment_ids_NT' not in mb else (mb['segment_ids_NT'],)
+    logits = logits_fn(params, mb['tokens_NT'], mb['mask_NT'], *seg)
     logp, ent = token_logprobs_and_entropy(logits, mb['tokens_NT'])
     loss, metrics = policy_loss(logp, mb['old_logp_NT'], mb['adv'], mb['response_mask_NT'], cfg,
                                 weights_NT=mb['w'], metric_weights_NT=mb['mw'],
@@ -208,10 +225,13 @@ def _step_impl(state, batch, rng, *, logits_fn, tx, config, value_fn=None, value
                mesh=None, rules=None, batch_axes=()):
   del rng  # no stochastic layers yet; kept for the uniform step signature
   ppo = value_fn is not None
-  rows = _rows(batch, ppo)
+  rows = _rows(batch, ppo, config.pack)
   rmask = rows['response_mask_NT']
-  rows['w'] = token_weights(rmask, config.loss.loss_agg, config.loss.norm_len)
-  rows['mw'] = token_weights(rmask, 'token-mean')
+  if config.pack:  # computed on the unpacked rows (mr_rl.rl.packing)
+    rows['w'], rows['mw'] = rows.pop('weights_NT'), rows.pop('metric_weights_NT')
+  else:
+    rows['w'] = token_weights(rmask, config.loss.loss_agg, config.loss.norm_len)
+    rows['mw'] = token_weights(rmask, 'token-mean')
   if mesh is None:
     constrain = lambda mb: mb
   else:
@@ -284,7 +304,9 @@ def make_policy_step(logits_fn: LogitsFn, config: UpdateConfig, tx=None, *, mesh
 
   Returns:
     The step function; ``metrics`` holds policy_loss, pg_loss, clip fractions,
-    approx_kl, ratio_mean, entropy, kl (if beta > 0), grad_norm, response_tokens.
+    approx_kl, ratio_mean, entropy, kl (if beta > 0), the sampler/trainer mismatch
+    (mismatch_abs, mismatch_k3; tis_weight_mean, tis_clip_frac with TIS), grad_norm,
+    response_tokens.
   """
   tx = make_optimizer(config) if tx is None else tx
   batch_axes = () if mesh is None else sharding.data_axes(mesh)
@@ -312,11 +334,13 @@ def make_ppo_step(logits_fn: LogitsFn, value_fn: ValueFn, config: UpdateConfig, 
 
 
 def make_logprob_fn(logits_fn: LogitsFn):
-  """Jitted ``(params, tokens_NT, mask_NT) -> logp_NT`` (e.g. reference log-probs)."""
+  """Jitted ``(params, tokens_NT, mask_NT[, segment_ids_NT]) -> logp_NT`` (e.g. reference
+  log-probs; segment ids for packed rows)."""
 
   @jax.jit
-  def fn(params, tokens_NT, mask_NT):
-    return token_logprobs_and_entropy(logits_fn(params, tokens_NT, mask_NT), tokens_NT)[0]
+  def fn(params, tokens_NT, mask_NT, segment_ids_NT=None):
+    seg = () if segment_ids_NT is None else (segment_ids_NT,)
+    return token_logprobs_and_entropy(logits_fn(params, tokens_NT, mask_NT, *seg), tokens_NT)[0]
 
   return fn
 
@@ -360,7 +384,12 @@ def batch_keys(config: UpdateConfig, ppo: bool) -> tuple[str, ...]:
   """The keys of the batch a run feeds its step (``mr_rl.rollout.update_batch`` plus the
   reference log-probs when ``kl_coef > 0`` and, for PPO, the GAE targets)."""
   keys = list(_REQUIRED)
-  keys += ['advantages_NT', 'returns_NT', 'old_values_NT'] if ppo else ['advantages_BG']
+  if ppo:
+    keys += ['advantages_NT', 'returns_NT', 'old_values_NT']
+  elif config.pack:
+    keys += ['advantages_NT', *_PACKED]
+  else:
+    keys += ['advantages_BG']
   if config.loss.kl_coef > 0:
     keys.append('ref_logp_NT')
   return tuple(keys)
@@ -417,6 +446,9 @@ def learner(model, config: UpdateConfig, mesh=None, ppo: bool = False) -> Learne
   demo's methods) share one compile. Parameters follow ``mr_rl.models.sharding``'s logical
   rules; the critic's trunk shards like the policy (``mr_rl.rl.critic``).
   """
+  if ppo and config.pack:
+    raise ValueError('packed update batches (config.update_batch.pack) are for the GRPO family; '
+                     'PPO\'s critic and GAE run on unpacked rows.')
   tx = make_optimizer(config)
   value_tx = make_optimizer(config, lr=config.value_lr) if ppo else None
   logits_fn = model_logits_fn(model)

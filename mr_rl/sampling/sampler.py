@@ -16,7 +16,8 @@ Layout of one call (all inside a single `jax.jit`):
     prompt length in the bucket. The compile key is (R, P, settings); the settings,
     `max_new_tokens` included, are fixed per `Sampler`.
   * Prefill runs the first `P - 1` prompt tokens through the model, writing slots
-    `[0, P - 1)` of the KV cache (its logits are unused and compiled away).
+    `[0, P - 1)` of a KV cache of P slots (its attention covers the prompt's columns only;
+    its logits are unused and compiled away); the cache then grows to the first segment.
   * Decode step `t` (t = 0 .. N-1) feeds one token per row -- the last prompt token at
     t = 0, the token sampled at step t-1 afterwards -- into slot `P - 1 + t`, at per-row
     position `len_r - 1 + t` (`len_r` = real prompt length of row r), and samples token `t`.
@@ -257,14 +258,20 @@ class Sampler:
     mask_RP = mask_RP.astype(jnp.bool_)
     len_R = jnp.sum(mask_RP, axis=1, dtype=jnp.int32)
 
-    # Prefill: slots [0, P-1). Its logits are never used, so XLA drops the LM head.
+    # Prefill: slots [0, P-1) of a cache of the prompt's P slots, so its attention covers the
+    # prompt's columns only; then the cache grows (one copy) to the first segment's window.
+    # Its logits are never used, so XLA drops the LM head.
     window = bucket + self.segments[0]
-    cache = self._constrain_cache(
-        init_cache(self.model.config, rows, window, dtype=self.cache_dtype))
-    kv_mask_RS = _pad_seq_axis(mask_RP, window - bucket)
     if bucket > 1:
+      cache = self._constrain_cache(
+          init_cache(self.model.config, rows, bucket, dtype=self.cache_dtype))
       _, cache = self._apply(params, tokens_RP[:, :-1], positions_from_mask(mask_RP)[:, :-1],
-                             kv_mask_RS, cache, jnp.int32(0))
+                             mask_RP, cache, jnp.int32(0))
+      cache = self._constrain_cache(grow_cache(cache, window - bucket))
+    else:
+      cache = self._constrain_cache(
+          init_cache(self.model.config, rows, window, dtype=self.cache_dtype))
+    kv_mask_RS = _pad_seq_axis(mask_RP, window - bucket)
 
     state = dict(
         t=jnp.int32(0),
@@ -328,16 +335,16 @@ class Sampler:
 
 @functools.lru_cache(maxsize=32)
 def _cached_sampler(model, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id,
-                    prompt_buckets, mesh) -> Sampler:
+                    prompt_buckets, mesh, cache_dtype=None) -> Sampler:
   return Sampler(model, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                  top_p=top_p, eos_id=eos_ids, pad_id=pad_id, prompt_buckets=prompt_buckets,
-                 mesh=mesh)
+                 mesh=mesh, cache_dtype=cache_dtype)
 
 
 def generate(model, params, prompts_RT, prompt_mask_RT, *, key: jax.Array, max_new_tokens: int,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, eos_id: EosIds = None,
              pad_id: int = 0, prompt_buckets: Optional[Sequence[int]] = None,
-             mesh=None) -> SampleOutput:
+             mesh=None, cache_dtype: Optional[str] = None) -> SampleOutput:
   """Samples continuations of a left-padded prompt batch (functional form of `Sampler`).
 
   Args:
@@ -352,6 +359,7 @@ def generate(model, params, prompts_RT, prompt_mask_RT, *, key: jax.Array, max_n
     pad_id: token id written after EOS.
     prompt_buckets: prompt-length buckets (None: powers of two).
     mesh: optional device mesh (see `Sampler`).
+    cache_dtype: KV-cache dtype name (None: the model's dtype).
 
   Returns:
     SampleOutput with `[R, N]` tokens / logprobs / mask and `[R]` lengths / truncated.
@@ -360,7 +368,7 @@ def generate(model, params, prompts_RT, prompt_mask_RT, *, key: jax.Array, max_n
   eos_ids = _normalize_eos(eos_id)
   buckets = None if prompt_buckets is None else tuple(int(b) for b in prompt_buckets)
   sampler = _cached_sampler(model, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id,
-                            buckets, mesh)
+                            buckets, mesh, None if cache_dtype is None else str(cache_dtype))
   return sampler(params, prompts_RT, prompt_mask_RT, key=key)
 
 

@@ -1,0 +1,162 @@
+"""The GRPO recipe features of issue 16 in the trainer: DAPO dynamic sampling (both deciding
+signals, refill and shrink), overlong masking and penalty, the sampler/trainer mismatch
+(recomputed old log-probs, truncated importance sampling), and bit-exact resume with them on.
+
+They run the real pipeline on the demo's arithmetic task with a tiny warm-started policy
+(tests/test_train.py's fixture and config)."""
+
+import dataclasses
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from mr_rl import metrics as metrics_lib
+from mr_rl import settings as settings_lib
+from mr_rl import train as train_lib
+from mr_rl.rl import dynamic_sampling as ds
+
+from test_train import _assert_same_metrics, _config, base_policy  # noqa: F401 (fixture)
+
+
+# --------------------------------------------------------------------------- signals
+def test_which_signal_decides():
+  """Two channels that trade off exactly: the 0.5/0.5 scalar is constant in group 0, the
+  channels are not. `scalar` drops the group (GRPO's advantage is 0 there), `channels` keeps
+  it (GDPO normalises each channel in its group)."""
+  nan = np.nan
+  r = np.array([[[1, 0], [0, 1], [1, 0], [0, 1]],          # scalar constant, channels vary
+                [[1, 1], [1, 1], [1, 1], [1, 1]],          # nothing varies
+                [[1, nan], [0, nan], [1, nan], [1, nan]],  # one channel varies
+                [[nan, 0], [nan, nan], [nan, nan], [1, nan]]], float)  # one valid value each
+  R = np.array([[0.5] * 4, [1.0] * 4, [1.0, 0.0, 1.0, 1.0], [0.0, nan, nan, 1.0]])  # mean of valid
+  np.testing.assert_array_equal(ds.scalar_signal(R), [False, False, True, True])
+  np.testing.assert_array_equal(ds.channel_signal(r), [True, False, True, False])
+  R[3] = [nan, nan, nan, 0.5]  # fewer than two valid scalars: no signal
+  assert not ds.scalar_signal(R)[3]
+  assert ds.resolve_signal("auto", True) == "channels"
+  assert ds.resolve_signal("auto", False) == "scalar"
+  assert ds.resolve_signal("scalar", True) == "scalar"
+  picks, n = ds.fill([(0, 2), (1, 0), (1, 3)], [(0, 0), (0, 1)], 2)
+  assert picks == [(0, 2), (1, 0)] and n == 2
+  picks, n = ds.fill([(0, 2)], [(0, 0), (0, 1), (0, 3)], 3)
+  assert picks == [(0, 2), (0, 0), (0, 1)] and n == 1
+
+
+@pytest.mark.parametrize("signal,advantage,mode", [("scalar", "grpo", "refill"),
+                                                   ("channels", "gdpo", "shrink")])
+def test_trainer_keeps_only_groups_with_signal(base_policy, signal, advantage, mode):
+  c = _config(base_policy, 1, aggregator="weighted")
+  c.aggregator.hp.w = [0.5, 0.25, 0.25]
+  c.advantage.name = advantage
+  c.dynamic_sampling.mode = mode
+  c.dynamic_sampling.signal = "auto"
+  s = settings_lib.from_config(c)
+  assert s.dynamic.signal == signal
+  comp = train_lib.build(s)
+  agg, agg_fn = train_lib._aggregate_fn(s.aggregator.name, train_lib._hashable(s.aggregator.hp),
+                                        s.advantage, train_lib._hashable(s.advantage_hp))
+  state = agg.init(s.num_channels)
+  from mr_rl import data
+  it = data.ResumableIterator(list(comp.train_examples), s.data.batch_prompts, seed=s.seed)
+  key = jax.random.PRNGKey(3)
+  ro, r, _, n_kept, m, _, _ = train_lib._draw_groups(comp, comp.base_params, state, it, agg_fn,
+                                                     key, key)
+  B = s.data.batch_prompts
+  assert r.shape[0] == B == ro.tokens.shape[0] and m["dynamic/rounds"] >= 1
+  has = (ds.scalar_signal(np.asarray(agg_fn(state, r, key)[0])) if signal == "scalar"
+         else ds.channel_signal(r))
+  assert has[:n_kept].all() and not has[n_kept:].any()
+  if mode == "shrink":
+    assert m["dynamic/rounds"] == 1
+    assert m["dynamic/kept_frac"] == n_kept / B == 1 - m["dynamic/dropped_frac"]
+  else:
+    assert m["dynamic/kept_frac"] == 1.0 or m["dynamic/rounds"] == 1 + s.dynamic.max_rounds
+  # The data iterator moved once per round.
+  assert it.state() != data.ResumableIterator(list(comp.train_examples), B, seed=s.seed).state()
+
+
+# ----------------------------------------------------------------- trainer, resume
+def _recipe_config(base_policy, total_steps):
+  c = _config(base_policy, total_steps)          # AMRP: a stateful aggregator
+  c.dynamic_sampling.mode = "refill"
+  c.dynamic_sampling.max_rounds = 2
+  c.update_batch.mask_truncated = True
+  c.update_batch.pack = True
+  c.loss.tis_cap = 2.0                         # 'auto' recomputation turns on
+  c.checkpoint_every = 2
+  return c
+
+
+def test_resume_with_the_recipe_features_is_bit_exact(base_policy, tmp_path):
+  s2 = settings_lib.from_config(_recipe_config(base_policy, 2))
+  s4 = settings_lib.from_config(_recipe_config(base_policy, 4))
+  assert s4.update.loss.recompute_old_logp and s4.update.pack
+  comp = train_lib.build(s4)
+  resumed, straight = str(tmp_path / "resumed"), str(tmp_path / "straight")
+  train_lib.train(s2, resumed, comp=comp, log=None)
+  res = train_lib.train(s4, resumed, comp=comp, log=None)
+  assert [h["step"] for h in res.history] == [2, 3]
+  train_lib.train(s4, straight, comp=comp, log=None)
+  a = metrics_lib.read_jsonl(os.path.join(resumed, "metrics.jsonl"))
+  b = metrics_lib.read_jsonl(os.path.join(straight, "metrics.jsonl"))
+  _assert_same_metrics(a, b)
+  assert max(h["dynamic/rounds"] for h in a) > 1  # some step refilled
+  for h in a:
+    for k in ("dynamic/dropped_frac", "dynamic/rounds", "dynamic/kept_frac", "batch/packed_rows",
+              "mismatch/abs_logp_diff", "mismatch/k3", "mismatch/tis_weight_mean"):
+      assert k in h and np.isfinite(h[k]), (h["step"], k)
+    assert h["update/clip_frac"] == 0.0  # pi_old recomputed: the ratio is exactly 1
+
+
+def test_bf16_sampler_turns_recomputation_on_and_logs_the_mismatch(base_policy):
+  c = _config(base_policy, 1, aggregator="additive")
+  c.rewards.channels = "arith_acc,overlong"  # DAPO: the penalty added to the rule reward
+  c.rewards.params.overlong = dict(max_len=24, cache_len=8)
+  assert settings_lib.from_config(c).update.loss.recompute_old_logp is False
+  c.rollout.cache_dtype = "bfloat16"
+  assert settings_lib.from_config(c).update.loss.recompute_old_logp is True
+  c.rollout.cache_dtype = ""
+  c.rollout.dtype = "bfloat16"
+  s = settings_lib.from_config(c)
+  assert s.update.loss.recompute_old_logp is True and s.rollout.dtype == "bfloat16"
+  h = train_lib.train(dataclasses.replace(s, checkpoint_every=0), None, log=None).history[-1]
+  assert h["mismatch/abs_logp_diff"] > 1e-4  # bf16 sampling computes differently
+  assert h["mismatch/k3"] > 0 and h["update/clip_frac"] == 0.0
+  assert -1.0 <= h["reward/overlong/mean"] <= 0.0 and "reward/overlong/mean" in h
+  c.loss.recompute_old_logp = "off"
+  assert settings_lib.from_config(c).update.loss.recompute_old_logp is False
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("loss.tis_cap", 0.5, "config.loss.tis_cap must be 0 \\(off\\) or >= 1"),
+    ("loss.recompute_old_logp", "maybe", "loss.recompute_old_logp='maybe' is not valid"),
+    ("rollout.dtype", "float16", "rollout.dtype='float16' is not valid"),
+    ("dynamic_sampling.mode", "always", "dynamic_sampling.mode='always' is not valid"),
+    ("dynamic_sampling.signal", "any", "dynamic_sampling.signal='any' is not valid"),
+    ("dynamic_sampling.max_rounds", -1, "dynamic_sampling.max_rounds must be >= 0"),
+])
+def test_bad_recipe_settings_fail_at_start_up(base_policy, field, value, needle):
+  c = _config(base_policy, 1)
+  section, name = field.split(".")
+  c[section][name] = value
+  with pytest.raises(ValueError, match=needle):
+    settings_lib.from_config(c)
+
+
+def test_recipe_settings_that_contradict_fail(base_policy):
+  c = _config(base_policy, 1)
+  c.loss.tis_cap = 2.0
+  c.loss.recompute_old_logp = "off"
+  with pytest.raises(ValueError, match="tis_cap needs config.loss.recompute_old_logp"):
+    settings_lib.from_config(c)
+  c = _config(base_policy, 1)
+  c.advantage.name = "ppo"
+  c.dynamic_sampling.mode = "refill"
+  with pytest.raises(ValueError, match="dynamic_sampling needs a group-relative advantage"):
+    settings_lib.from_config(c)
+  c.dynamic_sampling.mode = "off"
+  c.update_batch.pack = True
+  with pytest.raises(ValueError, match="update_batch.pack is for the GRPO family"):
+    settings_lib.from_config(c)

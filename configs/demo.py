@@ -3,11 +3,13 @@ r"""The embedded CPU demo: multi-reward GRPO on synthetic arithmetic (runs on 2 
     python -m mr_rl.main --config=configs/demo.py --workdir=/tmp/mr_rl_demo
 
 Starts from the shipped base policy (mr_rl/demo/assets/base_policy, made by
-`python -m mr_rl.demo.warmstart`, command in BUILD_NOTES.md "The CPU demo"), then compares
-rp_only, additive, weighted (0.9/0.1), min, amrp and tag (anchor elected by single-channel
-probes) on three tasks: `brief` (correct & brief), `negative` (correct & negative answer) and
-`acc_fmt_len` (AMRP's three channels). Writes WORKDIR/report.json, WORKDIR/report.md (every
-target with yes / no) and WORKDIR/<task>_{profiles,weights}.png.
+`python -m mr_rl.demo.warmstart`, command in BUILD_NOTES.md "The CPU demo"), then trains each
+task's methods (`DEFAULT_METHODS`: RP-only, additive, 0.9/0.1 weighting, the AND rule, AMRP and
+TAG with its anchor elected by single-channel probes) for 80 GRPO steps on three tasks:
+`brief` (correct & brief: compatible), `negative` (correct & negative answer: incompatible,
+on long chains) and `acc_fmt_len` (AMRP's accuracy, format and length). Writes
+WORKDIR/report.json, WORKDIR/report.md (every target with yes / no and its value) and
+WORKDIR/<task>_{profiles,weights}.png.
 Expected runtime: see BUILD_NOTES.md "The CPU demo" (at most 15 minutes on 2 idle cores).
 
 Variants (`configs/demo.py:ARG[,ARG]`):

@@ -40,10 +40,11 @@ def test_solution_styles_and_their_lengths():
   assert loop.startswith("<r>7+5=12;12-9=3;12-9=3;12-9=3") and "</r>" not in loop
   with pytest.raises(ValueError, match="loop_step must be in"):
     p.solution("loop", loop_step=3)
-  # The regime of the demo (configs/demo.py: cap 48, length rule full to 40, brief < 24):
+  # The regime of the demo (configs/demo.py: cap 48, length rule full to 40, brief < 29):
   # concise reasoning fits the cap up to 6 terms, gets full length credit up to 4 and is brief
-  # up to 3 (from 4 terms on mostly only a direct answer is); verbose reasoning of 3 terms is
-  # not brief; a loop always overshoots the cap; 7-term reasoning mostly runs into the cap.
+  # up to 3 terms always and on 4 terms mostly; verbose reasoning (the base writes it on 2-3
+  # terms) is never brief on 3 terms; direct answers always are; a loop always overshoots the
+  # cap; 7-term reasoning mostly runs into the cap.
   tok, rng = task.make_tokenizer(), np.random.default_rng(0)
   by_k = {}
   for q in task.sample_problems(rng, 3000, max_terms=7):
@@ -56,7 +57,8 @@ def test_solution_styles_and_their_lengths():
   assert all(max(lens[k, "concise"]) <= full for k in (2, 3, 4))
   assert all(max(lens[k, "concise"]) <= cap for k in (2, 3, 4, 5))
   assert all(max(lens[k, "concise"]) < brief for k in (2, 3))
-  assert np.mean(np.array(lens[4, "concise"]) < brief) < 0.2  # only all-one-digit totals
+  assert 0.6 < np.mean(np.array(lens[4, "concise"]) < brief) < 0.85
+  assert min(lens[5, "concise"]) >= brief
   assert min(lens[3, "verbose"]) >= brief and max(lens[3, "verbose"]) <= cap
   assert np.mean(np.array(lens[7, "concise"]) > cap) > 0.5
   assert max(max(v) for (k, s), v in lens.items() if s == "direct") < brief

@@ -37,7 +37,7 @@ from mr_rl import settings as settings_lib  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = os.path.join(REPO, "mr_rl", "demo", "assets", "base_policy")
-N_NEW = 24  # greedy tokens compared with transformers (the demo's answers end within it)
+N_NEW = 32  # greedy tokens compared with transformers (short chains end within it, long ones not)
 try:
   import wandb  # noqa: F401
   HAVE_WANDB = True

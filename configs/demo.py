@@ -6,8 +6,8 @@ Starts from the shipped base policy (mr_rl/demo/assets/base_policy, made by
 `python -m mr_rl.demo.warmstart`, command in BUILD_NOTES.md "The CPU demo"), then trains each
 task's methods (`DEFAULT_METHODS`: RP-only, additive, 0.9/0.1 weighting, the AND rule, AMRP and
 TAG with its anchor elected by single-channel probes) for 80 GRPO steps on three tasks:
-`brief` (correct & brief: compatible), `negative` (correct & negative answer: incompatible,
-on long chains) and `acc_fmt_len` (AMRP's accuracy, format and length). Writes
+`brief` (correct & brief: compatible), `negative` (correct & negative answer: incompatible)
+and `acc_fmt_len` (AMRP's accuracy, format and length), the last two on long chains. Writes
 WORKDIR/report.json, WORKDIR/report.md (every target with yes / no and its value) and
 WORKDIR/<task>_{profiles,weights}.png.
 Expected runtime: see BUILD_NOTES.md "The CPU demo" (at most 15 minutes on 2 idle cores).
@@ -45,9 +45,11 @@ FULL_METHODS = {
     "brief_negative": "rp_only,additive,dropout,tag",
 }
 # Problems per task (chains of min..max single-digit terms; the data set's default is 2-7):
-# `negative` draws long chains only, where the primary channel is hard for the base policy
-# (TAG's setting: the shortcut pays more reliably than solving).
-PROBLEMS_FOR = {"negative": {"min_terms": 4}}
+# `negative` and `acc_fmt_len` draw long chains only, where accuracy is the hard channel for the
+# base policy (the papers' setting: the shortcut pays more reliably than solving, and real
+# attempts often run away or break the format); `brief` keeps 2-7, so about half of its
+# prompts have a brief correct answer.
+PROBLEMS_FOR = {"negative": {"min_terms": 4}, "acc_fmt_len": {"min_terms": 4}}
 
 
 def _parse(arg):

@@ -45,7 +45,6 @@ TASKS = {
                        ("arith_brief", "arith_negative")),
 }
 BASE_METHODS = ("rp_only", "additive", "weighted", "min", "amrp", "tag", "dropout")
-METHODS = BASE_METHODS  # the plain names (modifiers: see parse_method)
 TRACE_TAIL = 5  # "final" rollout shares are the mean over the last TRACE_TAIL steps
 
 
@@ -228,11 +227,11 @@ def demo(config, workdir: str, log=print) -> dict:
     if comp is None:
       comp = train_lib.build(ts)
     else:
+      previous_options = comp.settings.data.options
       comp = dataclasses.replace(comp, settings=ts, runner=train_lib.build_runner(ts))
-      if ts.data.options != comp_options:
+      if ts.data.options != previous_options:
         train_ex, eval_ex = train_lib.load_examples(ts)
         comp = dataclasses.replace(comp, train_examples=train_ex, eval_examples=eval_ex)
-    comp_options = ts.data.options
     report[task], histories = {}, {}
     base_ev = evaluation.final_eval(comp, comp.base_params)
     report[task]["base"] = summarize(base_ev, task)

@@ -282,17 +282,20 @@ def _text(res) -> str:
   return "" if v is None else f"{v:.3f}"
 
 
+def _target_row(name, fn, report: Report, is_full: bool) -> dict:
+  res = fn(report)
+  return {"target": name, "passed": res[0], "value": res[1],
+          "text": res[2] if len(res) > 2 else None, "full": is_full}
+
+
 def target_rows(report: Report, full: bool | None = None) -> list[dict]:
-  """[{target, passed, value, text}] of one report: the default targets, and the `full`
+  """[{target, passed, value, text, full}] of one report: the default targets, and the `full`
   checks whose methods ran (all of them with full=True)."""
-  rows = []
-  for name, fn in TARGETS + FULL_CHECKS:
-    res = fn(report)
-    is_full = (name, fn) in FULL_CHECKS
-    if is_full and res[0] is None and not full:
-      continue
-    rows.append({"target": name, "passed": res[0], "value": res[1],
-                 "text": res[2] if len(res) > 2 else None, "full": is_full})
+  rows = [_target_row(name, fn, report, False) for name, fn in TARGETS]
+  for name, fn in FULL_CHECKS:
+    row = _target_row(name, fn, report, True)
+    if full or row["passed"] is not None:
+      rows.append(row)
   return rows
 
 
@@ -327,22 +330,15 @@ def mean_report(reports: Sequence[Report]) -> dict:
 
 
 def check_targets(reports: Sequence[Report]) -> list[dict]:
-  """[{target, per_seed: [row of `target_rows`], passes, seeds}] over the reports."""
-  per = [target_rows(r, full=None) for r in reports]
-  names = []
-  for rows in per:
-    names += [row["target"] for row in rows if row["target"] not in names]
+  """[{target, per_seed: [row of `target_rows`], passes, seeds}] over the reports: every
+  default target, and each `full` check that applies to at least one report."""
+  per = [{row["target"]: row for row in target_rows(r, full=True)} for r in reports]
+  shown = {row["target"] for r in reports for row in target_rows(r)}
   out = []
-  for name in names:
-    cells = []
-    for r, rows in zip(reports, per):
-      row = next((x for x in rows if x["target"] == name), None)
-      if row is None:
-        fn = dict(TARGETS + FULL_CHECKS)[name]
-        res = fn(r)
-        row = {"target": name, "passed": res[0], "value": res[1],
-               "text": res[2] if len(res) > 2 else None}
-      cells.append(row)
+  for name in per[0] if per else ():
+    if name not in shown:
+      continue
+    cells = [rows[name] for rows in per]
     out.append({"target": name, "per_seed": cells,
                 "passes": sum(c["passed"] is True for c in cells),
                 "seeds": sum(c["passed"] is not None for c in cells)})

@@ -70,6 +70,7 @@ sys.path.insert(0, _ROOT)
 
 from mr_rl import models, settings as settings_lib, train as train_lib  # noqa: E402
 from mr_rl.rl import update as update_lib  # noqa: E402
+from mr_rl.rl.batch import LearnerBatch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/roofline.py
 from roofline import matmul_flops_per_s  # noqa: E402
 
@@ -103,8 +104,9 @@ def _xla_flops(compiled) -> float | None:
 
 
 def grpo_batch(model, params, rows: int, prompt_len: int, resp_len: int, group_size: int,
-               seed: int = 0) -> dict:
-  """A batch shaped like `mr_rl.rollout.update_batch` output, with the model's own old log-probs."""
+               seed: int = 0) -> LearnerBatch:
+  """A learner batch shaped like `mr_rl.rl.batch.make_batch`'s, with the model's own old
+  log-probs."""
   if rows % group_size:
     raise ValueError(f"rows={rows} must be a multiple of group_size={group_size}")
   rng = np.random.default_rng(seed)
@@ -117,17 +119,17 @@ def grpo_batch(model, params, rows: int, prompt_len: int, resp_len: int, group_s
   resp = (col >= prompt_len) & (col < prompt_len + r_len[:, None])
   mask = (prompt | resp).astype(np.int32)
   tokens = np.where(mask == 1, tokens, 0).astype(np.int32)
-  logp_fn = train_lib._logprob_fn(model)
+  logp_fn = train_lib.logprob_forward(model)
   old_logp = logp_fn(params, jnp.asarray(tokens), jnp.asarray(mask))
   resp_mask = jnp.asarray(resp.astype(np.int32))
-  return {"tokens_NT": jnp.asarray(tokens), "mask_NT": jnp.asarray(mask),
-          "response_mask_NT": resp_mask,
-          "old_logp_NT": jnp.where(resp_mask == 1, old_logp, 0.0),
-          "advantages_BG": jnp.asarray(
-              rng.standard_normal((rows // group_size, group_size)).astype(np.float32))}
+  return LearnerBatch(
+      tokens=jnp.asarray(tokens), mask=jnp.asarray(mask), response_mask=resp_mask,
+      old_logp=jnp.where(resp_mask == 1, old_logp, 0.0),
+      advantages=jnp.asarray(rng.standard_normal(rows).astype(np.float32))).check()
 
 
-def time_policy_step(name: str, model, params, update_config, batch: dict, repeats: int) -> dict:
+def time_policy_step(name: str, model, params, update_config, batch: LearnerBatch,
+                     repeats: int) -> dict:
   """Compiles the trainer's policy step for `batch`, then times `repeats` steps."""
   learner = update_lib.learner(model, update_config)
   step = learner.step
@@ -146,17 +148,17 @@ def time_policy_step(name: str, model, params, update_config, batch: dict, repea
     times.append(time.perf_counter() - t0)
   if not np.isfinite(float(m["policy_loss"])):
     raise FloatingPointError(f"{name}: non-finite policy loss {float(m['policy_loss'])}")
-  fwd = train_lib._logprob_fn(model)  # the trainer's reference forward (compiled by grpo_batch)
-  fwd_flops = _xla_flops(fwd.lower(params, batch["tokens_NT"], batch["mask_NT"]).compile())
+  fwd = train_lib.logprob_forward(model)  # the trainer's reference forward (compiled by grpo_batch)
+  fwd_flops = _xla_flops(fwd.lower(params, batch.tokens, batch.mask).compile())
   fwd_times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
-    jax.block_until_ready(fwd(params, batch["tokens_NT"], batch["mask_NT"]))
+    jax.block_until_ready(fwd(params, batch.tokens, batch.mask))
     fwd_times.append(time.perf_counter() - t0)
-  rows, T = batch["tokens_NT"].shape
+  rows, T = batch.shape
   sec = statistics.median(times)
   return dict(model=name, params=models.count_params(model.config), rows=int(rows), T=int(T),
-              response_tokens=int(np.asarray(batch["response_mask_NT"]).sum()),
+              response_tokens=int(np.asarray(batch.response_mask).sum()),
               compile_s=compile_s, times_s=times, median_s=sec,
               forward_times_s=fwd_times, forward_median_s=statistics.median(fwd_times),
               tokens_per_s=rows * T / sec,

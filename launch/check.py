@@ -85,6 +85,7 @@ def main(argv=None) -> int:
   from mr_rl import config_lib, models
   from mr_rl.models import sharding as shd
   from mr_rl.rl import update as update_lib
+  from mr_rl.rl.batch import LearnerBatch
   from mr_rl.rl.losses import PolicyLossConfig
   from mr_rl.sampling import Sampler
 
@@ -140,13 +141,10 @@ def main(argv=None) -> int:
   state_in = with_sh(state_abs, st_sh)
   params_in = with_sh(params_abs, p_sh)
   i32, f32 = jnp.int32, jnp.float32
-  batch_abs = {"tokens_NT": jax.ShapeDtypeStruct((rows, T), i32),
-               "mask_NT": jax.ShapeDtypeStruct((rows, T), i32),
-               "response_mask_NT": jax.ShapeDtypeStruct((rows, T), i32),
-               "old_logp_NT": jax.ShapeDtypeStruct((rows, T), f32),
-               "advantages_BG": jax.ShapeDtypeStruct((rows // group, group), f32)}
-  if loss.kl_coef > 0:
-    batch_abs["ref_logp_NT"] = jax.ShapeDtypeStruct((rows, T), f32)
+  row_col = lambda dtype: jax.ShapeDtypeStruct((rows, T), dtype)
+  batch_abs = LearnerBatch(tokens=row_col(i32), mask=row_col(i32), response_mask=row_col(i32),
+                           old_logp=row_col(f32), advantages=jax.ShapeDtypeStruct((rows,), f32),
+                           ref_logp=row_col(f32) if loss.kl_coef > 0 else None)
   repl = NamedSharding(mesh, P())
   key_in = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl)
 

@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from mr_rl import aggregators
-from mr_rl.registry import import_plugins
+from mr_rl.registry import PIPELINES, import_plugins
 from mr_rl.rl import advantages as adv_lib
 from mr_rl.rl import dynamic_sampling
 from mr_rl.rl.losses import PolicyLossConfig
@@ -340,12 +340,11 @@ def from_config(cfg) -> RunSettings:
   Imports `config.plugins` first, so the names they register are valid.
   """
   from mr_rl import data as data_lib
-  from mr_rl import pipelines  # pipelines imports this module: import at call time
   from mr_rl.rewards import runner as reward_runner
 
   c = cfg
   import_plugins(c.get("plugins", ""))
-  pipeline = _choice("pipeline", c.pipeline, _registered(pipelines.PIPELINES))
+  pipeline = _choice("pipeline", c.pipeline, _registered(PIPELINES))
   specs = tuple(s.strip() for s in str(c.rewards.channels).split(",") if s.strip())
   if not specs:
     raise ValueError("config.rewards.channels is empty; give comma-separated reward names")

@@ -49,6 +49,14 @@ def comp(tmp_path_factory):
   return train_lib.build(settings_lib.from_config(c))
 
 
+def evaluate(comp, params, examples, cfg, key=None, runner=None):
+  """`mr_rl.evaluation.evaluate` with the run's policy and runner, `cfg` resolved against its
+  settings (as the trainer does)."""
+  runner = comp.runner if runner is None else runner
+  return ev.evaluate(comp.policy, runner, params, examples,
+                     cfg.resolve(comp.settings, len(runner.names)), key)
+
+
 @pytest.fixture(scope="module")
 def examples(comp):
   exs = list(comp.eval_examples[:E])
@@ -60,12 +68,12 @@ def examples(comp):
 def sampled(comp, examples):
   cfg = ev.EvalConfig(mode="sampled", num_samples=N, ks=(1, 2, 4), primary=BRIEF,
                       keep_texts=True)
-  return ev.evaluate(comp, comp.base_params, examples, cfg, jax.random.PRNGKey(3))
+  return evaluate(comp, comp.base_params, examples, cfg, jax.random.PRNGKey(3))
 
 
 @pytest.fixture(scope="module")
 def greedy(comp, examples):
-  return ev.evaluate(comp, comp.base_params, examples, GREEDY)
+  return evaluate(comp, comp.base_params, examples, GREEDY)
 
 
 # ------------------------------------------------------------------------- sampled mode
@@ -108,9 +116,9 @@ def test_channel_means_joint_rates_lengths_match_numpy(sampled):
 
 def test_sampled_depends_on_key_and_is_reproducible(comp, examples, sampled):
   cfg = dataclasses.replace(sampled.config, max_examples=B)
-  same = ev.evaluate(comp, comp.base_params, examples, cfg, jax.random.PRNGKey(3))
+  same = evaluate(comp, comp.base_params, examples, cfg, jax.random.PRNGKey(3))
   np.testing.assert_array_equal(same.lengths_EG, sampled.lengths_EG[:B])
-  other = ev.evaluate(comp, comp.base_params, examples, cfg, jax.random.PRNGKey(4))
+  other = evaluate(comp, comp.base_params, examples, cfg, jax.random.PRNGKey(4))
   assert other.texts != same.texts
 
 
@@ -118,7 +126,7 @@ def test_sampled_depends_on_key_and_is_reproducible(comp, examples, sampled):
 def test_greedy_is_deterministic_single_sample(comp, examples, greedy):
   assert greedy.config.num_samples == 1 and greedy.config.temperature == 0.0
   assert greedy.r_EGK.shape == (E, 1, len(CHANNELS))
-  again = ev.evaluate(comp, comp.base_params, examples, GREEDY)
+  again = evaluate(comp, comp.base_params, examples, GREEDY)
   assert again.texts == greedy.texts
   np.testing.assert_array_equal(again.r_EGK, greedy.r_EGK)
   assert again.groups == greedy.groups
@@ -146,7 +154,7 @@ def test_partial_batch_is_evaluated_completely(comp, examples, greedy, sampled):
     assert res.overall["num_examples"] == E and len(res.texts) == E
   assert sampled.overall["num_samples"] == E * N
   # The last two examples, decoded in a padded batch, match decoding them in a full batch.
-  shifted = ev.evaluate(comp, comp.base_params, examples[2:], GREEDY)
+  shifted = evaluate(comp, comp.base_params, examples[2:], GREEDY)
   assert shifted.uids == greedy.uids[2:]
   assert shifted.texts == greedy.texts[2:]
 
@@ -157,7 +165,7 @@ def test_datasets_macro_average_and_replicated_records(comp, examples):
              for ex in task.examples(3, 5, "test", min_terms=4, max_terms=5)]
   rep = replicate([dataclasses.replace(ex, dataset="arith_rep") for ex in examples[:2]], 3)
   mixed = examples[:3] + long_ex + rep
-  res = ev.evaluate(comp, comp.base_params, mixed, GREEDY)
+  res = evaluate(comp, comp.base_params, mixed, GREEDY)
   assert list(res.groups) == ["arithmetic", "arith_long", "arith_rep", "macro", "all"]
   assert [res.groups[d]["num_examples"] for d in res.dataset_names] == [3, 3, 6]
   for metric in ("pass@1", "arith_acc", "length_mean", "arith_acc&arith_brief"):
@@ -186,9 +194,8 @@ def with_nans(comp, examples):
       return None
     return 1.0
   runner = RewardRunner([get_reward(n) for n in CHANNELS] + [RewardChannel("even", parity)])
-  comp2 = dataclasses.replace(comp, runner=runner)
   cfg = ev.EvalConfig(mode="greedy", primary=len(CHANNELS), keep_texts=True)
-  return ev.evaluate(comp2, comp.base_params, examples, cfg)
+  return evaluate(comp, comp.base_params, examples, cfg, runner=runner)
 
 
 def test_nan_rewards_are_counted_excluded_and_incorrect(with_nans, examples):
@@ -289,14 +296,18 @@ def test_config_defaults():
 def test_evaluate_errors(comp, examples):
   g = ev.EvalConfig(mode="greedy")
   with pytest.raises(ValueError, match="examples is empty"):
-    ev.evaluate(comp, comp.base_params, [], g)
+    evaluate(comp, comp.base_params, [], g)
   with pytest.raises(ValueError, match="key"):
-    ev.evaluate(comp, comp.base_params, examples, ev.EvalConfig())
+    evaluate(comp, comp.base_params, examples, ev.EvalConfig())
   with pytest.raises(ValueError, match="EvalConfig.primary=7"):
-    ev.evaluate(comp, comp.base_params, examples, ev.EvalConfig(mode="greedy", primary=7))
-  with pytest.raises(TypeError, match="lacks"):
-    ev.evaluate(object(), comp.base_params, examples, g)
+    evaluate(comp, comp.base_params, examples, ev.EvalConfig(mode="greedy", primary=7))
+  with pytest.raises(TypeError, match="policy must be a mr_rl.rollout.Policy"):
+    ev.evaluate(object(), comp.runner, comp.base_params, examples, g)
+  with pytest.raises(TypeError, match="runner must be"):
+    ev.evaluate(comp.policy, object(), comp.base_params, examples, g)
+  with pytest.raises(ValueError, match=r"EvalConfig fields \['top_k', 'top_p', 'max_new_tokens'"):
+    ev.evaluate(comp.policy, comp.runner, comp.base_params, examples, g)
   with pytest.raises(TypeError, match=r"examples\[1\]"):
-    ev.evaluate(comp, comp.base_params, [examples[0], "Q:1+1="], g)
+    evaluate(comp, comp.base_params, [examples[0], "Q:1+1="], g)
   with pytest.raises(TypeError, match="EvalConfig"):
-    ev.evaluate(comp, comp.base_params, examples, {"mode": "greedy"})
+    ev.evaluate(comp.policy, comp.runner, comp.base_params, examples, {"mode": "greedy"})

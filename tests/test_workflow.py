@@ -434,11 +434,11 @@ def test_dry_run_prints_settings_and_estimate_without_weights(tmp_path):
 
 
 def test_dry_run_estimate_equals_the_paper_estimate():
-  from mr_rl import pipelines
   from mr_rl.config_lib import args, estimates
+  from mr_rl.config_lib.dry_run import dry_run
   for name in ("amrp_math.py", "tag_moe.py"):  # a dense train run; TAG with MoE and probes
     c = args.load_config_module(os.path.join(REPO, "configs", name)).get_config(None)
-    text = pipelines.dry_run(c)
+    text = dry_run(c)
     assert f"v5p {estimates.estimate_config(c, 'v5p'):.3g}," in text, text[-600:]
     assert f"h100 {estimates.estimate_config(c, 'h100'):.3g} chip-hours" in text
 

@@ -14,7 +14,7 @@ sampler and reward channels training sees; only the sampling settings are its ow
 sampler call holds ``batch_prompts`` prompts (``min(batch_prompts, E)``): the last partial
 batch is padded by repeating its own examples, and the padded rows are dropped before
 scoring, so every example is evaluated once and the sampler compiles once. With a device
-mesh (`comp.policy.mesh`, set by the trainer on more than one device) the sampler runs
+mesh (`policy.mesh`, set by the trainer on more than one device) the sampler runs
 sharded and ``batch_prompts`` is rounded up so the ``batch_prompts * n`` rows split evenly
 over the mesh's data axes. Metrics are computed by `mr_rl.evaluation.summary`.
 """
@@ -37,7 +37,8 @@ from mr_rl.models import sharding
 _LOG = logging.getLogger(__name__)
 
 MODES = ("greedy", "sampled")
-_PIECES = ("policy", "runner", "settings")
+# What `EvalConfig.resolve` fills from a run's settings.
+_RESOLVED = ("top_k", "top_p", "max_new_tokens", "batch_prompts", "primary")
 
 
 def _is_int(x) -> bool:
@@ -196,30 +197,25 @@ class EvalResult:
     return out
 
 
-def _check_pieces(comp) -> None:
-  missing = [p for p in _PIECES if not hasattr(comp, p)]
-  if missing:
-    raise TypeError(f"comp must be mr_rl.train.Components or an object with {_PIECES}; "
-                    f"{type(comp).__name__} lacks {missing}")
-  if not isinstance(comp.policy, rollout_lib.Policy):
-    raise TypeError(f"comp.policy must be a mr_rl.rollout.Policy, got "
-                    f"{type(comp.policy).__name__}")
-  if not hasattr(comp.runner, "names"):
-    raise TypeError(f"comp.runner must be a mr_rl.rewards.runner.RewardRunner, got "
-                    f"{type(comp.runner).__name__}")
+def _check_pieces(policy, runner) -> None:
+  if not isinstance(policy, rollout_lib.Policy):
+    raise TypeError(f"policy must be a mr_rl.rollout.Policy, got {type(policy).__name__}")
+  if not hasattr(runner, "names"):
+    raise TypeError(f"runner must be a mr_rl.rewards.runner.RewardRunner, got "
+                    f"{type(runner).__name__}")
 
 
-def evaluate(comp, params, examples: Sequence[Any], config: EvalConfig,
+def evaluate(policy, runner, params, examples: Sequence[Any], config: EvalConfig,
              key: jax.Array | None = None) -> EvalResult:
   """Evaluates ``params`` on ``examples`` (see the module docstring for the protocols).
 
   Args:
-    comp: `mr_rl.train.Components`, or any object with its ``policy``
-      (`mr_rl.rollout.Policy`), ``runner`` and ``settings`` (the data / rollout / rewards
-      sections fill the config's None fields).
+    policy: the `mr_rl.rollout.Policy` that samples (model, tokenizer, prompts, mesh).
+    runner: the reward runner (`mr_rl.rewards.runner.RewardRunner`) that scores.
     params: the policy parameters.
     examples: `mr_rl.data.Example`s (``uid``, ``dataset``, ``metadata``, ``reference``).
-    config: an `EvalConfig`.
+    config: a resolved `EvalConfig` (`EvalConfig.resolve` fills its None fields from a
+      run's settings).
     key: PRNG key (required in sampled mode; batch i samples with ``fold_in(key, i)``).
 
   Returns:
@@ -231,7 +227,11 @@ def evaluate(comp, params, examples: Sequence[Any], config: EvalConfig,
   t0 = time.perf_counter()
   if not isinstance(config, EvalConfig):
     raise TypeError(f"config must be an EvalConfig, got {type(config).__name__}")
-  _check_pieces(comp)
+  _check_pieces(policy, runner)
+  unresolved = [f for f in _RESOLVED if getattr(config, f) is None]
+  if unresolved:
+    raise ValueError(f"EvalConfig fields {unresolved} are None; fill them, e.g. with "
+                     "config.resolve(settings, num_channels)")
   if config.mode == "sampled" and key is None:
     raise ValueError("key is required in mode='sampled'")
   examples = list(examples)
@@ -244,10 +244,12 @@ def evaluate(comp, params, examples: Sequence[Any], config: EvalConfig,
       if not isinstance(getattr(ex, attr, None), str):
         raise TypeError(f"examples[{i}] must be a mr_rl.data.Example with a str .{attr}, "
                         f"got {type(ex).__name__}")
-  names = tuple(comp.runner.names)
-  s = comp.settings
-  cfg = config.resolve(s, len(names))
-  mesh = comp.policy.mesh
+  names = tuple(runner.names)
+  cfg = config
+  if not 0 <= cfg.primary < len(names):
+    raise ValueError(f"EvalConfig.primary={cfg.primary} is out of range for {len(names)} "
+                     "reward channels")
+  mesh = policy.mesh
   sampling = cfg.sampling()
   E, n = len(examples), cfg.num_samples
   B = min(cfg.batch_prompts, E)
@@ -263,9 +265,9 @@ def evaluate(comp, params, examples: Sequence[Any], config: EvalConfig,
     chunk = examples[start:start + B]
     m = len(chunk)
     padded = chunk + [chunk[i % m] for i in range(B - m)]
-    ro = rollout_lib.rollout(comp.policy, params, padded, jax.random.fold_in(key, b),
+    ro = rollout_lib.rollout(policy, params, padded, jax.random.fold_in(key, b),
                              sampling).take(m)
-    r_BGK, _ = rollout_lib.score(comp.runner, ro, chunk)
+    r_BGK, _ = rollout_lib.score(runner, ro, chunk)
     rs.append(np.asarray(r_BGK, np.float32))
     lens.append(np.asarray(ro.lengths))
     truncs.append(np.asarray(ro.truncated, bool))

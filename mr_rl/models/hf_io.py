@@ -239,7 +239,7 @@ def _tensor_index(path: str) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------- load / save
-def _read_config(path: str) -> dict:
+def read_config(path: str) -> dict:
   cfg_path = os.path.join(path, "config.json")
   if not os.path.exists(cfg_path):
     raise FileNotFoundError(f"no config.json in {path}")
@@ -271,7 +271,7 @@ def load_pretrained(path_or_hub_id: str, *, dtype=jnp.float32, mesh=None, rules=
     raise TypeError(f"load_pretrained: dtype must be floating, got {dt}")
   path = resolve_path(path_or_hub_id, ["*.json", "*.safetensors", "tokenizer*", "*.txt",
                                        "*.model", "*.tiktoken"])
-  config = config_from_hf(_read_config(path), param_dtype=dt, dtype=dt, **config_overrides)
+  config = config_from_hf(read_config(path), param_dtype=dt, dtype=dt, **config_overrides)
   if preset is not None:
     check_against_preset(config, preset)
   model = Transformer(config)
@@ -360,7 +360,7 @@ def save_pretrained(model: Transformer, params, path: str, *, source: str | None
   os.makedirs(path, exist_ok=True)
   extra = {}
   if source is not None:
-    src = _read_config(source)
+    src = read_config(source)
     extra = {k: src[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in src}
   is_writer = jax.process_index() == 0
   shard: dict[str, np.ndarray] = {}

@@ -202,18 +202,12 @@ def data_parallel_size(mesh: Mesh) -> int:
   return math.prod(mesh.shape[a] for a in data_axes(mesh))
 
 
-def batch_shardings(batch_abstract: Mapping[str, Any], mesh: Mesh) -> dict:
-  """Shardings of an update batch (a dict of arrays or ShapeDtypeStructs).
-
-  `[N, ...]` row arrays split their rows over `data_axes(mesh)`; the small per-group
-  `*_BG` arrays (advantages `[B, G]`) are replicated.
-  """
-  if not isinstance(batch_abstract, Mapping):
-    raise TypeError(f"batch must be a dict, got {type(batch_abstract).__name__}")
+def batch_shardings(batch_abstract, mesh: Mesh):
+  """Shardings of a learner batch (`mr_rl.rl.batch.LearnerBatch`, or any pytree of
+  `[N, ...]` arrays or ShapeDtypeStructs): rows split over `data_axes(mesh)`."""
   axes = data_axes(mesh)
-  return {k: NamedSharding(mesh, P() if k.endswith("_BG") else
-                           P(axes, *[None] * (jnp.ndim(x) - 1)))
-          for k, x in batch_abstract.items()}
+  return jax.tree.map(lambda x: NamedSharding(mesh, P(axes, *[None] * (jnp.ndim(x) - 1))),
+                      batch_abstract)
 
 
 def optimizer_state_shardings(tx: optax.GradientTransformation, opt_state_abstract,

@@ -141,7 +141,7 @@ def load_reward_model(path_or_hub_id: str, *, dtype=jnp.float32, mesh=None, rule
     raise TypeError(f"dtype must be a floating dtype, got {dt}")
   path = hf_io.resolve_path(path_or_hub_id, ["*.json", "*.safetensors", "tokenizer*", "*.txt",
                                              "*.model", "*.tiktoken", "*.jinja"])
-  hf_cfg = hf_io._read_config(path)  # pylint: disable=protected-access
+  hf_cfg = hf_io.read_config(path)
   overrides = dict(config_overrides, tie_embeddings=True)
   config = hf_io.config_from_hf(hf_cfg, param_dtype=dt, dtype=dt, **overrides)
   model = Transformer(config)

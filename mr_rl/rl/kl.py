@@ -82,3 +82,14 @@ def get_kl_estimator(name: str) -> Callable[[Array, Array], Array]:
     UnknownNameError (a ValueError): unknown ``name``; the message lists the valid ones.
   """
   return KL_ESTIMATORS.get(name)
+
+
+@jax.jit
+def reference_kl(ref_logp_NT, logp_NT, response_mask_NT) -> dict:
+  """k1 and k3 of KL(pi || pi_0) per response token on tokens sampled from pi (pi: the
+  sampler's log-probs `logp_NT`, pi_0: `ref_logp_NT`); the trainer's `kl_ref/*` metrics."""
+  resp = response_mask_NT.astype(jnp.float32)
+  x = jnp.clip(ref_logp_NT - logp_NT, -K3_CLAMP, K3_CLAMP)  # log pi_ref - log pi
+  denom = jnp.maximum(resp.sum(), 1.0)
+  return {"kl_ref/k1": (-x * resp).sum() / denom,
+          "kl_ref/k3": ((jnp.exp(x) - 1 - x) * resp).sum() / denom}

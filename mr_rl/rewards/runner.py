@@ -61,8 +61,8 @@ from mr_rl.rewards.channels import (KINDS, REWARDS, ExampleFields, MissingFieldE
                                     RewardChannel, RewardConfigError, available_rewards,
                                     batched_reward, channel_name, get_reward, is_import_path,
                                     register_reward)
-from mr_rl.rewards.pool import (HardTimeoutPool, RewardTimeoutError, RewardWorkerError,
-                                WorkerSetupError, shared_pool)
+from mr_rl.rewards.process.pool import (HardTimeoutPool, RewardTimeoutError, RewardWorkerError,
+                                        WorkerSetupError, shared_pool)
 
 __all__ = ["KINDS", "REWARDS", "ExampleFields", "HardTimeoutPool", "MissingFieldError",
            "RewardChannel", "RewardConfigError", "RewardFailureError", "RewardRunner",

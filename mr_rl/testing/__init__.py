@@ -7,7 +7,8 @@ CPU (`runlocal`). Not part of the core: only tests, benchmarks, the demo and
     data = testing.make_tiny_data("numina_math", "/tmp/tiny/data")          # -> path= for loaders
     rm = testing.make_tiny_reward_model("/tmp/tiny/rm")                     # ArmoRM stand-in
     # runlocal uses the cached versions under $MR_RL_CACHE (default ~/.cache/mr_rl):
-    testing.tiny_checkpoint_for("Qwen3-4B-Instruct-2507", "qwen3"); testing.runlocal_data("alce_asqa")
+    testing.tiny_checkpoint_for("Qwen3-4B-Instruct-2507", "qwen3")
+    testing.runlocal_data("alce_asqa")
 
 Modules: `assets` (cache directory, atomic builds), `tokenizer`, `checkpoints`,
 `reward_model`, `datasets`; everything public is exported here.

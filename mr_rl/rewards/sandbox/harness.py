@@ -1,7 +1,7 @@
 """Process roles of the code sandbox (runs inside the sandbox, stdlib only).
 
-``host`` starts the harness with ``python -I -S -c``: the files of
-``HARNESS_FILES`` (wire format, kernel interfaces, memory cgroups, checker, this file) as marshalled code
+``host`` starts the harness with ``python -I -S -c``: the files of ``HARNESS_FILES``
+(wire format, kernel interfaces, memory cgroups, checker, this file) as marshalled code
 objects on the command line, run in order in one namespace, so no file on disk can be
 swapped under a run. It runs as a FORK SERVER (``fork_server``: one per concurrent run
 slot, in its own memory cgroup and user namespace, forking one supervisor per run) and

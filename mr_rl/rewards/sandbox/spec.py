@@ -1,4 +1,4 @@
-"""What a sandbox run is given and what it returns: ``CodeTests``, ``SandboxConfig``, ``CodeResult``.
+"""What a sandbox run is given and returns: ``CodeTests``, ``SandboxConfig``, ``CodeResult``.
 
 Plain data with validation, no process work (that is ``runs.run``). The ``require_*``
 checks are shared with the code reward channels (``mr_rl.rewards.code_channels``).

@@ -16,7 +16,7 @@ import statistics
 import time
 
 from mr_rl.rewards import math as mr
-from mr_rl.rewards import pool as pl
+from mr_rl.rewards.process import pool as pl
 
 OK = "\\boxed{\\frac{2}{4}}"
 HANGS = "\\boxed{9^{9^{9^{9}}}}"  # sympy evaluates the tower in C: only a kill stops it

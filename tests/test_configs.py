@@ -6,7 +6,7 @@
 * Paper values: spot checks of the hyperparameters each table needs.
 * ONE training step of one representative point per config file, on CPU through the real
   trainer (`mr_rl.pipelines.run` via `python -m mr_rl.config_lib smoke`: tiny checkpoint +
-  tokenizer from `mr_rl.tiny`, tiny local data files in the hub schemas, 2 prompts x G 2,
+  tokenizer from `mr_rl.testing`, tiny local data files in the hub schemas, 2 prompts x G 2,
   8 new tokens; 'tag' pipelines probe 1 step per channel). All sweep points are resolved, but
   only one per file is run (CI budget); the runs share one process, so the trainer's compiled
   sampler and steps are reused across files.
@@ -36,7 +36,7 @@ FILES = sorted(os.path.splitext(os.path.basename(p))[0]
                for p in glob.glob(os.path.join(REPO, "configs", "*.py"))
                if os.path.basename(p) not in ("demo.py", "__init__.py"))
 # Shared by both xdist workers and across runs; builds are atomic, the directory name carries
-# a hash of mr_rl/tiny.py.
+# a hash of the mr_rl/testing files.
 os.environ.setdefault("MR_RL_CACHE", os.path.join(tempfile.gettempdir(), "mr_rl_test_cache"))
 
 REPRESENTATIVE = {
@@ -434,10 +434,10 @@ def test_config_loads_through_config_flags_from_another_cwd(tmp_path):
 
 def test_tiny_checkpoint_is_idempotent_and_loads_in_transformers(tmp_path):
   from transformers import AutoConfig, AutoTokenizer
-  from mr_rl import tiny
-  d = tiny.make_tiny_checkpoint(str(tmp_path / "llama"), family="llama")
+  from mr_rl import testing
+  d = testing.make_tiny_checkpoint(str(tmp_path / "llama"), family="llama")
   stamp = os.path.getmtime(os.path.join(d, "model.safetensors"))
-  assert tiny.make_tiny_checkpoint(d, family="llama") == d
+  assert testing.make_tiny_checkpoint(d, family="llama") == d
   assert os.path.getmtime(os.path.join(d, "model.safetensors")) == stamp
   hf = AutoConfig.from_pretrained(d)
   tok = AutoTokenizer.from_pretrained(d)

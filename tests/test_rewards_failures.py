@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from mr_rl import aggregators
-from mr_rl.rewards import pool as pl
+from mr_rl.rewards.process import pool as pl
 from mr_rl.rewards import runner as rr
 
 # The table: answer 7; math-verify cannot finish the power tower in time.

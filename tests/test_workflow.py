@@ -5,7 +5,7 @@ greedy sampler token for token, for a dense model, a MoE model and parameters sh
 (fake) devices; the dry run; the offline errors naming the config fields.
 
 The dense run trains the demo's shipped base policy on the arithmetic task; the MoE run a tiny
-random Qwen3-MoE checkpoint (`mr_rl.tiny`) on tiny NuminaMath rows. The 8-device check runs this
+random Qwen3-MoE checkpoint (`mr_rl.testing`) on tiny NuminaMath rows. The 8-device check runs this
 file as a script in a subprocess (XLA_FLAGS set before jax is imported), as
 tests/test_train_scale.py does.
 """
@@ -140,17 +140,17 @@ def dense_run(tmp_path_factory):
 def moe_run(tmp_path_factory):
   """One step of a tiny Qwen3-MoE (4 experts, top 2) whose base has a generation config."""
   from transformers import GenerationConfig
-  from mr_rl import tiny
+  from mr_rl import testing
   from mr_rl import train as train_lib
   root = tmp_path_factory.mktemp("moe")
-  ckpt = tiny.make_tiny_checkpoint(str(root / "Qwen3-30B-A3B-Instruct-2507"), "qwen3_moe")
+  ckpt = testing.make_tiny_checkpoint(str(root / "Qwen3-30B-A3B-Instruct-2507"), "qwen3_moe")
   tok = models.load_tokenizer(ckpt)
   GenerationConfig(do_sample=True, temperature=0.7, top_p=0.8, eos_token_id=tok.eos_token_id,
                    pad_token_id=tok.pad_token_id).save_pretrained(ckpt)  # as Qwen3's hub copy
   c = settings_lib.default_config()
   c.model.path = ckpt
   c.data.name = "numina_math"
-  c.data.path = tiny.make_tiny_data("numina_math", str(root / "data"))
+  c.data.path = testing.make_tiny_data("numina_math", str(root / "data"))
   c.data.eval_split = "train"
   c.data.template = "amrp_math"
   c.data.batch_prompts = 2
@@ -227,8 +227,8 @@ def test_export_errors(dense_run, tmp_path):
     export_lib.export(wd, str(tmp_path / "x"), step=7, log=None)
   with pytest.raises(FileNotFoundError, match="no checkpoints under"):
     export_lib.export(str(tmp_path), str(tmp_path / "x"), log=None)
-  from mr_rl import tiny
-  other = tiny.make_tiny_checkpoint(str(tmp_path / "llama"), "llama")
+  from mr_rl import testing
+  other = testing.make_tiny_checkpoint(str(tmp_path / "llama"), "llama")
   with pytest.raises(ValueError, match="do not match the base checkpoint's architecture"):
     export_lib.export(wd, str(tmp_path / "x"), base=other, log=None)
   bare = tmp_path / "bare"

@@ -93,7 +93,7 @@ class ExampleFields(dict):
 
 
 def _check_importable(name: str, fn: Any) -> None:
-  from mr_rl.rewards.pool import dumps_importable  # pylint: disable=import-outside-toplevel
+  from mr_rl.rewards.process.pool import dumps_importable  # pylint: disable=import-outside-toplevel
   try:
     dumps_importable(fn)
   except pickle.PicklingError as e:

@@ -25,7 +25,7 @@ timeouts disabled (``parsing_timeout=None, timeout_seconds=None``) and a hard
 wall-clock timeout per call that kills and replaces the worker; they can be
 called from any thread and any caller (unguarded scripts, stdin, notebooks: the
 workers never import ``__main__``). This module registers its worker set-up with
-the pool when imported (``_math_preload``: math-verify loaded once in the zygote).
+the pool when imported (``math_preload``: math-verify loaded once in the zygote).
 ``*_in_process`` variants run the same code in the calling process, with no
 timeout, and are what the runner's "process" channels execute inside the workers.
 """
@@ -36,7 +36,7 @@ import re
 from typing import Any
 
 from mr_rl.rewards.channels import RewardConfigError
-from mr_rl.rewards.pool import shared_pool
+from mr_rl.rewards.process.pool import shared_pool
 
 MAX_ANSWER_CHARS = 1000
 DEFAULT_TIMEOUT_S = 10.0
@@ -124,8 +124,8 @@ def _reference_parse_input(reference: str) -> str:
 # ----------------------------------------------------------------------------
 
 # `_verify_parsed` / `_parse_number` unpickle from this module: the zygote loads it once, with
-# math-verify warmed up by `_math_preload`.
-shared_pool().add_setup(preload=("mr_rl.rewards._math_preload", "mr_rl.rewards.math"))
+# math-verify warmed up by `math_preload`.
+shared_pool().add_setup(preload=("mr_rl.rewards.math_preload", "mr_rl.rewards.math"))
 
 
 def _verify_parsed(pred_input: str, gold_input: str) -> bool:

@@ -18,7 +18,7 @@ import functools
 
 from mr_rl.rewards import math as math_rewards
 from mr_rl.rewards.channels import REWARDS, MissingFieldError, RewardChannel, RewardConfigError
-from mr_rl.rewards.pool import shared_pool
+from mr_rl.rewards.process.pool import shared_pool
 
 # The process channels' functions unpickle from this module: have the zygote load it once.
 shared_pool().add_setup(preload=("mr_rl.rewards.math_channels",))

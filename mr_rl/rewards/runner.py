@@ -36,7 +36,7 @@ Two execution kinds:
   it is abandoned and replaced by a fresh one (its eventual result is dropped). Only use
   this kind for code that cannot hang.
 * ``"process"``: heavy or untrusted work (sympy, math-verify) runs in a ``HardTimeoutPool``
-  (``pool.py``): our own worker processes, one killed and replaced when its call overruns.
+  (``process/pool.py``): our own worker processes, one killed and replaced when its call overruns.
   ``fn`` and its arguments must be importable by name in a worker (a module-level function
   or a ``functools.partial`` of one; never one defined in ``__main__``).
 
@@ -61,8 +61,8 @@ from mr_rl.rewards.channels import (KINDS, REWARDS, ExampleFields, MissingFieldE
                                     RewardChannel, RewardConfigError, available_rewards,
                                     batched_reward, channel_name, get_reward, is_import_path,
                                     register_reward)
-from mr_rl.rewards.pool import (HardTimeoutPool, RewardTimeoutError, RewardWorkerError,
-                                WorkerSetupError, shared_pool)
+from mr_rl.rewards.process.pool import (HardTimeoutPool, RewardTimeoutError, RewardWorkerError,
+                                        WorkerSetupError, shared_pool)
 
 __all__ = ["KINDS", "REWARDS", "ExampleFields", "HardTimeoutPool", "MissingFieldError",
            "RewardChannel", "RewardConfigError", "RewardFailureError", "RewardRunner",

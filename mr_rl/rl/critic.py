@@ -1,4 +1,4 @@
-"""The PPO critic (METHODS.md section 3): a copy of the policy's trunk with a scalar head.
+"""The PPO critic (docs/methods.md §3): a copy of the policy's trunk with a scalar head.
 
 AMRP (Table 4) initialises the policy and the value model from the same checkpoint, so the
 critic's trunk starts as a copy (not a view) of the policy's initial parameters; the head is
@@ -36,7 +36,7 @@ def model_value_fn(model) -> ValueFn:
 
   def fn(value_params, tokens_NT, mask_NT):
     _, _, h_NTD = model.apply({'params': value_params['trunk']}, tokens_NT,
-                              models.positions_from_mask(mask_NT), kv_mask_BS=mask_NT,
+                              models.positions_from_mask(mask_NT), kv_mask_NC=mask_NT,
                               return_hidden=True)
     head = value_params['head']
     v_NT = (jnp.einsum('ntd,d->nt', h_NTD.astype(jnp.float32), head['kernel'][:, 0])

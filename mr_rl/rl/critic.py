@@ -4,7 +4,8 @@ AMRP (Table 4) initialises the policy and the value model from the same checkpoi
 critic's trunk starts as a copy (not a view) of the policy's initial parameters; the head is
 `Dense(1)` on the trunk's final hidden state. Values are aligned like log-probs:
 `values_NT[:, t]` is the head on the hidden state at `t - 1` (the state before token `t` is
-emitted); column 0 is 0. Shape letters: N rows (B*G responses), T token columns, D model dim.
+emitted); column 0 is 0. Shape letters (docs/shapes.md): N rows (B*G responses), T token
+columns, D model width.
 The value loss is `mr_rl.rl.losses.value_loss`; the critic's update is part of the PPO step
 (`mr_rl.rl.update.make_ppo_step`).
 """

@@ -1,14 +1,15 @@
 """Trainer throughput: the jitted GRPO policy step, and where a demo training step's time goes.
 
 Part 1, update throughput. The jitted policy step of the trainer (`train._policy_step`:
-forward + backward of the clipped surrogate, global-norm clip, AdamW; METHODS.md 3-5) on a
+forward + backward of the clipped surrogate, global-norm clip, AdamW; docs/methods.md §3-5) on a
 GRPO-shaped batch: left-padded prompts of random length, right-padded responses of random
 length, old log-probs from the model itself (ratio 1), group-normal advantages. Two models:
 
   * demo:       the demo's base policy (configs/demo.py), on its real batch shape
                 B*G = 16*8 = 128 rows x (16 prompt + 48 response) = 64 tokens;
-  * qwen3_tiny: a random Qwen3 of the FACTS.md calibration shape (4 layers, d=256,
-                8 heads / 4 KV heads, head_dim 32, d_ff 768, vocab 1024, tied; 3.4M params),
+  * qwen3_tiny: a random Qwen3 of the sampler calibration's shape (BUILD_NOTES.md, "Sampler":
+                4 layers, d=256, 8 heads / 4 KV heads, head_dim 32, d_ff 768, vocab 1024,
+                tied; 3.4M params),
                 on `--rows` x `--seq` (default 128 x 64).
 
 tokens/s counts every position of the [rows, T] batch (padding included: the step computes
@@ -31,9 +32,9 @@ the step computes one forward and a backward of twice its cost, nothing more).
 
 Part 3, cost growth (`--cap-growth 48,96,192`): part 2's demo steps at each `max_new_tokens`
 cap on the same prompts, with the base policy's `max_position_embeddings` raised in a copy
-of its config.json (RoPE: outputs below the old limit unchanged, FACTS.md), so the responses
-are identical (checked) and only the cap changes. Issue 16's goal: doubling the cap changes
-the step time by less than 15%.
+of its config.json (RoPE: outputs below the old limit unchanged; BUILD_NOTES.md, "Benchmarks"),
+so the responses are identical (checked) and only the cap changes. Issue 16's goal: doubling the
+cap changes the step time by less than 15%.
 
   python benchmarks/train_step.py --quick --json /tmp/train_step.json   # ~1-2 min, idle 2 cores
   python benchmarks/train_step.py                                       # more repeats / steps
@@ -87,9 +88,9 @@ def load_avg() -> list[float]:
 
 def analytic_train_flops(cfg: models.ModelConfig, rows: int, T: int) -> float:
   """6 * matmul params * tokens (fwd + bwd) plus full T x T attention (QK^T and AV, x3)."""
-  d, h, k, hd, f, L, V = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff,
+  d, h, j, hd, f, L, V = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff,
                           cfg.n_layers, cfg.vocab_size)
-  matmul_params = L * (d * h * hd * 2 + d * k * hd * 2 + 3 * d * f) + d * V
+  matmul_params = L * (d * h * hd * 2 + d * j * hd * 2 + 3 * d * f) + d * V
   attention = 3 * L * 4 * h * hd * T * T  # per row: 2 matmuls of 2*T*T*hd per head, fwd+2 bwd
   return 6 * matmul_params * rows * T + rows * attention
 
@@ -209,7 +210,8 @@ def time_shares(settings, comp) -> dict:
 def cap_growth(base_policy: str, caps, task: str, method: str, steps: int, tmp: str) -> list:
   """The issue-16 cost-growth check: the demo step at several `max_new_tokens` caps on the
   same prompts. The base policy is copied with config.json's `max_position_embeddings` raised
-  to fit the largest cap (RoPE: outputs below the old limit are unchanged, FACTS.md), so the
+  to fit the largest cap (RoPE: outputs below the old limit are unchanged;
+  BUILD_NOTES.md, "Benchmarks"), so the
   responses are the same and only the cap changes (checked: equal mean lengths per step)."""
   import shutil
   path = os.path.join(tmp, "base_policy_long")

@@ -1,4 +1,4 @@
-"""One registry style for every swappable piece (STYLE.md item 4).
+"""One registry style for every swappable piece (docs/style.md §4).
 
 Aggregators, advantage estimators, loss aggregations, KL estimators, reward channels, data
 sets and pipelines are each a `Registry`: entries are added with a decorator whose default

@@ -1,4 +1,4 @@
-"""Paper configs, tiny runlocal assets and launch tools (STYLE.md items 2, 11-13).
+"""Paper configs, tiny runlocal assets and launch tools (docs/style.md §2, §11-13).
 
 * Every sweep point of every `configs/<file>.py` (except demo.py) resolves: `get_config(point)`
   and its `runlocal` variant pass `mr_rl.settings.from_config`, or fail there with the

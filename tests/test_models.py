@@ -105,9 +105,9 @@ def test_incremental_decode_matches_full_forward(ckpts, loaded, family):
   traces = []
 
   @jax.jit
-  def step(params, tok_BT, pos_BT, kv_mask_BS, cache, index):
+  def step(params, tok_BT, pos_BT, kv_mask_NC, cache, index):
     traces.append(tok_BT.shape)
-    return model.apply({"params": params}, tok_BT, pos_BT, kv_mask_BS=kv_mask_BS, cache=cache,
+    return model.apply({"params": params}, tok_BT, pos_BT, kv_mask_NC=kv_mask_NC, cache=cache,
                        cache_index=index)
 
   cache = M.init_cache(model.config, B, S)
@@ -293,12 +293,12 @@ def test_cache_overflow_errors(loaded):
   tok = jnp.ones((2, 5), jnp.int32)
   kv = jnp.ones((2, 4), jnp.int32)
   with pytest.raises(ValueError, match="longer than the cache"):
-    model.apply({"params": params}, tok, tok, kv_mask_BS=kv, cache=cache, cache_index=0)
+    model.apply({"params": params}, tok, tok, kv_mask_NC=kv, cache=cache, cache_index=0)
   with pytest.raises(ValueError, match="beyond max_len"):
-    model.apply({"params": params}, tok[:, :2], tok[:, :2], kv_mask_BS=kv, cache=cache,
+    model.apply({"params": params}, tok[:, :2], tok[:, :2], kv_mask_NC=kv, cache=cache,
                 cache_index=3)
-  with pytest.raises(ValueError, match="kv_mask_BS must have shape"):
-    model.apply({"params": params}, tok[:, :2], tok[:, :2], kv_mask_BS=tok, cache=cache,
+  with pytest.raises(ValueError, match="kv_mask_NC must have shape"):
+    model.apply({"params": params}, tok[:, :2], tok[:, :2], kv_mask_NC=tok, cache=cache,
                 cache_index=0)
 
 

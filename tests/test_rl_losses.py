@@ -1,4 +1,4 @@
-"""Policy / value losses (METHODS.md section 4) and GAE against numpy loop references."""
+"""Policy / value losses (docs/methods.md §4) and GAE against numpy loop references."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""Device mesh, logical-axis rules and sharded parameter / cache creation (STYLE.md items 7, 8).
+"""Device mesh, logical-axis rules and sharded parameter / cache creation (docs/style.md §7, §8).
 
 The model only names logical axes ('vocab', 'embed', 'heads', 'kv_heads', 'kv', 'mlp',
 'expert', 'router', 'norm' for params; 'activation_*' for activations; 'cache_*' for the KV
@@ -178,7 +178,7 @@ def logical_sharding(mesh: Mesh, logical_axes: Sequence[str | None], shape=None,
 
 
 def batch_sharding(mesh: Mesh, shape=None, rules=None) -> NamedSharding:
-  """Sharding of a [B, T, ...] token / mask / logits batch: batch over (data, fsdp, expert)."""
+  """Sharding of an [N, T, ...] token / mask / logits batch: batch over (data, fsdp, expert)."""
   ndim = 2 if shape is None else len(shape)
   return logical_sharding(mesh, ("activation_batch",) + (None,) * (ndim - 1), shape, rules)
 

@@ -1,4 +1,4 @@
-"""Generalised advantage estimation over response tokens (METHODS.md section 3, PPO).
+"""Generalised advantage estimation over response tokens (docs/methods.md §3, PPO).
 
 Token ``t`` is a step iff ``response_mask_BT[b, t]``; positions off the mask (prompt,
 padding) are skipped: they neither receive an advantage nor break the recursion, so the
@@ -83,7 +83,7 @@ def whiten(x_BT, mask_BT, shift_mean: bool = True, eps: float = 1e-8) -> jax.Arr
 
 def ppo_advantages(R_B, values_BT, response_mask_BT, gamma: float = 1.0, lam: float = 1.0,
                    token_penalty_BT=None, whiten_advantages: bool = True):
-  """PPO advantages for outcome rewards (METHODS.md section 3): GAE then batch whitening.
+  """PPO advantages for outcome rewards (docs/methods.md §3): GAE then batch whitening.
 
   Args:
     R_B: aggregated scalar reward per sequence (NaN -> 0).

@@ -1,7 +1,8 @@
-"""KL estimators (Schulman 2020; METHODS.md section 5).
+"""KL estimators (Schulman 2020; docs/methods.md §5).
 
-Shapes: ``N`` rows (sequences: a rollout batch of ``B`` prompts x ``G`` responses, flattened,
-or a micro-batch of them), ``T`` token positions, ``V`` vocabulary.
+Shape letters (docs/shapes.md): ``N`` rows (sequences: a rollout batch of ``B`` prompts x
+``G`` responses, flattened, or a micro-batch of them), ``T`` token positions, ``V``
+vocabulary.
 
 Sample-based estimators of ``KL(pi || pi_ref)`` evaluated per token on tokens sampled
 from ``pi``, with ``x = logp_ref - logp``:
@@ -60,7 +61,7 @@ def k3(logp_NT, logp_ref_NT) -> Array:
 def exact_kl(logits_NTV, ref_logits_NTV) -> Array:
   """Per-token ``KL(pi || pi_ref) = sum_v pi(v) (log pi(v) - log pi_ref(v))``.
 
-  Computed in float32 from ``log_softmax`` of both logits (METHODS.md section 5).
+  Computed in float32 from ``log_softmax`` of both logits (docs/methods.md §5).
 
   Returns:
     kl_NT, float32, non-negative up to rounding.

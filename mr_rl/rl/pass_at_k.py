@@ -1,4 +1,4 @@
-"""Unbiased pass@k (Chen et al. 2021; METHODS.md section 8).
+"""Unbiased pass@k (Chen et al. 2021; docs/methods.md §8).
 
 ``pass@k = 1 - C(n - c, k) / C(n, k) = 1 - prod_{i=n-c+1..n} (1 - k / i)``, and 1.0 when
 ``n - c < k``; ``n`` samples per problem of which ``c`` are correct.
@@ -80,7 +80,7 @@ def pass_at_k(n, c, k):
 
 
 def mean_pass_at_k(n, c, k):
-  """pass@k averaged over problems (METHODS.md section 8)."""
+  """pass@k averaged over problems (docs/methods.md §8)."""
   out = pass_at_k(n, c, k)
   return out.mean() if isinstance(out, jax.Array) else float(np.mean(out))
 

@@ -1,4 +1,4 @@
-"""Validated, frozen run settings built from an ml_collections ConfigDict (STYLE.md item 3).
+"""Validated, frozen run settings built from an ml_collections ConfigDict (docs/style.md §3).
 
 The config file is the user's surface; everything downstream reads these dataclasses. Each
 field carries its paper symbol where it has one. Bad values fail here, at start-up, with a

@@ -1,4 +1,4 @@
-"""Greedy and sampled evaluation of a policy over a data set (METHODS.md section 8).
+"""Greedy and sampled evaluation of a policy over a data set (docs/methods.md §8).
 
 Two protocols, one loop:
 

@@ -1,4 +1,4 @@
-"""Evaluation summaries from raw per-sample rewards (METHODS.md sections 7-8).
+"""Evaluation summaries from raw per-sample rewards (docs/methods.md §7-8).
 
 Everything here is host-side NumPy on the arrays an evaluation produces:
 
@@ -14,7 +14,7 @@ default: the binary channels of the papers score exactly 1 on success). NaN neve
 
 Metrics of one group of examples (`group_metrics`), with their keys:
 
-* ``pass@k``: unbiased pass@k (Chen et al. 2021; METHODS.md section 8) on the primary
+* ``pass@k``: unbiased pass@k (Chen et al. 2021; docs/methods.md §8) on the primary
   channel, ``c`` = successful samples out of ``n = G`` per example, averaged over examples.
   A NaN primary reward counts as a failed sample (it stays in ``n``).
 * ``<channel>``: mean reward of the channel over its non-NaN samples (NaN if all are NaN);

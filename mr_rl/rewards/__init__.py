@@ -1,4 +1,4 @@
-"""Host-side reward channels (METHODS.md section 7) and the batch reward runner.
+"""Host-side reward channels (docs/methods.md §7) and the batch reward runner.
 
 Submodules (imported explicitly, nothing is imported here so that the reward
 modules stay independent of one another and the worker zygote loads only itself):

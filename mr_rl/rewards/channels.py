@@ -1,4 +1,4 @@
-"""Reward channels and their registry (METHODS.md section 7).
+"""Reward channels and their registry (docs/methods.md §7).
 
 A channel is a named host-side reward function ``fn(response, example, num_tokens) -> float``
 plus how it runs (``kind``). ``REWARDS`` is the project's one registry style

@@ -1,6 +1,6 @@
 """TAG code reward channels for the runner: ``code_correct``, ``code_fast``, ``code_noop``.
 
-METHODS.md section 7 (TAG code task): correctness ``RP = 1`` iff every test passes in an
+docs/methods.md §7 (TAG code task): correctness ``RP = 1`` iff every test passes in an
 isolated sandbox; the auxiliary channels are *fast* (runtime < 60 ms) and *no-op*
 (runtime < 3 ms). The sandbox, the verdict and the runtime measurement are
 ``mr_rl.rewards.sandbox``; this module turns a policy response and a data set example into
@@ -332,7 +332,7 @@ def code_channel(which: str, *, name: str | None = None, threshold_ms: float | N
                  timeout_s: float = code_sandbox.SMALL_TEST_TIMEOUT_S,
                  sandbox: code_sandbox.SandboxConfig | Mapping[str, Any] | None = None,
                  prepend_prompt: bool = False, cache: RunCache | None = None) -> RewardChannel:
-  """A TAG code channel (METHODS.md section 7).
+  """A TAG code channel (docs/methods.md §7).
 
   Args:
     which: "correct" (1 iff every test passes), "fast" (runtime < threshold_ms, default

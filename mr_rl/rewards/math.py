@@ -1,4 +1,4 @@
-"""Math reward rules (METHODS.md section 7): accuracy, format, length, brief, negative.
+"""Math reward rules (docs/methods.md §7): accuracy, format, length, brief, negative.
 
 Answer extraction (``extract_answer``), in priority order:
 
@@ -207,7 +207,7 @@ def _check_timeout(timeout_s: float) -> None:
 
 
 def accuracy(response: str, reference: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> float:
-  """Math accuracy (METHODS.md section 7): 1.0 iff the extracted final answer is
+  """Math accuracy (docs/methods.md §7): 1.0 iff the extracted final answer is
   math-verify-equivalent to `reference`, else 0.0 (also when there is no answer
   or it is longer than MAX_ANSWER_CHARS).
 
@@ -236,7 +236,7 @@ def accuracy(response: str, reference: str, *, timeout_s: float = DEFAULT_TIMEOU
 
 
 def negative(response: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> float:
-  """TAG negative rule (METHODS.md section 7): 1.0 iff the final answer is a real
+  """TAG negative rule (docs/methods.md §7): 1.0 iff the final answer is a real
   number < 0.
 
   Plain decimals are decided directly; anything else (``-\\frac{1}{2}``,
@@ -258,7 +258,7 @@ def negative(response: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> float:
 
 
 def format_reward(response: str) -> float:
-  """AMRP format rule (METHODS.md section 7): 1.0 iff the whole response is
+  """AMRP format rule (docs/methods.md §7): 1.0 iff the whole response is
   ``<reasoning>...</reasoning>`` then ``<answer>...</answer>`` with only
   whitespace before, between and after.
 
@@ -289,7 +289,7 @@ def _check_num_tokens(num_tokens: Any) -> int:
 
 
 def length_reward(num_tokens: int, max_full: int = 2800, zero_at: int = 3000) -> float:
-  """AMRP soft length rule (METHODS.md section 7):
+  """AMRP soft length rule (docs/methods.md §7):
   ``max(1 - max(L - max_full, 0) / (zero_at - max_full), 0)`` = 1 up to 2800
   generated tokens, falling linearly to 0 at 3000."""
   L = _check_num_tokens(num_tokens)
@@ -299,7 +299,7 @@ def length_reward(num_tokens: int, max_full: int = 2800, zero_at: int = 3000) ->
 
 
 def brief(num_tokens: int, threshold: int) -> float:
-  """TAG brief rule (METHODS.md section 7): 1.0 iff L < threshold generated tokens
+  """TAG brief rule (docs/methods.md §7): 1.0 iff L < threshold generated tokens
   (Qwen 200, Llama 128, Qwen-30B 512)."""
   L = _check_num_tokens(num_tokens)
   if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold <= 0:

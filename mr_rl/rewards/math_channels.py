@@ -1,4 +1,4 @@
-"""Built-in math reward channels (METHODS.md section 7), registered in ``REWARDS``.
+"""Built-in math reward channels (docs/methods.md §7), registered in ``REWARDS``.
 
 Registry name = factory name:
 

@@ -1,4 +1,4 @@
-"""Batch reward runner: r[B, G, K] from K named channels (METHODS.md section 7).
+"""Batch reward runner: r[B, G, K] from K named channels (docs/methods.md §7).
 
 Shapes: B prompts, G responses per prompt, K channels.
 

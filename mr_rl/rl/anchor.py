@@ -1,4 +1,4 @@
-"""TAG anchor election by per-token reverse-KL drift of single-channel probes (METHODS.md 6).
+"""TAG anchor election by per-token reverse-KL drift of single-channel probes (docs/methods.md §6).
 
 For every channel k: train from pi_0 with single-channel GRPO (`rp_only`, primary = k) for T
 steps, giving pi_{T,k}; measure on held-out prompts
@@ -11,7 +11,7 @@ over t. Forward drift uses y ~ pi_0 and KL(pi_0 || pi_{T,k}). The anchor is argm
 the probe policies are discarded and joint training restarts from pi_0.
 
 A probe whose channel never produced a reward (every sample NaN: failed or not applicable,
-METHODS.md 1) had no learning signal; its drift (only weight decay) would be the smallest and
+docs/methods.md §1) had no learning signal; its drift (only weight decay) would be the smallest and
 say nothing about the channel, so such a channel (probe_reward NaN) is never elected, and
 neither is one with a non-finite drift.
 """

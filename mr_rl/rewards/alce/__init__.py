@@ -1,6 +1,6 @@
 """ALCE rewards: ASQA STR-EM, ELI5 claims-NLI, AutoAIS citation recall / precision / F1.
 
-AMRP appendix B.2 / METHODS.md section 7: `r_alce = [r_corr, r_cite]`, where `r_corr`
+AMRP appendix B.2 / docs/methods.md §7: `r_alce = [r_corr, r_cite]`, where `r_corr`
 is STR-EM (ASQA) or claims-NLI (ELI5) and `r_cite` the F1 of AutoAIS citation recall
 and precision under an NLI verifier, all per response in [0, 1]. The rules follow
 ALCE's evaluator (Gao et al. 2023, `eval.py`):

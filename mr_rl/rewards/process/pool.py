@@ -2,7 +2,7 @@
 
 math-verify guards parse/verify with ``signal.alarm`` (main thread only) and sympy can hang
 inside C code where no signal helps, so reward code that may hang runs in worker processes
-that are killed when a call overruns (METHODS.md section 7; used by ``mr_rl.rewards.math``
+that are killed when a call overruns (docs/methods.md §7; used by ``mr_rl.rewards.math``
 and the "process" channels of ``mr_rl.rewards.runner``).
 
 The workers are our own processes, not ``multiprocessing``'s: a zygote started as

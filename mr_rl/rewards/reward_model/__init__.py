@@ -5,7 +5,7 @@ Modules: ``loading`` (checkpoint -> backbone params + head), ``model``
 (``RewardModelScorer``, ``get_scorer``: the shared cache and micro-batcher) and ``channels``
 (the registered channels). Everything public is exported here.
 
-AMRP open-ended alignment (METHODS.md section 7; AMRP section 5 and appendix B.2): the reward
+AMRP open-ended alignment (docs/methods.md §7; AMRP section 5 and appendix B.2): the reward
 profile is ``[r_help, r_corr, r_coh]``, the helpfulness, correctness and coherence scores of
 ArmoRM-Llama3-8B-v0.1 (Wang et al. 2024a), and every reward is scaled to [0, 1] (B.2).
 

@@ -47,7 +47,7 @@ def _rm_channel_fn(response, example, num_tokens, *, scorer, index, rescale):
 
 def reward_model_channel(objective: int | str, *, path: str = ARMORM_HUB,
                          name: str | None = None, rescale: Any = None, **scorer_kw) -> RewardChannel:
-  """A channel returning one objective of the reward model (METHODS.md section 7).
+  """A channel returning one objective of the reward model (docs/methods.md §7).
 
   Args:
     objective: index, full name ('helpsteer-coherence') or HelpSteer short name ('coherence').

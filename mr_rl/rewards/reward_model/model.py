@@ -32,7 +32,7 @@ def _last_index(mask_BT: jax.Array) -> jax.Array:
 def _forward(model: Transformer, params, w_DK, b_K, tokens_BT, mask_BT):
   """r_BK: the head on the final-normed hidden state of each row's last real token."""
   _, _, h_BTD = model.apply({"params": params}, tokens_BT, positions_from_mask(mask_BT),
-                            kv_mask_BS=mask_BT, return_hidden=True)
+                            kv_mask_NC=mask_BT, return_hidden=True)
   last_B = _last_index(mask_BT)
   h_BD = jnp.take_along_axis(h_BTD, last_B[:, None, None], axis=1)[:, 0].astype(jnp.float32)
   return jnp.einsum("bd,dk->bk", h_BD, w_DK, precision=jax.lax.Precision.HIGHEST) + b_K

@@ -1,4 +1,4 @@
-"""The code sandbox: untrusted programs run against tests (METHODS.md section 7, TAG code task).
+"""The code sandbox: untrusted programs run against tests (docs/methods.md §7, TAG code task).
 
 The TAG code channels (``mr_rl.rewards.code_channels``) score one run of this sandbox:
 correctness ``RP = 1`` iff every test passes (per-test timeouts: small 10 s, medium 30 s);

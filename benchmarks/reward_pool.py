@@ -1,4 +1,4 @@
-"""Start-up cost of the reward worker pool (issue 14 item 3): what a run pays for a fresh
+"""Start-up cost of the reward worker pool: what a run pays for a fresh
 pool and for the worker replaced after a timeout.
 
 Measures, through the public `mr_rl.rewards.math.accuracy` only (so it runs on any version

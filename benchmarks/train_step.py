@@ -33,7 +33,7 @@ the step computes one forward and a backward of twice its cost, nothing more).
 Part 3, cost growth (`--cap-growth 48,96,192`): part 2's demo steps at each `max_new_tokens`
 cap on the same prompts, with the base policy's `max_position_embeddings` raised in a copy
 of its config.json (RoPE: outputs below the old limit unchanged; BUILD_NOTES.md, "Benchmarks"),
-so the responses are identical (checked) and only the cap changes. Issue 16's goal: doubling the
+so the responses are identical (checked) and only the cap changes. The goal: doubling the
 cap changes the step time by less than 15%.
 
   python benchmarks/train_step.py --quick --json /tmp/train_step.json   # ~1-2 min, idle 2 cores

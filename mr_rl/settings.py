@@ -152,7 +152,7 @@ class AggregatorSettings:
 
 @dataclasses.dataclass(frozen=True)
 class AnchorSettings:
-  probe_steps: int              # T, single-channel GRPO steps per probe
+  probe_steps: int              # single-channel GRPO steps per probe (the TAG paper's T)
   probe_batch_prompts: int      # prompts per probe step
   held_out_prompts: int         # prompts on which drift is measured
   samples_per_prompt: int
@@ -263,7 +263,7 @@ def default_config():
   c.rollout = ml_collections.ConfigDict(dict(
       group_size=8,               # G (papers: 8)
       max_new_tokens=3000,        # max response length
-      temperature=1.0,            # training rollouts at T = 1
+      temperature=1.0,            # training rollouts at temperature 1
       top_k=0,                    # 0 = off
       top_p=1.0,                  # 1.0 = off
       dtype="",                   # sampler compute dtype ('' = model.dtype; e.g. 'bfloat16')
@@ -314,7 +314,7 @@ def default_config():
       value_lr=U.value_lr,        # PPO critic learning rate
       vf_clip=U.vf_clip))         # PPO value clip range (None = unclipped)
   c.anchor = ml_collections.ConfigDict(dict(
-      probe_steps=300,            # T, single-channel GRPO steps per probe (TAG: 300)
+      probe_steps=300,            # single-channel GRPO steps per probe (the TAG paper's T: 300)
       probe_batch_prompts=4,      # prompts per probe step (TAG: rollout batch 32 = 4 x G 8)
       held_out_prompts=256,       # prompts on which drift is measured (TAG: 256)
       samples_per_prompt=1,       # probe responses per held-out prompt

@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mr_rl import aggregators, data, evaluation, metrics as metrics_lib, models
+from mr_rl import data, evaluation, metrics as metrics_lib, models
 from mr_rl import rollout as rollout_lib
 from mr_rl.checkpointing import Checkpointer
 from mr_rl.models import sharding

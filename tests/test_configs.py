@@ -254,7 +254,7 @@ def _check_run(name, c, workdir):
       assert f"reward/{ch}/mean" in recs[0], (name, ch)
       if recs[0][f"reward/{ch}/nan_frac"] > 0:
         nan_channels.append(f"train {ch}")
-      if recs[0][f"reward_runner/{ch}/errors"] > 0:  # failures score 0, not NaN (issue 14)
+      if recs[0][f"reward_runner/{ch}/errors"] > 0:  # failures score 0, not NaN
         nan_channels.append(f"train {ch} failed")
   return nan_channels
 

@@ -105,9 +105,9 @@ def test_incremental_decode_matches_full_forward(ckpts, loaded, family):
   traces = []
 
   @jax.jit
-  def step(params, tok_BT, pos_BT, kv_mask_NC, cache, index):
-    traces.append(tok_BT.shape)
-    return model.apply({"params": params}, tok_BT, pos_BT, kv_mask_NC=kv_mask_NC, cache=cache,
+  def step(params, tok_NT, pos_NT, kv_mask_NC, cache, index):
+    traces.append(tok_NT.shape)
+    return model.apply({"params": params}, tok_NT, pos_NT, kv_mask_NC=kv_mask_NC, cache=cache,
                        cache_index=index)
 
   cache = M.init_cache(model.config, B, S)

@@ -173,7 +173,7 @@ def test_deepcoder_stdio_spec_in_example(counted_runs):
 
 
 # A correct but slow solution that caches its outputs wherever it can write and remembers:
-# through shared state a second response would turn code_fast from 0 to 1 (issue 14, item 4).
+# through shared state a second response would turn code_fast from 0 to 1.
 _CACHER = """# attempt {n}
 import os, time
 a, b = map(int, input().split())
@@ -241,7 +241,7 @@ def test_list_wrapped_call_tests_follow_the_apps_rule(counted_runs):
 
 
 def test_examples_without_tests_stop_the_run(counted_runs):
-  # Not about the response: no program could pass, so the runner raises (issue 14 item 2).
+  # Not about the response: no program could pass, so the runner raises.
   runner = RewardRunner(["code_correct"], timeout_s=30.0, num_threads=2)
   with pytest.raises(RewardConfigError, match=r"^reward channel 'code_correct' cannot run on "
                      r"this data \(1 of its calls in this batch\): MissingFieldError: example "

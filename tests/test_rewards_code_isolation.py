@@ -1,4 +1,4 @@
-"""Adversarial tests of the code sandbox against a policy that remembers (issue 14, item 4).
+"""Adversarial tests of the code sandbox against a policy that remembers.
 
 Each class of attack from BUILD_NOTES.md "Code sandbox: threat model" runs for real:
 state kept across runs (files, SysV / POSIX IPC, keyrings), concurrent runs talking to

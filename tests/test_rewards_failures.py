@@ -1,4 +1,4 @@
-"""Failure semantics of the reward runner (issue 14 items 1-2).
+"""Failure semantics of the reward runner.
 
 A failed verification (raised, timed out, worker died) scores the channel's failure value,
 never NaN ("does not apply"), so a policy earns nothing by breaking the verifier; NaN comes

@@ -1,4 +1,4 @@
-"""Tests for mr_rl.rewards.process.pool: our own worker processes (issue 14 item 3).
+"""Tests for mr_rl.rewards.process.pool: our own worker processes.
 
 Reward workers are forked by a `python -m mr_rl.rewards.process.worker` zygote, so they never
 import the caller's `__main__`: reward functions work from unguarded scripts, stdin,

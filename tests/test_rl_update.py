@@ -12,10 +12,10 @@ from mr_rl.rl.batch import LearnerBatch
 V = 8  # vocabulary of the linear-softmax policy
 
 
-def linear_logits(W, tokens_BT, mask_BT):
+def linear_logits(W, tokens_NT, mask_NT):
   """A bigram policy: logits at t are the row of W for token t (no other parameters)."""
-  del mask_BT
-  return W[tokens_BT]
+  del mask_NT
+  return W[tokens_NT]
 
 
 def _np_log_softmax(z):

@@ -1,4 +1,4 @@
-"""The GRPO recipe features of issue 16 in the trainer: DAPO dynamic sampling (both deciding
+"""The GRPO recipe features in the trainer: DAPO dynamic sampling (both deciding
 signals, refill and shrink), overlong masking and penalty, the sampler/trainer mismatch
 (recomputed old log-probs, truncated importance sampling), and bit-exact resume with them on.
 
@@ -18,7 +18,8 @@ from mr_rl import train as train_lib
 from mr_rl.rl import dynamic_sampling as ds
 from mr_rl.rl import signal as signal_lib
 
-from test_train import _assert_same_metrics, _config, base_policy  # noqa: F401 (fixture)
+from mr_rl.testing.runs import arith_config as _config
+from mr_rl.testing.runs import assert_same_metrics as _assert_same_metrics
 
 
 # --------------------------------------------------------------------------- signals

@@ -1,4 +1,4 @@
-"""Length-aware update batches (issue 16, item 1): trimmed and packed batches give the padded
+"""Length-aware update batches: trimmed and packed batches give the padded
 batch's losses, metrics and gradients; the compiled widths stay few; masked rows (truncated
 responses, dynamic sampling's unfilled slots) enter no loss."""
 

@@ -1,4 +1,4 @@
-"""A researcher's workflow end to end on tiny models (issue 13): train with W&B (offline) and a
+"""A researcher's workflow end to end on tiny models: train with W&B (offline) and a
 console ETA, resume; plot the run; export it as a Hugging Face checkpoint (the CLI and
 `config.export.hf_at_end`) that transformers loads and whose greedy generation equals mr_rl's
 greedy sampler token for token, for a dense model, a MoE model and parameters sharded over 8

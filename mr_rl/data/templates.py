@@ -1,4 +1,4 @@
-"""Prompt templates per task and model family (issue section 4, docs/methods.md §7).
+"""Prompt templates per task and model family (docs/methods.md §7).
 
 Two styles:
   * `chat` (instruct models: Qwen3-4B-Instruct-2507, Llama-3.1-8B-Instruct,

@@ -11,7 +11,7 @@ Two protocols, one loop:
 Examples go through the trainer's own pieces (`mr_rl.rollout.rollout` with the run's
 `Policy`, then `mr_rl.rollout.score` with its reward runner), so evaluation sees the prompts,
 sampler and reward channels training sees; only the sampling settings are its own. Every
-sampler call holds ``batch_prompts`` prompts (``min(batch_prompts, E)``): the last partial
+sampler call holds ``batch_prompts`` prompts (``min(batch_prompts, number of examples)``): the last partial
 batch is padded by repeating its own examples, and the padded rows are dropped before
 scoring, so every example is evaluated once and the sampler compiles once. With a device
 mesh (`policy.mesh`, set by the trainer on more than one device) the sampler runs
@@ -154,21 +154,21 @@ class EvalResult:
   Attributes:
     config: the resolved `EvalConfig` that ran.
     channels: the K reward channel names.
-    uids, datasets: per example (E), in input order.
-    r_EGK: float32 rewards [E, n, K], NaN = the channel does not apply.
-    lengths_EG: generated tokens per sample (EOS included).
-    truncated_EG: bool, sample hit ``max_new_tokens``.
+    uids, datasets: per example (B), in input order.
+    r_BGK: float32 rewards [B, G, K] (B examples, G = n samples), NaN = the channel does not apply.
+    lengths_BG: generated tokens per sample (EOS included).
+    truncated_BG: bool, sample hit ``max_new_tokens``.
     groups: ``{group: {metric: value}}`` (`mr_rl.evaluation.summary.summarize`).
-    texts: the decoded responses (E lists of n) if ``config.keep_texts``, else None.
+    texts: the decoded responses (B lists of G) if ``config.keep_texts``, else None.
     wall_s: seconds the evaluation took.
   """
   config: EvalConfig
   channels: tuple[str, ...]
   uids: tuple[str, ...]
   datasets: tuple[str, ...]
-  r_EGK: np.ndarray
-  lengths_EG: np.ndarray
-  truncated_EG: np.ndarray
+  r_BGK: np.ndarray
+  lengths_BG: np.ndarray
+  truncated_BG: np.ndarray
   groups: Mapping[str, Mapping[str, float]]
   texts: tuple[tuple[str, ...], ...] | None = None
   wall_s: float = float("nan")
@@ -251,8 +251,8 @@ def evaluate(policy, runner, params, examples: Sequence[Any], config: EvalConfig
                      "reward channels")
   mesh = policy.mesh
   sampling = cfg.sampling()
-  E, n = len(examples), cfg.num_samples
-  B = min(cfg.batch_prompts, E)
+  num_examples, n = len(examples), cfg.num_samples
+  B = min(cfg.batch_prompts, num_examples)
   if mesh is not None:
     # The sampler splits the B * n rows over the mesh's data axes: round B up so they divide
     # evenly. The extra prompts repeat the batch's own and are dropped like the last batch's.
@@ -261,7 +261,7 @@ def evaluate(policy, runner, params, examples: Sequence[Any], config: EvalConfig
     B = -(-B // step) * step
   key = jax.random.PRNGKey(0) if key is None else key  # greedy ignores it
   rs, lens, truncs, texts = [], [], [], []
-  for b, start in enumerate(range(0, E, B)):
+  for b, start in enumerate(range(0, num_examples, B)):
     chunk = examples[start:start + B]
     m = len(chunk)
     padded = chunk + [chunk[i % m] for i in range(B - m)]
@@ -272,12 +272,12 @@ def evaluate(policy, runner, params, examples: Sequence[Any], config: EvalConfig
     lens.append(np.asarray(ro.lengths))
     truncs.append(np.asarray(ro.truncated, bool))
     texts.extend(tuple(row) for row in ro.texts)
-    _LOG.info("evaluated %d/%d examples", start + m, E)
-  r_EGK, lengths_EG, truncated_EG = np.concatenate(rs), np.concatenate(lens), np.concatenate(truncs)
+    _LOG.info("evaluated %d/%d examples", start + m, num_examples)
+  r_BGK, lengths_BG, truncated_BG = np.concatenate(rs), np.concatenate(lens), np.concatenate(truncs)
   datasets = tuple(ex.dataset for ex in examples)
-  groups = summary_lib.summarize(r_EGK, lengths_EG, truncated_EG, datasets, names, cfg.primary,
+  groups = summary_lib.summarize(r_BGK, lengths_BG, truncated_BG, datasets, names, cfg.primary,
                                  cfg.ks, cfg.success_threshold)
   return EvalResult(
       config=cfg, channels=names, uids=tuple(ex.uid for ex in examples), datasets=datasets,
-      r_EGK=r_EGK, lengths_EG=lengths_EG, truncated_EG=truncated_EG, groups=groups,
+      r_BGK=r_BGK, lengths_BG=lengths_BG, truncated_BG=truncated_BG, groups=groups,
       texts=tuple(texts) if cfg.keep_texts else None, wall_s=time.perf_counter() - t0)

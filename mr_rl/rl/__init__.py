@@ -10,7 +10,7 @@ from mr_rl.rl.pass_at_k import mean_pass_at_k, pass_at_k, pass_at_k_from_correct
 # ``mr_rl.rl.gae`` stays the module; its function is ``mr_rl.rl.gae.gae``.
 from mr_rl.rl.gae import outcome_rewards_to_tokens, ppo_advantages, whiten
 from mr_rl.rl.losses import (LOSS_AGG_MODES, LOSS_AGGREGATIONS, PolicyLossConfig,
-                             entropy_from_logits, policy_loss, token_logprobs_and_entropy,
+                             policy_loss, token_logprobs_and_entropy,
                              token_weights, value_loss)
 from mr_rl.rl.critic import init_value_params, model_value_fn, value_param_shardings
 from mr_rl.rl.batch import LearnerBatch, PackSpec, PPOTargets, make_batch

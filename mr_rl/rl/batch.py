@@ -25,7 +25,6 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 import flax
-import jax
 import jax.numpy as jnp
 import numpy as np
 

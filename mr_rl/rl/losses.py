@@ -160,13 +160,6 @@ def token_logprobs_and_entropy(logits_NTV, tokens_NT):
   return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
 
 
-def entropy_from_logits(logits_NTV) -> jax.Array:
-  """Per-position entropy ``-sum_v p log p`` of the next-token distribution (float32)."""
-  logits = jnp.asarray(logits_NTV).astype(jnp.float32)
-  lse = jax.nn.logsumexp(logits, axis=-1)
-  return lse - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
-
-
 def _per_token_adv(advantages, shape) -> jax.Array:
   a = jnp.asarray(advantages, jnp.float32)
   if a.shape == shape[:1]:

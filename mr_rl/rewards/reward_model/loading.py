@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping, NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from mr_rl.models import hf_io
-from mr_rl.models import sharding as shd
-from mr_rl.models.transformer import Transformer, abstract_params
+from mr_rl.models.transformer import Transformer
 
 ARMORM_HUB = "RLHFlow/ArmoRM-Llama3-8B-v0.1"
 ARMORM_OBJECTIVES = (  # model card order; AMRP's help / corr / coh are 0 / 1 / 2
@@ -96,15 +94,8 @@ def load_reward_model(path_or_hub_id: str, *, dtype=jnp.float32, mesh=None, rule
   overrides = dict(config_overrides, tie_embeddings=True)
   config = hf_io.config_from_hf(hf_cfg, param_dtype=dt, dtype=dt, **overrides)
   model = Transformer(config)
-  index = hf_io._tensor_index(path)  # pylint: disable=protected-access
-  handles: dict[str, Any] = {}
-
-  def read(name):
-    from safetensors import safe_open  # pylint: disable=g-import-not-at-top
-    fn = index[name]
-    if fn not in handles:
-      handles[fn] = safe_open(fn, framework="np")
-    return handles[fn].get_tensor(name)
+  index = hf_io.tensor_index(path)
+  read = hf_io.tensor_reader(index)
 
   w_DK, b_K, layout = _head_tensors(index, head, read)
   if w_DK.shape[0] != config.d_model:
@@ -124,22 +115,7 @@ def load_reward_model(path_or_hub_id: str, *, dtype=jnp.float32, mesh=None, rule
   if unexpected:
     raise ValueError(f"checkpoint {path} has {len(unexpected)} unexpected tensor(s) for a "
                      f"reward model with a {layout} head: {unexpected[:8]}")
-  shapes = abstract_params(model)
-  shardings = shd.param_shardings(model, mesh, rules) if mesh is not None else None
-  params: dict = {}
-  for ours, names, to_ours, _ in mapping:
-    target = hf_io._get(shapes, ours)  # pylint: disable=protected-access
-    arr = to_ours([read(n) for n in names])
-    if arr.shape != target.shape:
-      raise ValueError(f"tensor {names[0]} maps to shape {arr.shape}; {'/'.join(ours)} expects "
-                       f"{target.shape}")
-    arr = np.asarray(arr).astype(dt)
-    if shardings is None:
-      value = jnp.asarray(arr)
-    else:
-      value = jax.make_array_from_callback(arr.shape, hf_io._get(shardings, ours),  # pylint: disable=protected-access
-                                           lambda idx, a=arr: a[idx])
-    hf_io._set(params, ours, value)  # pylint: disable=protected-access
+  params = hf_io.load_params(model, mapping, read, dt, mesh, rules)
   K = w_DK.shape[1]
   id2label = hf_cfg.get("id2label") or {}
   if layout == "regression_layer" and K == len(ARMORM_OBJECTIVES):

@@ -23,18 +23,18 @@ from mr_rl.models.transformer import Transformer, positions_from_mask
 from mr_rl.rewards.reward_model.loading import ARMORM_OBJECTIVES, load_reward_model
 
 
-def _last_index(mask_BT: jax.Array) -> jax.Array:
+def _last_index(mask_NT: jax.Array) -> jax.Array:
   """Index of the last position with mask 1 in each row (works for left and right padding)."""
-  T = mask_BT.shape[1]
-  return T - 1 - jnp.argmax(mask_BT[:, ::-1].astype(jnp.int32), axis=1)
+  T = mask_NT.shape[1]
+  return T - 1 - jnp.argmax(mask_NT[:, ::-1].astype(jnp.int32), axis=1)
 
 
-def _forward(model: Transformer, params, w_DK, b_K, tokens_BT, mask_BT):
+def _forward(model: Transformer, params, w_DK, b_K, tokens_NT, mask_NT):
   """r_BK: the head on the final-normed hidden state of each row's last real token."""
-  _, _, h_BTD = model.apply({"params": params}, tokens_BT, positions_from_mask(mask_BT),
-                            kv_mask_NC=mask_BT, return_hidden=True)
-  last_B = _last_index(mask_BT)
-  h_BD = jnp.take_along_axis(h_BTD, last_B[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+  _, _, h_NTD = model.apply({"params": params}, tokens_NT, positions_from_mask(mask_NT),
+                            kv_mask_NC=mask_NT, return_hidden=True)
+  last_B = _last_index(mask_NT)
+  h_BD = jnp.take_along_axis(h_NTD, last_B[:, None, None], axis=1)[:, 0].astype(jnp.float32)
   return jnp.einsum("bd,dk->bk", h_BD, w_DK, precision=jax.lax.Precision.HIGHEST) + b_K
 
 
@@ -147,7 +147,7 @@ class MultiObjectiveRewardModel:
     return ids
 
   def pad(self, ids_list: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens_BT, mask_BT) int32, bucketed: B up to a power of two (and the mesh's batch
+    """(tokens_NT, mask_NT) int32, bucketed: B up to a power of two (and the mesh's batch
     multiple; filler rows hold one pad token), T up to a multiple of length_bucket."""
     if not ids_list or any(len(x) == 0 for x in ids_list):
       raise ValueError("ids_list must hold at least one non-empty sequence")
@@ -167,21 +167,21 @@ class MultiObjectiveRewardModel:
     return tokens, mask
 
   # --------------------------------------------------------------------------- scoring
-  def score_tokens(self, tokens_BT, mask_BT) -> np.ndarray:
+  def score_tokens(self, tokens_NT, mask_NT) -> np.ndarray:
     """r_BK float32 for a padded batch (mask 1 on real tokens; left or right padding)."""
-    tokens_BT, mask_BT = np.asarray(tokens_BT, np.int32), np.asarray(mask_BT, np.int32)
-    if tokens_BT.ndim != 2 or tokens_BT.shape != mask_BT.shape:
-      raise ValueError(f"tokens_BT and mask_BT must be equal [B, T], got {tokens_BT.shape} and "
-                       f"{mask_BT.shape}")
-    if not mask_BT.any(axis=1).all():
-      raise ValueError("every row of mask_BT needs at least one real token")
+    tokens_NT, mask_NT = np.asarray(tokens_NT, np.int32), np.asarray(mask_NT, np.int32)
+    if tokens_NT.ndim != 2 or tokens_NT.shape != mask_NT.shape:
+      raise ValueError(f"tokens_NT and mask_NT must be equal [N, T], got {tokens_NT.shape} and "
+                       f"{mask_NT.shape}")
+    if not mask_NT.any(axis=1).all():
+      raise ValueError("every row of mask_NT needs at least one real token")
     self.num_forwards += 1
     if self.mesh is None:
-      return np.asarray(self._fn(self.params, self._w, self._b, tokens_BT, mask_BT))
-    sh = shd.batch_sharding(self.mesh, tokens_BT.shape, self.rules)
+      return np.asarray(self._fn(self.params, self._w, self._b, tokens_NT, mask_NT))
+    sh = shd.batch_sharding(self.mesh, tokens_NT.shape, self.rules)
     with shd.activation_sharding(self.mesh, self.rules):
-      out = self._fn(self.params, self._w, self._b, jax.device_put(tokens_BT, sh),
-                     jax.device_put(mask_BT, sh))
+      out = self._fn(self.params, self._w, self._b, jax.device_put(tokens_NT, sh),
+                     jax.device_put(mask_NT, sh))
     return np.asarray(jax.device_get(out))
 
   def score_ids(self, ids_list: Sequence[Sequence[int]]) -> np.ndarray:

@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mr_rl import sampling
+from mr_rl import distributed, sampling
+from mr_rl.models import sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,10 +110,12 @@ class Policy:
 
 @dataclasses.dataclass
 class Rollout:
-  """G sampled responses for each of B prompts (host numpy arrays).
+  """G sampled responses for each of B prompts (host numpy arrays, the whole batch on every
+  process).
 
   `logprobs` are the sampler's temperature-1 log-probs of the sampled tokens (the old
   log-probs of the policy step); after EOS, tokens are pad with mask 0 and log-prob 0.
+  `owned` marks the rows whose rewards this process computes (all rows with one process).
   """
   prompt_tokens: np.ndarray   # [B, P]
   prompt_mask: np.ndarray     # [B, P]
@@ -122,6 +125,7 @@ class Rollout:
   lengths: np.ndarray         # [B, G] generated tokens, EOS included
   truncated: np.ndarray       # [B, G] no EOS within S
   texts: list                 # B lists of G decoded responses (EOS dropped)
+  owned: np.ndarray           # [B, G] bool: rows this process scores (mr_rl.distributed)
 
   def take(self, m: int) -> "Rollout":
     """The first `m` prompts (drops padded rows of a partial batch)."""
@@ -152,24 +156,39 @@ def rollout(policy: Policy, params, examples: Sequence[Any], key: jax.Array,
       max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
       eos_id=tok.eos_token_id, pad_id=policy.pad_id, mesh=policy.mesh,
       cache_dtype=s.cache_dtype or None)
-  out = jax.device_get(out)
+  B, G = len(examples), s.group_size
+  owned = np.ones((B * G,), bool)
+  if policy.mesh is not None:  # the rows this process's devices decoded
+    owned = distributed.owned_rows(sharding.batch_sharding(policy.mesh, (B * G, 1)), B * G)
+  tokens, logprobs, mask, lengths, truncated = (
+      distributed.to_host(x) for x in (out.tokens, out.logprobs, out.mask, out.lengths,
+                                       out.truncated))
   texts = []
-  for b in range(len(examples)):
+  for b in range(B):
     row = []
-    for g in range(s.group_size):
-      n = int(out.lengths[b, g]) - (0 if out.truncated[b, g] else 1)  # drop the EOS token
-      row.append(tok.decode(out.tokens[b, g, :n].tolist(), skip_special_tokens=False))
+    for g in range(G):
+      n = int(lengths[b, g]) - (0 if truncated[b, g] else 1)  # drop the EOS token
+      row.append(tok.decode(tokens[b, g, :n].tolist(), skip_special_tokens=False))
     texts.append(row)
-  return Rollout(p_tok, p_mask, np.asarray(out.tokens), np.asarray(out.logprobs),
-                 np.asarray(out.mask), np.asarray(out.lengths), np.asarray(out.truncated), texts)
+  return Rollout(p_tok, p_mask, tokens, logprobs, mask, lengths, truncated, texts,
+                 owned.reshape(B, G))
 
 
 def score(runner, ro: Rollout, examples: Sequence[Any]) -> tuple[np.ndarray, dict]:
-  """`r[B, G, K]` and the runner's per-step metrics for a rollout of `examples`.
+  """`r[B, G, K]` and the runner's per-step metrics for a rollout of `examples`, the same on
+  every process.
 
-  Channels see everything an example carries: metadata, reference, and the conversation
-  (reward models), as plain dicts (not the Example's read-only proxies) so process-kind
-  channels can pickle them.
+  Each process scores the rows it owns (`Rollout.owned`); the rows are then gathered and the
+  runner's rules over whole groups and its guards run on the gathered values
+  (`RewardRunner.finish`), so every process sees the same rewards and takes the same
+  decisions. Channels see everything an example carries: metadata, reference, and the
+  conversation (reward models), as plain dicts (not the Example's read-only proxies) so
+  process-kind channels can pickle them.
   """
   ex_dicts = [{**ex.as_mapping(), "messages": [dict(m) for m in ex.messages]} for ex in examples]
-  return runner(ro.texts, ex_dicts, ro.lengths.astype(np.int64))
+  r_BGK, counts, seconds = runner.score(ro.texts, ex_dicts, ro.lengths.astype(np.int64),
+                                        rows_BG=ro.owned)
+  B, G, K = r_BGK.shape
+  r_BGK = distributed.gather_rows(r_BGK.reshape(B * G, K), ro.owned.reshape(-1))
+  seconds = float(distributed.allgather(np.float64(seconds)).max())  # the slowest process
+  return runner.finish(r_BGK.reshape(B, G, K), distributed.sum_metrics(counts), seconds)

@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mr_rl import data, evaluation, metrics as metrics_lib, models
+from mr_rl import data, distributed, evaluation, metrics as metrics_lib, models
 from mr_rl import rollout as rollout_lib
 from mr_rl.checkpointing import Checkpointer
 from mr_rl.models import sharding
@@ -239,6 +239,7 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
   """Runs GRPO-family or PPO training for settings.total_steps (resuming from workdir)."""
   comp = build(settings) if comp is None else dataclasses.replace(comp, settings=settings)
   s = settings
+  log = log if distributed.is_primary() else None
   names, K, M = s.rewards.channels, s.num_channels, s.update.num_micro_batches
   ppo = s.advantage == "ppo"
   agg, signal = signal_lib.signal_fn(s.aggregator.name, s.aggregator.hp,
@@ -251,8 +252,10 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
   logprob_fn = logprob_forward(comp.model)
   root = jax.random.PRNGKey(s.seed)
   params = comp.base_params if init_params is None else init_params
+  # The aggregator's state and the root key live on the host (numpy): every process holds the
+  # same values (they come from the same global rewards), and orbax saves them once.
   state = {"train": learner.init(params, jax.random.fold_in(root, 2**30)),
-           "agg": agg.init(K), "key": root}
+           "agg": jax.device_get(agg.init(K)), "key": np.asarray(root)}
   data_iter = data.ResumableIterator(list(comp.train_examples), s.data.batch_prompts,
                                      seed=s.seed)
   alarm = metrics_lib.ShortcutAlarm(s.alarm_window)
@@ -260,7 +263,7 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
   ckpt = writer = None
   if workdir is not None:
     os.makedirs(workdir, exist_ok=True)
-    ckpt = Checkpointer(workdir) if s.checkpoint_every else None
+    ckpt = Checkpointer(workdir) if s.checkpoint_every else None  # all processes save
     latest = ckpt.latest_step() if ckpt else None
     if latest is not None:
       state, meta = ckpt.restore(latest, state)
@@ -270,7 +273,8 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
       alarm.restore(meta["alarm"])
       if log:
         log(f"resumed from {ckpt.directory} at step {start}")
-    writer = metrics_lib.MetricsWriter(workdir, resume_step=start, settings=s)
+    if distributed.is_primary():  # metrics, TensorBoard and W&B are written once
+      writer = metrics_lib.MetricsWriter(workdir, resume_step=start, settings=s)
   row_multiple = M * (1 if comp.mesh is None else sharding.data_parallel_size(comp.mesh))
   history = []
   eta = metrics_lib.ETA(s.total_steps)
@@ -283,7 +287,7 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
     t0 = time.perf_counter()
     # signal
     sig = signal(state["agg"], jnp.asarray(draw.r_BGK[:draw.signal_groups]), k_agg)
-    state["agg"] = sig.agg_state
+    state["agg"] = jax.device_get(sig.agg_state)
     # batch
     batch = learner_batch(s, draw, sig, learner, state["train"], comp.mesh, row_multiple)
     shape_m = {"batch/columns": float(batch.shape[1])}
@@ -298,9 +302,10 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
       if s.update.loss.kl_coef > 0:
         batch = batch.replace(ref_logp=ref_logp)
     # step
-    state["train"], upd_m = learner.step(state["train"], learner.place_batch(batch), k_upd)
-    kl_m = None if ref_logp is None else reference_kl(ref_logp, batch.old_logp,
-                                                      batch.response_mask)
+    placed = learner.place_batch(batch)
+    state["train"], upd_m = learner.step(state["train"], placed, k_upd)
+    kl_m = None if ref_logp is None else reference_kl(ref_logp, placed.old_logp,
+                                                      placed.response_mask)
     # log (the device values of the step come to the host here)
     upd_m, kl_m, agg_m, R_BG = jax.device_get((upd_m, kl_m, sig.metrics, sig.R_BG))
     t1 = time.perf_counter()

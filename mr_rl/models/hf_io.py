@@ -21,6 +21,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from mr_rl import distributed
 from mr_rl.models.config import ModelConfig, get_preset
 from mr_rl.models.transformer import Transformer, abstract_params
 
@@ -356,13 +357,6 @@ def tree_set(tree, path, value):
   tree[path[-1]] = value
 
 
-def _to_host(x) -> np.ndarray:
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    from jax.experimental import multihost_utils
-    x = multihost_utils.process_allgather(x, tiled=True)
-  return np.asarray(jax.device_get(x))
-
-
 def save_pretrained(model: Transformer, params, path: str, *, source: str | None = None,
                     max_shard_bytes: int = 5 * 2**30) -> None:
   """Writes a transformers-loadable checkpoint (safetensors + config.json) to `path`.
@@ -398,7 +392,7 @@ def save_pretrained(model: Transformer, params, path: str, *, source: str | None
     except (KeyError, TypeError) as e:
       raise ValueError(f"params has no entry {'/'.join(ours)} for this {config.family} "
                        "model") from e
-    tensors = to_hf(_to_host(value))
+    tensors = to_hf(distributed.to_host(value))
     for n, t in zip(names, tensors):
       if shard_bytes and shard_bytes + t.nbytes > max_shard_bytes:
         flush()

@@ -280,7 +280,7 @@ class RewardRunner:
 
   def __call__(self, responses_BG: Sequence[Sequence[str]], examples_B: Sequence[Mapping[str, Any]],
                num_tokens_BG: Any) -> tuple[np.ndarray, dict[str, float]]:
-    """Scores every response on every channel.
+    """Scores every response on every channel (`score` then `finish`).
 
     Args:
       responses_BG: B lists of G decoded responses.
@@ -298,27 +298,66 @@ class RewardRunner:
       RewardConfigError: a channel cannot run on this data (see the module docstring).
       RewardFailureError: the failure-rate guard tripped.
     """
+    return self.finish(*self.score(responses_BG, examples_B, num_tokens_BG))
+
+  def score(self, responses_BG: Sequence[Sequence[str]], examples_B: Sequence[Mapping[str, Any]],
+            num_tokens_BG: Any, rows_BG=None) -> tuple[np.ndarray, dict[str, int], float]:
+    """Runs the channels on the responses of `rows_BG` (bool [B, G], default all): the raw
+    half of `__call__`, before the rules over whole batches (`finish`).
+
+    A multi-process run scores each process's own rows, gathers the rewards and sums the
+    counts over the processes, then calls `finish` with the same values on every process
+    (`mr_rl.rollout.score`).
+
+    Returns:
+      (r_BGK: NaN outside `rows_BG`; counts {"<what>/<channel>": int}; seconds).
+
+    Raises:
+      RewardConfigError: a channel cannot run on this data.
+    """
     B, G, num_tokens_BG = self._check(responses_BG, examples_B, num_tokens_BG)
+    rows_BG = np.ones((B, G), bool) if rows_BG is None else np.asarray(rows_BG, bool)
+    if rows_BG.shape != (B, G):
+      raise ValueError(f"rows_BG must have shape {(B, G)}, got {rows_BG.shape}")
     t0 = time.monotonic()
     examples = [ExampleFields(ex) for ex in examples_B]
+    picked = [(b, g) for b in range(B) for g in range(G) if rows_BG[b, g]]
     calls = []
     for k, ch in enumerate(self.channels):  # batched calls first: they are the long ones
-      if ch.batched:
-        calls.append(_Call(ch, k, ([r for row in responses_BG for r in row],
-                                   [ex for ex in examples for _ in range(G)],
-                                   [int(n) for n in num_tokens_BG.reshape(-1)]), None))
-    for b in range(B):
-      for g in range(G):
-        for k, ch in enumerate(self.channels):
-          if not ch.batched:
-            calls.append(_Call(ch, k, (responses_BG[b][g], examples[b], int(num_tokens_BG[b, g])),
-                               (b, g)))
+      if ch.batched and picked:
+        calls.append(_Call(ch, k, ([responses_BG[b][g] for b, g in picked],
+                                   [examples[b] for b, _ in picked],
+                                   [int(num_tokens_BG[b, g]) for b, g in picked]), None))
+    for b, g in picked:
+      for k, ch in enumerate(self.channels):
+        if not ch.batched:
+          calls.append(_Call(ch, k, (responses_BG[b][g], examples[b], int(num_tokens_BG[b, g])),
+                             (b, g)))
     for call in calls:
       self._workers.submit(call)
     self._workers.wait(calls)
-    r_BGK, stats = self._collect(calls, B, G)
+    r_BGK, stats = self._collect(calls, B, G, picked)
+    counts = {f"{what}/{n}": v for what, per in stats.items() for n, v in per.items()}
+    return r_BGK, counts, time.monotonic() - t0
+
+  def finish(self, r_BGK: np.ndarray, counts: Mapping[str, float],
+             seconds: float) -> tuple[np.ndarray, dict[str, float]]:
+    """The batch-level half of `__call__` on the whole batch's rewards and counts: the
+    cumulative counters, the failure-rate guard and the metrics."""
+    B, G, _ = r_BGK.shape
+    stats = {what: {n: int(counts[f"{what}/{n}"]) for n in self.names}
+             for what in ("errors", "timeouts", "not_applicable")}
+    with self._lock:
+      for n in self.names:
+        self.error_counts[n] += stats["errors"][n]
+        self.timeout_counts[n] += stats["timeouts"][n]
+    for n in self.names:
+      if stats["errors"][n]:
+        _LOG.warning("reward channel %r: %d failures in this batch (scored %g; last: %s)", n,
+                     stats["errors"][n], self.channels[self.names.index(n)].on_failure,
+                     self.last_errors.get(n))
     self._guard(stats, B * G)
-    metrics = {"rewards/seconds": time.monotonic() - t0}
+    metrics = {"rewards/seconds": float(seconds)}
     for k, n in enumerate(self.names):
       for what in ("errors", "timeouts", "not_applicable"):
         metrics[f"rewards/{n}/{what}"] = float(stats[what][n])
@@ -326,18 +365,19 @@ class RewardRunner:
       metrics[f"rewards/{n}/mean"] = float(np.nanmean(col)) if np.isfinite(col).any() else math.nan
     return r_BGK, metrics
 
-  def _collect(self, calls: Sequence[_Call], B: int, G: int):
-    """Fills r[B, G, K] from finished calls; raises on configuration errors."""
+  def _collect(self, calls: Sequence[_Call], B: int, G: int, picked: Sequence[tuple[int, int]]):
+    """Fills r[B, G, K] at the `picked` rows from finished calls; raises on configuration
+    errors."""
     r_BGK = np.full((B, G, len(self.channels)), np.nan, np.float32)
     stats = {w: dict.fromkeys(self.names, 0) for w in ("errors", "timeouts", "not_applicable")}
     last_errors, config_errors = {}, []
     for c in calls:
-      name, n = c.channel.name, (1 if c.index is not None else B * G)
-      where = (*c.index, c.k) if c.index is not None else (Ellipsis, c.k)
+      name, n = c.channel.name, (1 if c.index is not None else len(picked))
+      where = (*c.index, c.k) if c.index is not None else (*map(list, zip(*picked)), c.k)
       if c.error is None:
         try:
           if c.index is None:
-            scores = np.asarray(_as_scores(c.value, c.channel, B * G), np.float32).reshape(B, G)
+            scores = np.asarray(_as_scores(c.value, c.channel, len(picked)), np.float32)
           else:
             scores = _as_score(c.value, c.channel)
         except RewardConfigError as e:
@@ -355,13 +395,7 @@ class RewardRunner:
     if config_errors:
       raise self._config_error(config_errors)
     with self._lock:
-      for n in self.names:
-        self.error_counts[n] += stats["errors"][n]
-        self.timeout_counts[n] += stats["timeouts"][n]
       self.last_errors.update(last_errors)
-    for n, err in last_errors.items():
-      _LOG.warning("reward channel %r: %d failures in this batch (scored %g; last: %s)", n,
-                   stats["errors"][n], self.channels[self.names.index(n)].on_failure, err)
     return r_BGK, stats
 
   @staticmethod

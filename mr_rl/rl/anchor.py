@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mr_rl import models
+from mr_rl import distributed, models
 from mr_rl import rollout as rollout_lib
 from mr_rl.rl import batch as batch_lib
 from mr_rl.rl import update as update_lib
@@ -109,8 +109,8 @@ def measure_drift(policy: rollout_lib.Policy, probe_params, base_params, example
           lambda pq, *c: _seq_kl_jit(policy.model, *pq, *c), (sample_params, other),
           batch.tokens, batch.mask, batch.response_mask, batch.old_logp,
           num_chunks=B * samples // rows, mesh=policy.mesh)
-      sampled.append(np.asarray(s))
-      exact.append(np.asarray(e))
+      sampled.append(distributed.to_host(s))
+      exact.append(distributed.to_host(e))
       lens.append(ro.lengths.reshape(-1))
     if not lens:
       raise ValueError(f"need at least batch_prompts={B} held-out prompts, got {len(examples)}")

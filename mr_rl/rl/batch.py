@@ -25,9 +25,9 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 import flax
-import jax.numpy as jnp
 import numpy as np
 
+from mr_rl import distributed
 from mr_rl.rl import gae
 from mr_rl.rl.losses import token_weights
 
@@ -153,7 +153,8 @@ def make_batch(ro, advantages_BG=None, *, loss_rows_BG=None, trim: bool = True,
     pack: pack the rows (module docstring); GRPO family only.
 
   Returns:
-    A checked `LearnerBatch` (device arrays).
+    A checked `LearnerBatch` of host (numpy) arrays, the same on every process; the learner
+    places it on the mesh (`Learner.place_batch`).
   """
   if (advantages_BG is None) == (ppo is None):
     raise ValueError("make_batch takes group advantages_BG or ppo targets (exactly one)")
@@ -179,19 +180,17 @@ def make_batch(ro, advantages_BG=None, *, loss_rows_BG=None, trim: bool = True,
   rep = lambda a: np.repeat(a[:, P - p_w:], G, axis=0)
   zeros = np.zeros((N, p_w), np.int32)
   batch = LearnerBatch(
-      tokens=jnp.asarray(np.concatenate([rep(ro.prompt_tokens), ro.tokens.reshape(N, S)[:, :s_w]],
-                                        1)),
-      mask=jnp.asarray(np.concatenate([rep(ro.prompt_mask), resp[:, :s_w]], 1)),
-      response_mask=jnp.asarray(np.concatenate([zeros, loss_resp[:, :s_w]], 1)),
-      old_logp=jnp.asarray(np.concatenate(
-          [zeros.astype(np.float32), ro.logprobs.reshape(N, S)[:, :s_w]], 1)),
-      advantages=None if advantages_BG is None else jnp.reshape(advantages_BG, (N,)))
-  if ppo is not None:
-    values = ppo.values_fn(batch.tokens, batch.mask)
-    R_N = jnp.nan_to_num(jnp.reshape(jnp.asarray(ppo.R_BG), (N,)), nan=0.0)
+      tokens=np.concatenate([rep(ro.prompt_tokens), ro.tokens.reshape(N, S)[:, :s_w]], 1),
+      mask=np.concatenate([rep(ro.prompt_mask), resp[:, :s_w]], 1),
+      response_mask=np.concatenate([zeros, loss_resp[:, :s_w]], 1),
+      old_logp=np.concatenate([zeros.astype(np.float32), ro.logprobs.reshape(N, S)[:, :s_w]], 1),
+      advantages=None if advantages_BG is None else np.asarray(advantages_BG).reshape(N))
+  if ppo is not None:  # the critic's values come back to the host: GAE runs on every process
+    values = distributed.to_host(ppo.values_fn(batch.tokens, batch.mask))
+    R_N = np.nan_to_num(np.asarray(ppo.R_BG).reshape(N), nan=0.0)
     adv, ret = gae.ppo_advantages(R_N, values, batch.response_mask, gamma=ppo.gamma,
                                   lam=ppo.lam)
-    batch = batch.replace(advantages=adv, returns=ret, old_values=values)
+    batch = batch.replace(advantages=np.asarray(adv), returns=np.asarray(ret), old_values=values)
   if pack is not None:
     batch = pack_rows(batch, pack)
   return batch.check()
@@ -271,4 +270,4 @@ def pack_rows(batch: LearnerBatch, spec: PackSpec) -> LearnerBatch:
       for k, v in per_token.items():
         out[k][r, dst] = v[i, src]
       col += n
-  return LearnerBatch(**{k: jnp.asarray(v) for k, v in out.items()})
+  return LearnerBatch(**out)

@@ -1,0 +1,104 @@
+"""One process of a multi-process test job (tests/test_multihost.py), or the one-process
+reference: runs a list of scenarios on the CPU devices it is given and writes what it saw.
+
+    python tests/multihost_worker.py OUT_DIR BASE_POLICY NUM_PROCESSES PROCESS_ID PORT SCENARIOS
+
+XLA_FLAGS (the device count) and JAX_PLATFORMS=cpu are set by the caller. Every process
+writes OUT_DIR/<scenario>/result-<process id>.json (its histories and evaluations), so the
+test can check that all processes agree and that N processes equal one.
+"""
+
+import json
+import os
+import sys
+
+
+def _config(base_policy, total_steps, **kw):
+  from mr_rl.testing.runs import arith_config
+  c = arith_config(base_policy, total_steps, aggregator=kw.pop("aggregator", "amrp"))
+  c.mesh.data, c.mesh.fsdp = 4, 2     # 8 devices: rows over data x fsdp, params over fsdp
+  c.data.batch_prompts = 8            # 32 rows: 4 per device
+  c.optim.num_micro_batches = 2
+  c.kl_ref_every = 1
+  c.eval.num_prompts = 8
+  c.eval.samples_per_prompt = 2
+  c.eval.temperature = 1.0
+  for k, v in kw.items():
+    section, _, field = k.rpartition(".")
+    (c[section] if section else c)[field] = v
+  return c
+
+
+def run(scenario: str, base_policy: str, out: str) -> dict:
+  from mr_rl import pipelines, settings as settings_lib
+  from mr_rl import train as train_lib
+  from mr_rl import metrics as metrics_lib
+  wd = os.path.join(out, "workdir")
+  if scenario == "train_resume":
+    # 2 steps, stop; the same command with 3 steps resumes; then the final evaluation.
+    c = _config(base_policy, 2, checkpoint_every=1)
+    s = settings_lib.from_config(c)
+    comp = train_lib.build(s)
+    train_lib.train(s, wd, comp=comp, log=None)
+    c.total_steps = 3
+    _, ev = pipelines.run_train(settings_lib.from_config(c), wd, comp=comp)
+    history = metrics_lib.read_jsonl(os.path.join(wd, "metrics.jsonl")) \
+        if os.path.exists(os.path.join(wd, "metrics.jsonl")) else None
+    return {"history": history, "eval": ev}
+  if scenario == "dynamic":
+    c = _config(base_policy, 2, aggregator="weighted", **{
+        "dynamic_sampling.mode": "refill", "dynamic_sampling.max_rounds": 2,
+        "checkpoint_every": 0})
+    res = train_lib.train(settings_lib.from_config(c), None, log=None)
+    return {"history": res.history}
+  if scenario == "ppo":
+    c = _config(base_policy, 2, **{"advantage.name": "ppo", "checkpoint_every": 0,
+                                   "loss.kl_coef": 0.01})
+    res = train_lib.train(settings_lib.from_config(c), None, log=None)
+    return {"history": res.history}
+  if scenario == "tag":
+    c = _config(base_policy, 1, **{"pipeline": "tag", "checkpoint_every": 0,
+                                   "anchor.probe_steps": 1, "anchor.probe_batch_prompts": 8,
+                                   "anchor.held_out_prompts": 8, "anchor.samples_per_prompt": 2})
+    res, ev = pipelines.run_tag(settings_lib.from_config(c), wd)
+    drift = os.path.join(wd, "drift.json")
+    return {"history": res.history, "eval": ev,
+            "drift": json.load(open(drift)) if os.path.exists(drift) else None}
+  if scenario == "fail_one":
+    # A reward that raises on process 1 only: every process must stop, not hang.
+    c = _config(base_policy, 2, checkpoint_every=0)
+    c.rewards.channels = "arith_acc,multihost_worker:fails_on_process_1"
+    train_lib.train(settings_lib.from_config(c), None, log=None)
+    return {}
+  raise ValueError(f"unknown scenario {scenario!r}")
+
+
+def fails_on_process_1(response, example, num_tokens):
+  """A reward function that breaks the run on process 1 (a set-up error, not a response's)."""
+  import jax
+  from mr_rl.rewards.channels import RewardConfigError
+  if jax.process_index() == 1:
+    raise RewardConfigError("this reward cannot run on process 1")
+  return 1.0
+
+
+def main():
+  out, base_policy, n, pid, port, scenarios = sys.argv[1:7]
+  n, pid = int(n), int(pid)
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for fails_on_process_1
+  if n > 1:
+    from mr_rl import distributed
+    distributed.initialize(f"127.0.0.1:{port}", n, pid)
+  import jax
+  for scenario in scenarios.split(","):
+    d = os.path.join(out, scenario)
+    os.makedirs(d, exist_ok=True)
+    result = run(scenario, base_policy, d)
+    result["devices"] = jax.device_count()
+    with open(os.path.join(d, f"result-{pid}.json"), "w") as f:
+      json.dump(result, f, default=float)
+    print(f"[worker {pid}] {scenario} done", flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,132 @@
+"""The trainer as a multi-process JAX program: 2 processes x 4 CPU devices on localhost (gloo
+collectives) against 1 process x 8 devices, scenario by scenario (tests/multihost_worker.py):
+a run stopped after 2 steps and resumed to 3 with its final evaluation, DAPO dynamic sampling
+with refill, PPO, the TAG pipeline (probes, election, training). Rewards and reward profiles
+must be equal exactly, losses to 1e-5 relative, and every process must see the same values.
+A reward that fails on one process only must stop both within a bounded time.
+
+Traffic stays on 127.0.0.1; every subprocess has a timeout.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+SCENARIOS = ("train_resume", "dynamic", "ppo", "tag")
+TIMEOUT_S = 900
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _launch(out, base_policy, n, devices, scenarios, timeout=TIMEOUT_S):
+  """Runs `n` worker processes with `devices` CPU devices each; returns their (rc, output)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             PYTHONPATH=os.pathsep.join([REPO, HERE, os.environ.get("PYTHONPATH", "")]))
+  port = _free_port()
+  logs = [open(os.path.join(out, f"process-{i}.log"), "w+") for i in range(n)]
+  procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "multihost_worker.py"), out,
+                             base_policy, str(n), str(i), str(port), ",".join(scenarios)],
+                            env=env, stdout=logs[i], stderr=subprocess.STDOUT)
+           for i in range(n)]
+  deadline = time.monotonic() + timeout
+  try:
+    for p in procs:
+      p.wait(timeout=max(1.0, deadline - time.monotonic()))
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  out_text = []
+  for f in logs:
+    f.seek(0)
+    out_text.append(f.read())
+    f.close()
+  return [p.returncode for p in procs], out_text
+
+
+@pytest.fixture(scope="module")
+def runs(base_policy, tmp_path_factory):
+  """{scenario: {"multi": [result of process 0, 1], "single": result}}."""
+  root = tmp_path_factory.mktemp("multihost")
+  results = {}
+  for name, n, devices in (("multi", 2, 4), ("single", 1, 8)):
+    out = str(root / name)
+    os.makedirs(out)
+    t0 = time.monotonic()
+    rcs, logs = _launch(out, base_policy, n, devices, SCENARIOS)
+    assert rcs == [0] * n, "\n".join(log[-6000:] for log in logs)
+    results[name] = {"seconds": time.monotonic() - t0}
+    for sc in SCENARIOS:
+      per = [json.load(open(os.path.join(out, sc, f"result-{i}.json"))) for i in range(n)]
+      results[name][sc] = per
+  print(f"multi-process timing: 2 x 4 {results['multi']['seconds']:.0f} s, "
+        f"1 x 8 {results['single']['seconds']:.0f} s")
+  return results
+
+
+def _same_history(a, b, what):
+  assert [h["step"] for h in a] == [h["step"] for h in b], what
+  for x, y in zip(a, b):
+    assert set(x) == set(y), (what, sorted(set(x) ^ set(y)))
+    for k in x:
+      if k.startswith(("time/", "reward_runner/seconds")):
+        continue
+      if k.startswith(("reward/", "profile/", "dynamic/", "batch/", "response/", "weights/",
+                       "frac_zero_std/", "alarm/", "reward_runner/")):
+        assert x[k] == y[k] or (x[k] != x[k] and y[k] != y[k]), (what, x["step"], k, x[k], y[k])
+      else:
+        np.testing.assert_allclose(x[k], y[k], rtol=1e-5, atol=1e-7,
+                                   err_msg=f"{what} step {x['step']} {k}")
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_two_processes_equal_one(runs, scenario):
+  multi, single = runs["multi"][scenario], runs["single"][scenario][0]
+  assert multi[0]["devices"] == multi[1]["devices"] == single["devices"] == 8
+  # Every process holds the same history and evaluation (one decision for all) ...
+  assert multi[0]["history"] == multi[1]["history"] or scenario == "train_resume"
+  # ... and 2 x 4 equals 1 x 8.
+  _same_history(multi[0]["history"], single["history"], scenario)
+  for key in ("eval", "drift"):
+    if key in single:
+      assert multi[0][key] is not None and single[key] is not None
+      assert multi[0][key] == multi[1][key], key
+      a, b = json.dumps(multi[0][key], sort_keys=True), json.dumps(single[key], sort_keys=True)
+      if key == "eval":
+        for k, v in single[key].items():
+          if k.endswith("seconds"):
+            continue
+          np.testing.assert_allclose(multi[0][key][k], v, rtol=1e-6, err_msg=k)
+      else:
+        assert multi[0][key]["anchor"] == single[key]["anchor"], (a, b)
+
+
+def test_train_resume_writes_once_and_resumes(runs):
+  """Process 0 alone writes metrics.jsonl (process 1 reads none); the resumed run has steps
+  0-2, equal to the one-process run's."""
+  multi = runs["multi"]["train_resume"]
+  assert [h["step"] for h in multi[0]["history"]] == [0, 1, 2]
+  assert multi[1]["history"] == multi[0]["history"]  # the same file, written once
+
+
+def test_a_reward_failing_on_one_process_stops_both(base_policy, tmp_path):
+  t0 = time.monotonic()
+  rcs, logs = _launch(str(tmp_path), base_policy, 2, 4, ["fail_one"], timeout=300)
+  elapsed = time.monotonic() - t0
+  assert rcs[0] != 0 and rcs[1] != 0, (rcs, [log[-3000:] for log in logs])
+  assert "cannot run on process 1" in logs[1], logs[1][-3000:]
+  assert elapsed < 240, elapsed

@@ -142,6 +142,8 @@ class RewardSettings:
   max_failure_share: float                 # the failure-rate guard: a channel failing on more
   failure_patience: int                    # than this share of a batch this many runner calls
                                            # in a row stops the run
+  not_applicable_patience: int             # a channel NaN on every response this many runner
+                                           # calls in a row stops the run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,7 +287,9 @@ def default_config():
                                   # kind ('thread' | 'process'), on_failure, batched
       timeout_s=10.0,             # per-call reward timeout (a timeout scores on_failure)
       max_failure_share=0.5,      # failure-rate guard: a channel failing on more than this
-      failure_patience=3))        # share of a batch for this many calls in a row stops the run
+      failure_patience=3,         # share of a batch for this many calls in a row stops the run
+      not_applicable_patience=10))  # a channel that applies to no prompt (None / NaN on every
+                                  # response) this many runner calls in a row stops the run
   c.aggregator = ml_collections.ConfigDict(dict(
       name="additive",            # a mr_rl.aggregators registry name or alias
       hp=ml_collections.ConfigDict()))  # its hyperparameters (lam, k_s, k_p, ...)
@@ -472,7 +476,10 @@ def from_config(cfg) -> RunSettings:
           max_failure_share=_share("rewards.max_failure_share",
                                    float(c.rewards.max_failure_share)),
           failure_patience=_positive("rewards.failure_patience",
-                                     _int("rewards.failure_patience", c.rewards.failure_patience))),
+                                     _int("rewards.failure_patience", c.rewards.failure_patience)),
+          not_applicable_patience=_positive(
+              "rewards.not_applicable_patience",
+              _int("rewards.not_applicable_patience", c.rewards.not_applicable_patience))),
       aggregator=AggregatorSettings(name=agg_name, hp=agg_hp),
       advantage=advantage, advantage_hp=adv_hp, update=update,
       anchor=AnchorSettings(

@@ -478,7 +478,8 @@ def make_channel(which: str, *, verifier: str = DEFAULT_NLI_MODEL, max_citations
   fn = functools.partial(_channel, which=which, verifier=verifier,
                          verifier_kwargs=tuple(sorted(verifier_kwargs.items())),
                          max_citations=max_citations, first_line_only=first_line_only)
-  return channels.RewardChannel(f"alce_{which}", fn, kind="thread")
+  return channels.RewardChannel(f"alce_{which}", fn, kind="thread",
+                                value_range=channels.UNIT_RANGE)
 
 
 @channels.REWARDS.register

@@ -61,7 +61,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from mr_rl.models import hf_io
 from mr_rl.models import sharding as shd
 from mr_rl.models.transformer import Transformer, abstract_params, positions_from_mask
-from mr_rl.rewards.channels import REWARDS, MissingFieldError, RewardChannel
+from mr_rl.rewards.channels import (DEFAULT_VALUE_RANGE, REWARDS, UNIT_RANGE, MissingFieldError,
+                                    RewardChannel)
 
 ARMORM_HUB = "RLHFlow/ArmoRM-Llama3-8B-v0.1"
 ARMORM_OBJECTIVES = (  # model card order; AMRP's help / corr / coh are 0 / 1 / 2
@@ -601,7 +602,8 @@ def reward_model_channel(objective: int | str, *, path: str = ARMORM_HUB,
   scorer = get_scorer(path, **scorer_kw)
   index = scorer.model.objective_index(objective)
   fn = functools.partial(_rm_channel_fn, scorer=scorer, index=index, rescale=rescale_fn)
-  return RewardChannel(name or f"rm_{scorer.model.objectives[index]}", fn, "thread")
+  return RewardChannel(name or f"rm_{scorer.model.objectives[index]}", fn, "thread",
+                       value_range=DEFAULT_VALUE_RANGE if rescale_fn is None else UNIT_RANGE)
 
 
 # Registered channels (AMRP alignment profile, objectives 0 / 1 / 2 of ArmoRM), each named as

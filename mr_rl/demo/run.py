@@ -27,13 +27,13 @@ Methods (`parse_method`): a base rule, optionally with modifiers joined by '_':
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 
 import numpy as np
 
 from mr_rl import evaluation, pipelines, plots, settings as settings_lib, train as train_lib
+from mr_rl import metrics as metrics_lib
 
 TASKS = {
     # task: (channels, auxiliary channels that define aux_rate)
@@ -257,8 +257,7 @@ def demo(config, workdir: str, log=print) -> dict:
   report["_meta"] = {"seed": base.seed, "total_steps": base.total_steps,
                      "seconds": time.time() - t_start, "variant": demo_cfg.get("variant", "")}
   report["_targets"] = summary.target_rows(report)
-  with open(os.path.join(workdir, "report.json"), "w") as f:
-    json.dump(report, f, indent=1)
+  metrics_lib.write_json(os.path.join(workdir, "report.json"), report)  # strict: NaN as null
   with open(os.path.join(workdir, "report.md"), "w") as f:
     f.write(markdown(report, drift_tables))
   log(f"[demo] wrote {workdir}/report.json and report.md in {time.time() - t_start:.0f}s")

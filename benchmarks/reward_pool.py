@@ -1,4 +1,4 @@
-"""Start-up cost of the reward worker pool (issue 14 item 3): what a run pays for a fresh
+"""Start-up cost of the reward worker pool: what a run pays for a fresh
 pool and for the worker replaced after a timeout.
 
 Measures, through the public `mr_rl.rewards.math.accuracy` only (so it runs on any version
@@ -16,7 +16,7 @@ import statistics
 import time
 
 from mr_rl.rewards import math as mr
-from mr_rl.rewards import pool as pl
+from mr_rl.rewards.process import pool as pl
 
 OK = "\\boxed{\\frac{2}{4}}"
 HANGS = "\\boxed{9^{9^{9^{9}}}}"  # sympy evaluates the tower in C: only a kill stops it

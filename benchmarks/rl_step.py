@@ -1,6 +1,6 @@
 r"""One whole GRPO step (rollout + rewards + update): mr_rl's trainer vs TRL's GRPOTrainer.
 
-Same HF checkpoint, same settings, one process: 8 prompts x G 8, <= 48 new tokens, T = 1,
+Same HF checkpoint, same settings, one process: 8 prompts x G 8, <= 48 new tokens, temperature 1,
 AdamW lr 2e-4 (constant, no weight decay, clip-norm 1.0), clip 0.2 / 0.28, token-mean loss
 (TRL `loss_type="dapo"`), no KL and no reference model, one optimizer step per batch (TRL
 `num_iterations=1`, `steps_per_generation=1`: no old-log-prob pass), `GRPOConfig(use_cpu=True,

@@ -1,8 +1,8 @@
 """Sampler throughput: mr_rl's jitted KV-cache sampler vs transformers `generate`.
 
-Default (CPU, the calibration setting of FACTS.md): a random Qwen3 written by transformers
-(4 layers, d=256, 8 heads / 4 KV heads, head_dim 32, vocab 1024, tied), batch 64, prompt
-32, 256 new tokens, plain sampling at T=1 on both sides, same weights. Reports tokens/s of
+Default (CPU, the calibration setting of BUILD_NOTES.md, "Sampler"): a random Qwen3 written by
+transformers (4 layers, d=256, 8 heads / 4 KV heads, head_dim 32, vocab 1024, tied), batch 64, prompt
+32, 256 new tokens, plain sampling at temperature 1 on both sides, same weights. Reports tokens/s of
 each, their ratio, achieved FLOP/s as a fraction of a large fp32 matmul measured in the same
 run, and our time for 64/128/256/512 new tokens.
 
@@ -65,19 +65,19 @@ TINY = dict(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_
 
 def decode_flops_per_token(cfg: models.ModelConfig, context: float) -> float:
   """Forward FLOPs for one decoded token: 2 x matmul params + attention over `context` keys."""
-  d, h, k, hd, f, L, V = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff,
+  d, h, j, hd, f, L, V = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff,
                           cfg.n_layers, cfg.vocab_size)
-  per_layer = d * h * hd * 2 + d * k * hd * 2 + 3 * d * f
+  per_layer = d * h * hd * 2 + d * j * hd * 2 + 3 * d * f
   return 2 * (L * per_layer + d * V) + L * 4 * h * hd * context
 
 
 def decode_bytes_per_step(cfg: models.ModelConfig, batch: int, context: float, p_bytes: int,
                           c_bytes: int) -> float:
   """HBM bytes one decode step must read: all weights once plus the filled KV cache."""
-  d, h, k, hd, f, L, V = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff,
+  d, h, j, hd, f, L, V = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff,
                           cfg.n_layers, cfg.vocab_size)
-  n_params = L * (d * h * hd * 2 + d * k * hd * 2 + 3 * d * f) + d * V
-  return n_params * p_bytes + 2 * L * batch * context * k * hd * c_bytes
+  n_params = L * (d * h * hd * 2 + d * j * hd * 2 + 3 * d * f) + d * V
+  return n_params * p_bytes + 2 * L * batch * context * j * hd * c_bytes
 
 
 def make_prompts(batch: int, length: int, vocab: int, seed: int = 0):

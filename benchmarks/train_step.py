@@ -1,14 +1,15 @@
 """Trainer throughput: the jitted GRPO policy step, and where a demo training step's time goes.
 
 Part 1, update throughput. The jitted policy step of the trainer (`train._policy_step`:
-forward + backward of the clipped surrogate, global-norm clip, AdamW; METHODS.md 3-5) on a
+forward + backward of the clipped surrogate, global-norm clip, AdamW; docs/methods.md §3-5) on a
 GRPO-shaped batch: left-padded prompts of random length, right-padded responses of random
 length, old log-probs from the model itself (ratio 1), group-normal advantages. Two models:
 
   * demo:       the demo's base policy (configs/demo.py), on its real batch shape
                 B*G = 16*8 = 128 rows x (16 prompt + 48 response) = 64 tokens;
-  * qwen3_tiny: a random Qwen3 of the FACTS.md calibration shape (4 layers, d=256,
-                8 heads / 4 KV heads, head_dim 32, d_ff 768, vocab 1024, tied; 3.4M params),
+  * qwen3_tiny: a random Qwen3 of the sampler calibration's shape (BUILD_NOTES.md, "Sampler":
+                4 layers, d=256, 8 heads / 4 KV heads, head_dim 32, d_ff 768, vocab 1024,
+                tied; 3.4M params),
                 on `--rows` x `--seq` (default 128 x 64).
 
 tokens/s counts every position of the [rows, T] batch (padding included: the step computes
@@ -31,9 +32,9 @@ the step computes one forward and a backward of twice its cost, nothing more).
 
 Part 3, cost growth (`--cap-growth 48,96,192`): part 2's demo steps at each `max_new_tokens`
 cap on the same prompts, with the base policy's `max_position_embeddings` raised in a copy
-of its config.json (RoPE: outputs below the old limit unchanged, FACTS.md), so the responses
-are identical (checked) and only the cap changes. Issue 16's goal: doubling the cap changes
-the step time by less than 15%.
+of its config.json (RoPE: outputs below the old limit unchanged; BUILD_NOTES.md, "Benchmarks"),
+so the responses are identical (checked) and only the cap changes. The goal: doubling the
+cap changes the step time by less than 15%.
 
   python benchmarks/train_step.py --quick --json /tmp/train_step.json   # ~1-2 min, idle 2 cores
   python benchmarks/train_step.py                                       # more repeats / steps
@@ -70,6 +71,7 @@ sys.path.insert(0, _ROOT)
 
 from mr_rl import models, settings as settings_lib, train as train_lib  # noqa: E402
 from mr_rl.rl import update as update_lib  # noqa: E402
+from mr_rl.rl.batch import LearnerBatch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/roofline.py
 from roofline import matmul_flops_per_s  # noqa: E402
 
@@ -86,9 +88,9 @@ def load_avg() -> list[float]:
 
 def analytic_train_flops(cfg: models.ModelConfig, rows: int, T: int) -> float:
   """6 * matmul params * tokens (fwd + bwd) plus full T x T attention (QK^T and AV, x3)."""
-  d, h, k, hd, f, L, V = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff,
+  d, h, j, hd, f, L, V = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff,
                           cfg.n_layers, cfg.vocab_size)
-  matmul_params = L * (d * h * hd * 2 + d * k * hd * 2 + 3 * d * f) + d * V
+  matmul_params = L * (d * h * hd * 2 + d * j * hd * 2 + 3 * d * f) + d * V
   attention = 3 * L * 4 * h * hd * T * T  # per row: 2 matmuls of 2*T*T*hd per head, fwd+2 bwd
   return 6 * matmul_params * rows * T + rows * attention
 
@@ -103,8 +105,9 @@ def _xla_flops(compiled) -> float | None:
 
 
 def grpo_batch(model, params, rows: int, prompt_len: int, resp_len: int, group_size: int,
-               seed: int = 0) -> dict:
-  """A batch shaped like `mr_rl.rollout.update_batch` output, with the model's own old log-probs."""
+               seed: int = 0) -> LearnerBatch:
+  """A learner batch shaped like `mr_rl.rl.batch.make_batch`'s, with the model's own old
+  log-probs."""
   if rows % group_size:
     raise ValueError(f"rows={rows} must be a multiple of group_size={group_size}")
   rng = np.random.default_rng(seed)
@@ -117,17 +120,17 @@ def grpo_batch(model, params, rows: int, prompt_len: int, resp_len: int, group_s
   resp = (col >= prompt_len) & (col < prompt_len + r_len[:, None])
   mask = (prompt | resp).astype(np.int32)
   tokens = np.where(mask == 1, tokens, 0).astype(np.int32)
-  logp_fn = train_lib._logprob_fn(model)
+  logp_fn = train_lib.logprob_forward(model)
   old_logp = logp_fn(params, jnp.asarray(tokens), jnp.asarray(mask))
   resp_mask = jnp.asarray(resp.astype(np.int32))
-  return {"tokens_NT": jnp.asarray(tokens), "mask_NT": jnp.asarray(mask),
-          "response_mask_NT": resp_mask,
-          "old_logp_NT": jnp.where(resp_mask == 1, old_logp, 0.0),
-          "advantages_BG": jnp.asarray(
-              rng.standard_normal((rows // group_size, group_size)).astype(np.float32))}
+  return LearnerBatch(
+      tokens=jnp.asarray(tokens), mask=jnp.asarray(mask), response_mask=resp_mask,
+      old_logp=jnp.where(resp_mask == 1, old_logp, 0.0),
+      advantages=jnp.asarray(rng.standard_normal(rows).astype(np.float32))).check()
 
 
-def time_policy_step(name: str, model, params, update_config, batch: dict, repeats: int) -> dict:
+def time_policy_step(name: str, model, params, update_config, batch: LearnerBatch,
+                     repeats: int) -> dict:
   """Compiles the trainer's policy step for `batch`, then times `repeats` steps."""
   learner = update_lib.learner(model, update_config)
   step = learner.step
@@ -146,17 +149,17 @@ def time_policy_step(name: str, model, params, update_config, batch: dict, repea
     times.append(time.perf_counter() - t0)
   if not np.isfinite(float(m["policy_loss"])):
     raise FloatingPointError(f"{name}: non-finite policy loss {float(m['policy_loss'])}")
-  fwd = train_lib._logprob_fn(model)  # the trainer's reference forward (compiled by grpo_batch)
-  fwd_flops = _xla_flops(fwd.lower(params, batch["tokens_NT"], batch["mask_NT"]).compile())
+  fwd = train_lib.logprob_forward(model)  # the trainer's reference forward (compiled by grpo_batch)
+  fwd_flops = _xla_flops(fwd.lower(params, batch.tokens, batch.mask).compile())
   fwd_times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
-    jax.block_until_ready(fwd(params, batch["tokens_NT"], batch["mask_NT"]))
+    jax.block_until_ready(fwd(params, batch.tokens, batch.mask))
     fwd_times.append(time.perf_counter() - t0)
-  rows, T = batch["tokens_NT"].shape
+  rows, T = batch.shape
   sec = statistics.median(times)
   return dict(model=name, params=models.count_params(model.config), rows=int(rows), T=int(T),
-              response_tokens=int(np.asarray(batch["response_mask_NT"]).sum()),
+              response_tokens=int(np.asarray(batch.response_mask).sum()),
               compile_s=compile_s, times_s=times, median_s=sec,
               forward_times_s=fwd_times, forward_median_s=statistics.median(fwd_times),
               tokens_per_s=rows * T / sec,
@@ -207,7 +210,8 @@ def time_shares(settings, comp) -> dict:
 def cap_growth(base_policy: str, caps, task: str, method: str, steps: int, tmp: str) -> list:
   """The issue-16 cost-growth check: the demo step at several `max_new_tokens` caps on the
   same prompts. The base policy is copied with config.json's `max_position_embeddings` raised
-  to fit the largest cap (RoPE: outputs below the old limit are unchanged, FACTS.md), so the
+  to fit the largest cap (RoPE: outputs below the old limit are unchanged;
+  BUILD_NOTES.md, "Benchmarks"), so the
   responses are the same and only the cap changes (checked: equal mean lengths per step)."""
   import shutil
   path = os.path.join(tmp, "base_policy_long")

@@ -8,9 +8,9 @@ r"""AMRP Table 4: AMRP with GRPO, GDPO and PPO on Qwen3-4B-Instruct math reasoni
 Arguments: algorithm = grpo | gdpo | ppo; method = static | drbo_inverse | drbo_delta | amrp;
 runlocal. The Table 1 set-up (amrp_math) with the advantage estimator swapped. GDPO multiplies
 the per-channel normalised advantages by the aggregator's weights (AMRP's w^(t-1)), then
-normalises over the batch (METHODS.md 3). PPO scalarises with the aggregator, puts the outcome
-reward on the last response token and uses GAE (gamma = lambda = 1, whitened) with a critic
-initialised from the same checkpoint (critic lr 1e-5: project choice, the paper gives none).
+normalises over the batch (docs/methods.md §3). PPO scalarises with the aggregator, puts the
+outcome reward on the last response token and uses GAE (gamma = lambda = 1, whitened) with a
+critic initialised from the same checkpoint (critic lr 1e-5: project choice, the paper gives none).
 The GRPO rows are the Table 1 runs. The text does not list Table 4's baselines beyond static /
 AMRP; the sweep covers all four methods.
 TPU slice: v5p-8 (PPO: the critic doubles the train state; check with launch/check.py).

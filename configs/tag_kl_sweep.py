@@ -7,7 +7,7 @@ r"""TAG Table 7: Additive + KL penalty, beta swept from 0.01 to 1, on Qwen3-1.7B
 
 Arguments: task = brief | negative; beta = 0.01 | 0.1 | 1.0 (the summary names the end points
 0.01 and 1; 0.1 is the project's midpoint); runlocal. Additive aggregation with a k3 KL penalty
-beta * KL(pi || pi_0) per token (METHODS.md 4-5); otherwise the tag_math set-up.
+beta * KL(pi || pi_0) per token (docs/methods.md §4-5); otherwise the tag_math set-up.
 TPU slice: v5p-8.
 Estimate: 62 v5p chip-hours for the default point (task=negative,beta=0.1); whole table
 374.

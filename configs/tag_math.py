@@ -15,8 +15,8 @@ llama_calibrated; runlocal.
 The sweep is the 4 x 2 x 12 grid plus Sec. C.3's control (Llama-3.2-3B on the hard split:
 rp_only, additive, tag on both tasks). GRPO 500 steps x 256 rollouts, lr 1e-6, clip 0.2/0.28,
 completions up to 4,096 tokens; eval: 4 samples on each test problem (pass@1 / pass@4).
-Values the summary leaves open (project choices, METHODS.md): Lagrangian threshold 0.5 and dual
-lr 0.1, LSC tau 0.1, Rubric Dropout p 0.5, Additive+KL beta 0.1 (k3), TAG lambda 1.
+Values the summary leaves open (project choices, docs/methods.md §1-2): Lagrangian threshold 0.5
+and dual lr 0.1, LSC tau 0.1, Rubric Dropout p 0.5, Additive+KL beta 0.1 (k3), TAG lambda 1.
 `base_config` is also the set-up of Tables 7-10 and Figure 6 (tag_kl_sweep, tag_three_channels,
 tag_lambda, tag_moe, tag_downweight) and of the math rows of Table 4 (tag_drift).
 TPU slice: v5p-8 (1.7B, 4B, 3B), v5p-16 (Llama-3.1-8B).

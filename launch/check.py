@@ -85,6 +85,7 @@ def main(argv=None) -> int:
   from mr_rl import config_lib, models
   from mr_rl.models import sharding as shd
   from mr_rl.rl import update as update_lib
+  from mr_rl.rl.batch import LearnerBatch
   from mr_rl.rl.losses import PolicyLossConfig
   from mr_rl.sampling import Sampler
 
@@ -108,13 +109,13 @@ def main(argv=None) -> int:
   rules = shd.DEFAULT_RULES
   rows = a.rows or int(c.data.batch_prompts) * int(c.rollout.group_size)
   group = int(c.rollout.group_size) if rows % int(c.rollout.group_size) == 0 else 1
-  P_len = a.prompt_len or int(c.data.max_prompt_len)
-  N_new = a.new_tokens or int(c.rollout.max_new_tokens)
-  T = P_len + N_new
+  prompt_cols = a.prompt_len or int(c.data.max_prompt_len)  # P
+  resp_cols = a.new_tokens or int(c.rollout.max_new_tokens)  # S (max_new_tokens)
+  T = prompt_cols + resp_cols
   micro = a.micro_batches or int(c.optim.num_micro_batches)
   if rows % micro:
     raise ValueError(f"micro-batches {micro} must divide rows {rows}; pass --micro_batches")
-  norm_len = N_new if c.loss.loss_agg == "seq-mean-token-sum-norm" else None
+  norm_len = resp_cols if c.loss.loss_agg == "seq-mean-token-sum-norm" else None
   loss = PolicyLossConfig(eps_low=float(c.loss.eps_low), eps_high=float(c.loss.eps_high),
                           loss_agg=c.loss.loss_agg, norm_len=norm_len,
                           kl_coef=float(c.loss.kl_coef), kl_estimator=c.loss.kl_estimator,
@@ -126,7 +127,7 @@ def main(argv=None) -> int:
     raise ValueError(f"--ref_chunks={ref_chunks} must divide rows {rows}")
   print(f"config   {a.config}\nmodel    {preset} ({config_lib.model_sizes(preset)['total'] / 1e9:.2f}B"
         f" params, {dtype.name}{', remat' if a.remat else ''})\nmesh     {dict(mesh.shape)} on {a.devices} fake devices\n"
-        f"batch    rows={rows} (G={group}), T={P_len}+{N_new}, micro_batches={micro}, "
+        f"batch    rows={rows} (G={group}), T={prompt_cols}+{resp_cols}, micro_batches={micro}, "
         f"reference pass in {ref_chunks} chunk(s)\n"
         f"budget   {_gb(hbm)} per device ({a.chip})")
 
@@ -140,13 +141,10 @@ def main(argv=None) -> int:
   state_in = with_sh(state_abs, st_sh)
   params_in = with_sh(params_abs, p_sh)
   i32, f32 = jnp.int32, jnp.float32
-  batch_abs = {"tokens_NT": jax.ShapeDtypeStruct((rows, T), i32),
-               "mask_NT": jax.ShapeDtypeStruct((rows, T), i32),
-               "response_mask_NT": jax.ShapeDtypeStruct((rows, T), i32),
-               "old_logp_NT": jax.ShapeDtypeStruct((rows, T), f32),
-               "advantages_BG": jax.ShapeDtypeStruct((rows // group, group), f32)}
-  if loss.kl_coef > 0:
-    batch_abs["ref_logp_NT"] = jax.ShapeDtypeStruct((rows, T), f32)
+  row_col = lambda dtype: jax.ShapeDtypeStruct((rows, T), dtype)
+  batch_abs = LearnerBatch(tokens=row_col(i32), mask=row_col(i32), response_mask=row_col(i32),
+                           old_logp=row_col(f32), advantages=jax.ShapeDtypeStruct((rows,), f32),
+                           ref_logp=row_col(f32) if loss.kl_coef > 0 else None)
   repl = NamedSharding(mesh, P())
   key_in = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl)
 
@@ -178,10 +176,10 @@ def main(argv=None) -> int:
       return fn.lower(params_in, tok, tok)
 
   def lower_sampler():
-    sampler = Sampler(model, max_new_tokens=N_new, temperature=1.0, eos_id=0, pad_id=0,
+    sampler = Sampler(model, max_new_tokens=resp_cols, temperature=1.0, eos_id=0, pad_id=0,
                       mesh=mesh, rules=rules)
-    tok = jax.ShapeDtypeStruct((rows, P_len), i32,
-                               sharding=shd.batch_sharding(mesh, (rows, P_len)))
+    tok = jax.ShapeDtypeStruct((rows, prompt_cols), i32,
+                               sharding=shd.batch_sharding(mesh, (rows, prompt_cols)))
     with shd.activation_sharding(mesh, rules):
       return sampler._jitted.lower(params_in, tok, tok, key_in)  # pylint: disable=protected-access
 

@@ -4,7 +4,7 @@ One checkpoint per saved step under WORKDIR/checkpoints/<step>/ with two items:
   * `state`: the device pytree {train_state (params, optimiser, step), aggregator state,
     root PRNG key} saved with StandardSave (sharded arrays are written per shard);
   * `meta`: JSON host state {step, data iterator position, shortcut-alarm history, reward
-    error counts, config fingerprint}.
+    error counts}.
 orbax writes each step to a temporary directory and renames it when complete, so a run
 killed mid-save leaves the previous checkpoint intact; `latest_step` only sees finished ones.
 """

@@ -142,7 +142,7 @@ def restore_params(workdir: str, step: int, model, mesh=None):
 
 
 def _model_for(base_dir: str, dtype) -> models.Transformer:
-  hf = hf_io._read_config(base_dir)  # pylint: disable=protected-access
+  hf = hf_io.read_config(base_dir)
   return models.Transformer(hf_io.config_from_hf(hf, param_dtype=dtype, dtype=dtype))
 
 

@@ -8,7 +8,7 @@ r"""Entry point: parse flags, hand the config to the pipeline. Nothing else live
 Pipelines (`config.pipeline`): 'train' (one run), 'tag' (probe every channel, elect the
 anchor by per-token reverse KL, then train TAG from pi_0), 'demo' (the CPU comparison).
 `--dry_run` prints the resolved settings and the compute estimate of the run
-(`mr_rl.pipelines.dry_run`) without loading weights or data; it needs no `--workdir`.
+(`mr_rl.config_lib.dry_run`) without loading weights or data; it needs no `--workdir`.
 """
 
 import sys
@@ -66,10 +66,11 @@ def parse_flags(argv):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from mr_rl import pipelines
   if _DRY_RUN.value:
-    print(pipelines.dry_run(_CONFIG.value))
+    from mr_rl.config_lib.dry_run import dry_run
+    print(dry_run(_CONFIG.value))
     return
+  from mr_rl import pipelines
   import jax
   if _MULTIHOST.value:
     jax.distributed.initialize()

@@ -55,6 +55,41 @@ def profile_distribution(r_BGK: np.ndarray, names: Sequence[str]) -> dict[str, f
   return out
 
 
+# Names of the update step's metrics in the log (others become `update/<name>`).
+UPDATE_NAMES = {"policy_loss": "loss/policy", "pg_loss": "loss/pg", "entropy": "policy/entropy",
+                "kl": "loss/kl", "mismatch_abs": "mismatch/abs_logp_diff",
+                "mismatch_k3": "mismatch/k3", "tis_weight_mean": "mismatch/tis_weight_mean",
+                "tis_clip_frac": "mismatch/tis_clip_frac"}
+
+
+def step_metrics(names: Sequence[str], r_BGK, R_BG, agg_metrics: Mapping, update_metrics: Mapping,
+                 reward_metrics: Mapping, lengths_BG, truncated_BG) -> dict[str, float]:
+  """One training step's scalars: per-channel rewards and profiles, the scalar reward, the
+  aggregator's weights and metrics, the update's metrics (`UPDATE_NAMES`), the reward
+  runner's counters (`reward_runner/...`) and response lengths (host values)."""
+  m = channel_summaries(r_BGK, names)
+  m.update(profile_distribution(r_BGK, names))
+  R = np.asarray(R_BG)
+  m["reward/scalar/mean"] = float(np.nanmean(R)) if np.isfinite(R).any() else float("nan")
+  m["reward/scalar/std"] = float(np.nanstd(R)) if np.isfinite(R).any() else float("nan")
+  if "weights" in agg_metrics:
+    for k, n in enumerate(names):
+      m[f"weights/{n}"] = float(agg_metrics["weights"][k])
+  m["frac_zero_std/scalar"] = float(agg_metrics["frac_zero_std"])
+  for k, n in enumerate(names):
+    m[f"frac_zero_std/{n}"] = float(agg_metrics["frac_zero_std_channels"][k])
+  for k, v in agg_metrics.items():
+    if k not in ("weights", "frac_zero_std", "frac_zero_std_channels") and np.ndim(v) == 0:
+      m[f"aggregator/{k}"] = float(v)
+  for k, v in update_metrics.items():
+    if np.ndim(v) == 0:
+      m[UPDATE_NAMES.get(k, f"update/{k}")] = float(v)
+  m.update({k.replace("rewards/", "reward_runner/"): float(v) for k, v in reward_metrics.items()})
+  m["response/length_mean"] = float(np.mean(lengths_BG))
+  m["response/truncated_frac"] = float(np.mean(truncated_BG))
+  return m
+
+
 class ShortcutAlarm:
   """Flags steps where the scalar reward rises while the primary channel falls.
 

@@ -9,9 +9,8 @@
   from pi_0 in the same WORKDIR. A re-run reuses a finished election (drift.json).
 * more from plugin modules (`config.plugins`), e.g. `demo` from `mr_rl.demo.run`.
 
-Every pipeline is `fn(config, workdir)`, registered with `@PIPELINES.register`.
-`dry_run(config)` (`mr_rl.main --dry_run`) resolves the settings and estimates the compute of
-a run without loading weights or data.
+Every pipeline is `fn(config, workdir)`, registered with `@PIPELINES.register`
+(`mr_rl.registry.PIPELINES`).
 """
 
 from __future__ import annotations
@@ -25,10 +24,8 @@ import jax
 from mr_rl import evaluation
 from mr_rl import settings as settings_lib
 from mr_rl import train as train_lib
-from mr_rl.registry import Registry, import_plugins
+from mr_rl.registry import PIPELINES, import_plugins
 from mr_rl.rl import anchor as anchor_lib
-
-PIPELINES = Registry("pipeline")
 
 
 def run(config, workdir: str):
@@ -59,7 +56,7 @@ def run_train(s, workdir: str, comp=None):
     out = export_lib.write_hf(comp.model, res.params, os.path.join(workdir, "hf"),
                               hf_io.resolve_path(s.model.path))
     print(f"wrote the trained policy to {out} (transformers / vLLM checkpoint)")
-  ev = evaluation.final_eval(dataclasses.replace(comp, settings=s), res.params)
+  ev = evaluation.final_eval(comp.policy, comp.runner, s, comp.eval_data, res.params)
   with open(os.path.join(workdir, "eval.json"), "w") as f:
     json.dump(ev, f, indent=1)
   print(json.dumps(ev, indent=1))
@@ -93,9 +90,11 @@ def elect_anchor(s, comp, directory: str | None, log=print) -> tuple[int, list]:
     res = train_lib.train(ps, None, comp=comp, log=None)
     tail = [h[f"reward/{name}/mean"] for h in res.history[-max(1, len(res.history) // 5):]]
     d = anchor_lib.measure_drift(
-        dataclasses.replace(comp, settings=s), res.params, comp.base_params, held_out,
+        comp.policy, res.params, comp.base_params, held_out,
         jax.random.fold_in(jax.random.PRNGKey(s.seed), 5_000_000 + k),
-        samples=s.anchor.samples_per_prompt)
+        sampling=dataclasses.replace(s.rollout, group_size=s.anchor.samples_per_prompt),
+        batch_prompts=s.data.batch_prompts,
+        micro_batch_rows=s.data.batch_prompts * s.rollout.group_size // s.update.num_micro_batches)
     table.append(anchor_lib.Drift(channel=name, probe_reward=anchor_lib.probe_reward(tail), **d))
     if log:
       log(f"probe {name}: KLrev/token {d['rev_kl_per_token']:.4g} "
@@ -119,61 +118,3 @@ def run_tag(s, workdir: str, comp=None):
   comp = train_lib.build(s) if comp is None else comp
   a, _ = elect_anchor(s, comp, workdir)
   return run_train(tag_settings(s, a), workdir, comp=comp)
-
-
-# ------------------------------------------------------------------------------ dry run
-def _model_config(s):
-  """The run's ModelConfig without loading weights: its preset, the config.json of a local
-  checkpoint, or the paper preset of a paper model's hub id; None if none is at hand."""
-  from mr_rl import models
-  from mr_rl.models import hf_io
-  if s.model.preset:
-    return models.get_preset(s.model.preset), f"preset {s.model.preset}"
-  if os.path.isdir(s.model.path):
-    hf = hf_io._read_config(s.model.path)  # pylint: disable=protected-access
-    return hf_io.config_from_hf(hf), f"{s.model.path}/config.json"
-  from mr_rl.config_lib.paper import MODELS
-  preset = next((m.preset for m in MODELS.values() if m.hub == s.model.path), None)
-  if preset:
-    return models.get_preset(preset), f"preset {preset} (the papers' {s.model.path})"
-  return None, f"{s.model.path!r} is neither a local checkpoint nor one of the papers' models"
-
-
-def dry_run(config) -> str:
-  """The resolved settings (as WORKDIR/settings.json would hold them) and the compute estimate
-  of one run (`mr_rl.config_lib.estimates`: rollout, reference and policy step; TAG adds its
-  probes); loads no weights and no data."""
-  from mr_rl import metrics as metrics_lib
-  from mr_rl.config_lib import estimates
-  import_plugins(config.get("plugins", ""))
-  s = settings_lib.from_config(config)
-  lines = ["resolved settings:", json.dumps(metrics_lib.settings_dict(s), indent=1)]
-  cfg, source = _model_config(s)
-  rows = s.data.batch_prompts * s.rollout.group_size
-  lines.append(f"run: pipeline {s.pipeline}, {s.total_steps} steps x {rows} rollouts "
-               f"(B={s.data.batch_prompts} x G={s.rollout.group_size}), prompts <= "
-               f"{s.data.max_prompt_len} + responses <= {s.rollout.max_new_tokens} tokens")
-  if cfg is None:
-    lines.append(f"compute estimate: unavailable ({source}; give --config.model.path=DIR)")
-    return "\n".join(lines)
-  sizes = estimates.model_sizes(cfg)
-  kw = dict(prompt_len=s.data.max_prompt_len, new_tokens=s.rollout.max_new_tokens)
-  per_chip = {}
-  for chip in estimates.CHIPS:
-    h = estimates.estimate_device_hours(cfg, steps=s.total_steps, rows=rows, chip=chip,
-                                        critic=s.advantage == "ppo", **kw)
-    if s.pipeline == "tag":
-      h += s.num_channels * estimates.estimate_device_hours(
-          cfg, steps=s.anchor.probe_steps,
-          rows=s.anchor.probe_batch_prompts * s.rollout.group_size, chip=chip, **kw)
-    per_chip[chip] = h
-  lines.append(f"model: {source}: {sizes['total'] / 1e6:.1f}M parameters "
-               f"({sizes['active'] / 1e6:.1f}M active per token)")
-  lines.append("compute estimate" + (" (training + TAG probes)" if s.pipeline == "tag" else "")
-               + ": " + ", ".join(f"{chip} {h:.3g}" for chip, h in per_chip.items())
-               + " chip-hours (rollout, reference and policy step at the padded shapes; "
-               "rewards, evaluation and compilation not counted)")
-  if s.pipeline not in ("train", "tag"):
-    lines.append(f"(that is one training run of these settings; the {s.pipeline!r} pipeline "
-                 "may run several)")
-  return "\n".join(lines)

@@ -9,7 +9,7 @@ trainer's metric names:
   reward/<ch>/mean, reward/scalar/mean   per-channel and aggregated (scalar) reward means
   weights/<ch>                           aggregator channel weights (AMRP, DRBO, Lagrangian, ...)
   profile/<ch>=0|1,...                   share of rollouts per binary reward profile (AMRP Fig. 2)
-  kl_ref/k1, kl_ref/k3                   KL to the reference pi_0 (METHODS.md, the k1/k3 estimators)
+  kl_ref/k1, kl_ref/k3                   KL to the reference pi_0 (k1, k3 of docs/methods.md §5)
   policy/entropy, response/length_mean
   alarm/shortcut                         1 at steps where the shortcut alarm fired
 

@@ -1,4 +1,4 @@
-"""One registry style for every swappable piece (STYLE.md item 4).
+"""One registry style for every swappable piece (docs/style.md §4).
 
 Aggregators, advantage estimators, loss aggregations, KL estimators, reward channels, data
 sets and pipelines are each a `Registry`: entries are added with a decorator whose default
@@ -158,3 +158,10 @@ def import_plugins(modules: str | Sequence[str], field: str = "config.plugins") 
       importlib.import_module(module)
     except ImportError as e:
       raise ImportError(f"{field}: plugin module {module!r} did not import: {e!r}") from e
+
+
+# What `mr_rl.main` runs, by `config.pipeline`: every pipeline is `fn(config, workdir)`. The
+# registry lives in this leaf module so settings can check a pipeline name without importing
+# the pipelines; the built-in ones (`train`, `tag`) register when `mr_rl.pipelines` is imported
+# on the first lookup, plugins' (`config.plugins`, e.g. `demo`) when those are imported.
+PIPELINES: Registry[Callable] = Registry("pipeline", plugins=("mr_rl.pipelines",))

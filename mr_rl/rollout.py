@@ -1,18 +1,15 @@
-"""Rollout: examples -> prompt tokens -> sampled responses -> rewards -> the update batch.
+"""Rollout: examples -> prompt tokens -> sampled responses -> rewards.
 
-The three host-side hops of one batch, in the order the trainer makes them
-(`mr_rl.train.train`), shared with evaluation (`mr_rl.evaluation`) and TAG's drift
+The host-side hops of one batch before its learning signal, in the order the trainer makes
+them (`mr_rl.train.train`), shared with evaluation (`mr_rl.evaluation`) and TAG's drift
 measurement (`mr_rl.rl.anchor`):
 
     examples --Policy.encode--> prompt tokens [B, P]
              --rollout (jitted KV-cache sampler, settings given explicitly)--> Rollout [B, G, S]
              --score (reward runner)--> r[B, G, K]
-             --update_batch (+ advantages A[B, G])--> the policy step's batch over N = B*G rows
 
-Shape letters: B prompts, G responses per prompt, K reward channels, P prompt columns,
-S response columns (the sampler's `max_new_tokens`), N = B*G rows of the update batch and
-T = P' + S' its columns (the used prompt / response columns, bucketed: `update_batch`).
-Packed update batches (`mr_rl.rl.packing`) have their own rows and columns.
+The learner batch is built from a `Rollout` by `mr_rl.rl.batch.make_batch`. Shape letters:
+docs/shapes.md.
 """
 
 from __future__ import annotations
@@ -176,82 +173,3 @@ def score(runner, ro: Rollout, examples: Sequence[Any]) -> tuple[np.ndarray, dic
   """
   ex_dicts = [{**ex.as_mapping(), "messages": [dict(m) for m in ex.messages]} for ex in examples]
   return runner(ro.texts, ex_dicts, ro.lengths.astype(np.int64))
-
-
-# ------------------------------------------------------------------- the update batch
-MIN_COLUMN_BUCKET = 8
-
-
-def size_bucket(n: int, minimum: int = 1) -> int:
-  """Smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (2^k and 3 * 2^(k-1)) that is >= n.
-
-  The widths and row counts the update compiles for: at most 1.5x the size in use, and two
-  shapes per octave, so a run compiles at most ~2 log2(cap / minimum) + 2 sizes per axis.
-  `minimum` must itself be one of the sizes.
-  """
-  n = max(int(n), int(minimum))
-  p = 1
-  while True:
-    if p >= n:
-      return p
-    if p >= 2 and p * 3 // 2 >= n:
-      return p * 3 // 2
-    p *= 2
-
-
-def column_bucket(n: int, cap: int) -> int:
-  """Columns kept for `n` used ones: `size_bucket(n, MIN_COLUMN_BUCKET)`, at most `cap`."""
-  return min(size_bucket(n, MIN_COLUMN_BUCKET), int(cap))
-
-
-def update_batch(ro: Rollout, A_BG, *, loss_rows_BG=None, trim: bool = True) -> dict:
-  """The policy step's batch over N = B*G rows (row b*G + g) and T = P' + S' columns.
-
-  Length-aware: with `trim`, the columns are cut to the batch's longest prompt plus its
-  longest response that enters the loss, rounded up by `column_bucket` (so the update, the
-  reference / critic forwards and the metrics cover only the columns in use). Only the total
-  width T is bucketed (the extra columns go to the prompt side, up to P, then to the
-  response side): the compiled programs depend on T alone, so a run compiles at most one
-  program per bucket of P + S (18 for 512 + 3000; 2-3 in the demo). Cut columns hold
-  only padding (prompts are left-padded, responses right-padded), so every loss and metric
-  is unchanged up to float summation order; Dr.GRPO's `norm_len` stays the configured
-  `max_new_tokens` (settings.py). Without `trim`: P' = P, S' = S (the sampler's cap).
-
-  Args:
-    ro: the rollout.
-    A_BG: advantages.
-    loss_rows_BG: optional bool `[B, G]`; False rows keep their tokens but get response
-      mask 0, so they enter no loss, normaliser or metric (DAPO overlong filtering of
-      truncated responses; dynamic sampling's unfilled slots). Their responses do not count
-      towards the trimmed width, so they may be cut.
-    trim: cut unused columns (above).
-
-  Keys: `tokens_NT` (prompt then response), `mask_NT` (real tokens), `response_mask_NT`
-  (tokens that enter the loss), `old_logp_NT` (the sampler's log-probs, 0 on prompt
-  columns) and `advantages_BG`.
-  """
-  B, G, S = ro.tokens.shape
-  P = ro.prompt_tokens.shape[1]
-  N = B * G
-  resp = ro.mask.reshape(N, S)
-  loss_resp = resp
-  if loss_rows_BG is not None:
-    keep_N = np.asarray(loss_rows_BG, bool).reshape(N)
-    loss_resp = resp * keep_N[:, None].astype(resp.dtype)
-  if trim:  # one bucketed width T; the prompt / response split inside it is data, not shape
-    p_used = int(ro.prompt_mask.sum(1).max())
-    s_used = max(int(loss_resp.sum(1).max()), 1)
-    width = column_bucket(p_used + s_used, P + S)
-    p_w = min(P, width - s_used)
-    s_w = width - p_w
-  else:
-    p_w, s_w = P, S
-  rep = lambda a: np.repeat(a[:, P - p_w:], G, axis=0)
-  tokens = np.concatenate([rep(ro.prompt_tokens), ro.tokens.reshape(N, S)[:, :s_w]], 1)
-  mask = np.concatenate([rep(ro.prompt_mask), resp[:, :s_w]], 1)
-  zeros = np.zeros((N, p_w), np.int32)
-  return {"tokens_NT": jnp.asarray(tokens), "mask_NT": jnp.asarray(mask),
-          "response_mask_NT": jnp.asarray(np.concatenate([zeros, loss_resp[:, :s_w]], 1)),
-          "old_logp_NT": jnp.asarray(np.concatenate(
-              [zeros.astype(np.float32), ro.logprobs.reshape(N, S)[:, :s_w]], 1)),
-          "advantages_BG": A_BG}

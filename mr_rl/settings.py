@@ -1,4 +1,4 @@
-"""Validated, frozen run settings built from an ml_collections ConfigDict (STYLE.md item 3).
+"""Validated, frozen run settings built from an ml_collections ConfigDict (docs/style.md §3).
 
 The config file is the user's surface; everything downstream reads these dataclasses. Each
 field carries its paper symbol where it has one. Bad values fail here, at start-up, with a
@@ -20,7 +20,7 @@ import numbers
 from typing import Any, Mapping
 
 from mr_rl import aggregators
-from mr_rl.registry import import_plugins
+from mr_rl.registry import PIPELINES, import_plugins
 from mr_rl.rl import advantages as adv_lib
 from mr_rl.rl import dynamic_sampling
 from mr_rl.rl.losses import PolicyLossConfig
@@ -251,7 +251,7 @@ class AggregatorSettings:
 
 @dataclasses.dataclass(frozen=True)
 class AnchorSettings:
-  probe_steps: int              # T, single-channel GRPO steps per probe
+  probe_steps: int              # single-channel GRPO steps per probe (the TAG paper's T)
   probe_batch_prompts: int      # prompts per probe step
   held_out_prompts: int         # prompts on which drift is measured
   samples_per_prompt: int
@@ -362,7 +362,7 @@ def default_config():
   c.rollout = ml_collections.ConfigDict(dict(
       group_size=8,               # G (papers: 8)
       max_new_tokens=3000,        # max response length
-      temperature=1.0,            # training rollouts at T = 1
+      temperature=1.0,            # training rollouts at temperature 1
       top_k=0,                    # 0 = off
       top_p=1.0,                  # 1.0 = off
       dtype="",                   # sampler compute dtype ('' = model.dtype; e.g. 'bfloat16')
@@ -415,7 +415,7 @@ def default_config():
       value_lr=U.value_lr,        # PPO critic learning rate
       vf_clip=U.vf_clip))         # PPO value clip range (None = unclipped)
   c.anchor = ml_collections.ConfigDict(dict(
-      probe_steps=300,            # T, single-channel GRPO steps per probe (TAG: 300)
+      probe_steps=300,            # single-channel GRPO steps per probe (the TAG paper's T: 300)
       probe_batch_prompts=4,      # prompts per probe step (TAG: rollout batch 32 = 4 x G 8)
       held_out_prompts=256,       # prompts on which drift is measured (TAG: 256)
       samples_per_prompt=1,       # probe responses per held-out prompt
@@ -441,14 +441,13 @@ def from_config(cfg) -> RunSettings:
   Imports `config.plugins` first, so the names they register are valid.
   """
   from mr_rl import data as data_lib
-  from mr_rl import pipelines  # pipelines imports this module: import at call time
   from mr_rl.rewards import runner as reward_runner
 
   c = cfg
   _check_known_fields(c)
   _check_strings(c)
   import_plugins(c.get("plugins", ""))
-  pipeline = _choice("pipeline", c.pipeline, _registered(pipelines.PIPELINES))
+  pipeline = _choice("pipeline", c.pipeline, _registered(PIPELINES))
   specs = tuple(s.strip() for s in str(c.rewards.channels).split(",") if s.strip())
   if not specs:
     raise ValueError("config.rewards.channels is empty; give comma-separated reward names")

@@ -1,11 +1,15 @@
 """The trainer: the run's assembly (`build`) and its loop (`train`), one batch at a time.
 
-    examples --(mr_rl.rollout.rollout: jitted KV-cache sampler)--> responses, old log-probs
-             --(mr_rl.rollout.score: reward runner, host pool)--> r[B, G, K]
+Each step reads draw -> score -> signal -> batch -> step -> log:
+
+    examples --draw (mr_rl.rollout.rollout: jitted KV-cache sampler)--> Rollout [B, G, S]
+             --score (mr_rl.rollout.score: reward runner, host pool)--> r[B, G, K]
                      (NaN = the channel does not apply; a failed call scores its on_failure)
-             --(aggregator, jitted, state carried)--> R[B, G] (+ channel weights)
-             --(advantage estimator)--> A[B, G]
-             --(mr_rl.rollout.update_batch; jitted policy step, AdamW)--> new params
+             --signal (mr_rl.rl.signal: aggregator, then advantage estimator; jitted,
+                       aggregator state carried)--> R[B, G], A[B, G]
+             --batch (mr_rl.rl.batch.make_batch)--> LearnerBatch [N, T]
+             --step (mr_rl.rl.update: jitted policy step, AdamW)--> new params, metrics
+             --log (mr_rl.metrics: metrics.jsonl, TensorBoard, W&B, console)
 
 `train(settings, workdir)` runs it for `settings.total_steps`, writing metrics, TensorBoard and
 orbax checkpoints under `workdir` (or nothing, with workdir=None: the pipelines use that for
@@ -17,18 +21,14 @@ Scale: with more than one device, `build` makes the `settings.mesh` mesh and eve
 loaded straight into their shards, optimizer state and batches by `mr_rl.rl.update.learner`).
 The reference log-prob and critic forwards run in `num_micro_batches` row chunks
 (`mr_rl.rl.update.chunked_forward`), the split the update step uses for gradient
-accumulation, so no program holds the activations of more than B*G / M rows.
+accumulation, so no program holds the activations of more than N / M rows.
 
-Tokens in use (issue 16): the update batch, the reference / critic forwards and the sampler's
-prefill cover only the columns in use (`mr_rl.rollout.update_batch`, bucketed widths); with
-`update_batch.pack` the loss-carrying sequences are packed (`mr_rl.rl.packing`).
-`dynamic_sampling` (DAPO) keeps the groups with a learning signal, over-sampling rounds of
-prompts (`mr_rl.rl.dynamic_sampling`); `update_batch.mask_truncated` masks truncated
-responses out of the loss; the sampler/trainer mismatch is logged every step
-(`mismatch/*`) and, with `loss.recompute_old_logp` / `loss.tis_cap`, corrected in the step.
-
-Shape letters: B prompts, G responses per prompt, K reward channels, N = B*G update rows,
-T token columns of the update batch.
+Recipes: `update_batch.trim_columns` / `update_batch.pack` (length-aware learner batches,
+`mr_rl.rl.batch`); `dynamic_sampling` (DAPO: keep the groups with a learning signal,
+`mr_rl.rl.dynamic_sampling`); `update_batch.mask_truncated` (truncated responses enter no
+loss); the sampler/trainer mismatch is logged every step (`mismatch/*`) and, with
+`loss.recompute_old_logp` / `loss.tis_cap`, corrected in the step. Shape letters:
+docs/shapes.md.
 """
 
 from __future__ import annotations
@@ -44,16 +44,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mr_rl import aggregators, data, evaluation, metrics as metrics_lib, models
+from mr_rl import data, evaluation, metrics as metrics_lib, models
 from mr_rl import rollout as rollout_lib
 from mr_rl.checkpointing import Checkpointer
 from mr_rl.models import sharding
 from mr_rl.rewards.runner import RewardRunner, get_reward
-from mr_rl.rl import advantages as adv_lib
+from mr_rl.rl import batch as batch_lib
 from mr_rl.rl import dynamic_sampling
-from mr_rl.rl import gae
-from mr_rl.rl import packing
+from mr_rl.rl import signal as signal_lib
 from mr_rl.rl import update as update_lib
+from mr_rl.rl.kl import reference_kl
 from mr_rl.settings import RunSettings
 
 _LOG = logging.getLogger(__name__)
@@ -87,6 +87,12 @@ class Components:
   @property
   def mesh(self):
     return self.policy.mesh
+
+  @property
+  def eval_data(self):
+    """What the run evaluates on: the `data.eval_sets` ({name: examples}) or, without them,
+    the eval split (a list)."""
+    return self.eval_sets or self.eval_examples
 
 
 def load_policy(settings: RunSettings, mesh=None):
@@ -193,43 +199,39 @@ def build(settings: RunSettings) -> Components:
                     eval_sets)
 
 
-# ------------------------------------------------------------------------ jitted pieces
-@functools.lru_cache(maxsize=16)
-def _logprob_fn(model):
-  return update_lib.make_logprob_fn(update_lib.model_logits_fn(model))
-
-
-@functools.lru_cache(maxsize=64)
-def _aggregate_fn(name: str, hp_items: tuple, advantage: str, adv_hp_items: tuple):
-  """Jitted aggregator + advantage: (agg_state, r_BGK, key) -> (R, A, new_state, metrics)."""
-  agg = aggregators.get(name, **dict(hp_items))
-  if advantage == "ppo":  # token-level GAE advantages are computed after the critic runs
-    adv_fn = lambda R_BG, r_BGK, weights: jnp.zeros_like(R_BG)
-  else:
-    adv_fn = adv_lib.get_advantage(advantage, **dict(adv_hp_items))
-
-  @jax.jit
-  def fn(agg_state, r_BGK, key):
-    R_BG, new_state, m = agg.apply(agg_state, r_BGK, key)
-    weights = m.get("weights") if adv_lib.uses_channels(advantage) else None
-    A_BG = adv_fn(R_BG, r_BGK, weights)
-    m = dict(m, frac_zero_std=adv_lib.frac_zero_std(R_BG),
-             frac_zero_std_channels=adv_lib.frac_zero_std_channels(r_BGK))
-    return R_BG, A_BG, new_state, m
-
-  return agg, fn
-
-
-def _hashable(d) -> tuple:
-  return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.items()))
-
-
-# ------------------------------------------------------------------------------- train
+# ----------------------------------------------------------------------- the loop
 @dataclasses.dataclass
 class TrainResult:
   params: Any
   aggregator_state: Any
   history: list[dict]
+
+
+@dataclasses.dataclass
+class Draw:
+  """A step's groups, sampled and scored (`draw_groups`).
+
+  Attributes:
+    rollout: the B groups' responses.
+    r_BGK: their rewards.
+    n_kept: the first n_kept groups carry the loss (B unless dynamic sampling fell short;
+      with none kept, the signal is computed on all B and no row enters the loss).
+    reward_metrics: the reward runner's metrics over the rounds.
+    metrics: `dynamic/*` (dynamic sampling only).
+    t_rollout, t_reward: seconds spent sampling and scoring.
+  """
+  rollout: rollout_lib.Rollout
+  r_BGK: np.ndarray
+  n_kept: int
+  reward_metrics: dict
+  metrics: dict
+  t_rollout: float
+  t_reward: float
+
+  @property
+  def signal_groups(self) -> int:
+    """Groups the aggregator sees: the kept ones, or all B when none was kept."""
+    return self.n_kept or self.r_BGK.shape[0]
 
 
 def train(settings: RunSettings, workdir: str | None, *, comp: Components | None = None,
@@ -239,15 +241,14 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
   s = settings
   names, K, M = s.rewards.channels, s.num_channels, s.update.num_micro_batches
   ppo = s.advantage == "ppo"
-  agg, agg_fn = _aggregate_fn(s.aggregator.name, _hashable(s.aggregator.hp),
-                              "grpo" if ppo else s.advantage,
-                              () if ppo else _hashable(s.advantage_hp))
+  agg, signal = signal_lib.signal_fn(s.aggregator.name, s.aggregator.hp,
+                                     None if ppo else s.advantage, s.advantage_hp)
   if (s.data.batch_prompts * s.rollout.group_size) % M:
     raise ValueError(f"config.optim.num_micro_batches={M} must divide the rollout rows "
                      f"data.batch_prompts x rollout.group_size = "
                      f"{s.data.batch_prompts * s.rollout.group_size}")
   learner = update_lib.learner(comp.model, s.update, comp.mesh, ppo)
-  logprob_fn = _logprob_fn(comp.model)
+  logprob_fn = logprob_forward(comp.model)
   root = jax.random.PRNGKey(s.seed)
   params = comp.base_params if init_params is None else init_params
   state = {"train": learner.init(params, jax.random.fold_in(root, 2**30)),
@@ -276,52 +277,47 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
   for step in range(start, s.total_steps):
     key = jax.random.fold_in(state["key"], step)
     k_roll, k_agg, k_upd = jax.random.split(key, 3)
-    ro, r_BGK, reward_m, n_kept, dyn_m, t_roll, t_reward = _draw_groups(
-        comp, state["train"].params, state["agg"], data_iter, agg_fn, k_roll, k_agg)
-    t2 = time.perf_counter()
-    B, G = r_BGK.shape[:2]
-    b_used = n_kept or B  # no group kept: the aggregator sees the whole draw (no loss anyway)
-    R_BG, A_BG, state["agg"], agg_m = agg_fn(state["agg"], jnp.asarray(r_BGK[:b_used]), k_agg)
-    loss_rows = None
-    if n_kept < B:  # dynamic sampling's unfilled slots: zero advantage, no loss
-      A_BG = jnp.concatenate([A_BG, jnp.zeros((B - b_used, G), A_BG.dtype)])
-      loss_rows = np.arange(B)[:, None] < np.full((1, G), n_kept)
-    if s.batch.mask_truncated:  # DAPO overlong filtering
-      loss_rows = ~ro.truncated if loss_rows is None else loss_rows & ~ro.truncated
-    batch = rollout_lib.update_batch(ro, A_BG, loss_rows_BG=loss_rows, trim=s.batch.trim_columns)
-    shape_m = {"batch/columns": float(batch["tokens_NT"].shape[1])}
-    if ppo:
-      forward = lambda fn, p: update_lib.chunked_forward(
-          fn, p, batch["tokens_NT"], batch["mask_NT"], num_chunks=M, mesh=comp.mesh)
-      _add_ppo_targets(batch, np.asarray(R_BG),
-                       forward(learner.value_fn, state["train"].value_params), s.advantage_hp)
+    # draw + score
+    draw = draw_groups(comp, state["train"].params, state["agg"], data_iter, signal, k_roll,
+                       k_agg)
+    t0 = time.perf_counter()
+    # signal
+    sig = signal(state["agg"], jnp.asarray(draw.r_BGK[:draw.signal_groups]), k_agg)
+    state["agg"] = sig.agg_state
+    # batch
+    batch = learner_batch(s, draw, sig, learner, state["train"], comp.mesh, row_multiple)
+    shape_m = {"batch/columns": float(batch.shape[1])}
     if s.update.pack:
-      batch = packing.pack(batch, s.update.loss.loss_agg, s.update.loss.norm_len, row_multiple)
-      shape_m.update({"batch/packed_rows": float(batch["tokens_NT"].shape[0]),
-                      "batch/packed_sequences": float(batch.pop("rows_packed")),
-                      "batch/columns": float(batch["tokens_NT"].shape[1])})
-      batch = {k: jnp.asarray(v) for k, v in batch.items()}
+      shape_m.update({"batch/packed_rows": float(batch.shape[0]),
+                      "batch/packed_sequences": float(batch_lib.packed_sequences(batch))})
     ref_logp = None  # log pi_0: the KL penalty needs it; else only the kl_ref/* metrics do
     if s.update.loss.kl_coef > 0 or (s.kl_ref_every and step % s.kl_ref_every == 0):
-      cols = [batch[k] for k in ("tokens_NT", "mask_NT", "segment_ids_NT") if k in batch]
-      ref_logp = update_lib.chunked_forward(logprob_fn, comp.base_params, *cols, num_chunks=M,
-                                            mesh=comp.mesh)
-    if s.update.loss.kl_coef > 0:
-      batch["ref_logp_NT"] = ref_logp
+      seg = () if batch.segment_ids is None else (batch.segment_ids,)
+      ref_logp = update_lib.chunked_forward(logprob_fn, comp.base_params, batch.tokens,
+                                            batch.mask, *seg, num_chunks=M, mesh=comp.mesh)
+      if s.update.loss.kl_coef > 0:
+        batch = batch.replace(ref_logp=ref_logp)
+    # step
     state["train"], upd_m = learner.step(state["train"], learner.place_batch(batch), k_upd)
-    kl_m = None if ref_logp is None else _kl_ref_metrics(ref_logp, batch["old_logp_NT"],
-                                                         batch["response_mask_NT"])
-    upd_m, kl_m, agg_m = jax.device_get((upd_m, kl_m, agg_m))  # the step's one host sync
-    t3 = time.perf_counter()
-    kept = ro if n_kept in (0, B) else ro.take(n_kept)
-    m = _step_metrics(s, r_BGK[:b_used], R_BG, agg_m, upd_m, reward_m, kept, kl_m)
+    kl_m = None if ref_logp is None else reference_kl(ref_logp, batch.old_logp,
+                                                      batch.response_mask)
+    # log (the device values of the step come to the host here)
+    upd_m, kl_m, agg_m, R_BG = jax.device_get((upd_m, kl_m, sig.metrics, sig.R_BG))
+    t1 = time.perf_counter()
+    kept = draw.rollout if draw.n_kept in (0, draw.r_BGK.shape[0]) else \
+        draw.rollout.take(draw.n_kept)
+    m = metrics_lib.step_metrics(names, draw.r_BGK[:draw.signal_groups], R_BG, agg_m, upd_m,
+                                 draw.reward_metrics, kept.lengths, kept.truncated)
+    m.update(kl_m or {})
     m.update(shape_m)
-    m.update(dyn_m)
+    m.update(draw.metrics)
     m.update(alarm.update(m["reward/scalar/mean"], m[f"reward/{names[s.rewards.primary]}/mean"]))
-    m.update({"time/rollout": t_roll, "time/reward": t_reward, "time/update": t3 - t2})
+    m.update({"time/rollout": draw.t_rollout, "time/reward": draw.t_reward,
+              "time/update": t1 - t0})
     if s.eval.every and (step + 1) % s.eval.every == 0:
-      m.update(evaluation.run_evaluation(comp, state["train"].params,
-                                         jax.random.fold_in(root, 10**9 + step)))
+      m.update(evaluation.run_evaluation(
+          comp.policy, comp.runner, s, comp.eval_data, state["train"].params,
+          jax.random.fold_in(root, 10**9 + step)))
     if not np.isfinite(m.get("loss/policy", 0.0)):
       raise FloatingPointError(f"non-finite policy loss at step {step}: {m.get('loss/policy')}")
     history.append({"step": step, **m})
@@ -341,26 +337,46 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
   return TrainResult(state["train"].params, state["agg"], history)
 
 
-def _add_ppo_targets(batch, R_BG, values_NT, hp) -> None:
-  """PPO (METHODS.md 3): outcome reward at the last response token, GAE, batch whitening."""
-  R_N = jnp.nan_to_num(R_BG.reshape(-1), nan=0.0)
-  adv, ret = gae.ppo_advantages(R_N, values_NT, batch["response_mask_NT"],
-                                gamma=float(hp.get("gamma", 1.0)), lam=float(hp.get("lam", 1.0)))
-  del batch["advantages_BG"]
-  batch.update(advantages_NT=adv, returns_NT=ret, old_values_NT=values_NT)
+@functools.lru_cache(maxsize=16)
+def logprob_forward(model):
+  """The jitted reference forward `(params, tokens, mask[, segment_ids]) -> logp [N, T]`."""
+  return update_lib.make_logprob_fn(update_lib.model_logits_fn(model))
 
 
-def _draw_groups(comp: Components, params, agg_state, data_iter, agg_fn, k_roll, k_agg):
+def learner_batch(s: RunSettings, draw: Draw, sig: signal_lib.Signal, learner, train_state,
+                  mesh, row_multiple: int) -> batch_lib.LearnerBatch:
+  """The step's `LearnerBatch` from its draw and signal, as the settings ask: rows without
+  loss (dynamic sampling's unfilled slots, truncated responses with `mask_truncated`), PPO's
+  GAE targets from the critic, or packed rows."""
+  B, G = draw.r_BGK.shape[:2]
+  loss_rows = None
+  if draw.n_kept < B:  # dynamic sampling's unfilled slots: zero advantage, no loss
+    loss_rows = np.arange(B)[:, None] < np.full((1, G), draw.n_kept)
+  if s.batch.mask_truncated:  # DAPO overlong filtering
+    trunc = draw.rollout.truncated
+    loss_rows = ~trunc if loss_rows is None else loss_rows & ~trunc
+  ppo = pack = None
+  if s.advantage == "ppo":
+    ppo = batch_lib.PPOTargets(
+        values_fn=lambda tok, mask: update_lib.chunked_forward(
+            learner.value_fn, train_state.value_params, tok, mask,
+            num_chunks=s.update.num_micro_batches, mesh=mesh),
+        R_BG=sig.R_BG, gamma=float(s.advantage_hp.get("gamma", 1.0)),
+        lam=float(s.advantage_hp.get("lam", 1.0)))
+  elif s.update.pack:
+    pack = batch_lib.PackSpec(s.update.loss.loss_agg, s.update.loss.norm_len, row_multiple)
+  A_BG = None if ppo else signal_lib.pad_groups(sig, B).A_BG
+  return batch_lib.make_batch(draw.rollout, A_BG, loss_rows_BG=loss_rows,
+                              trim=s.batch.trim_columns, ppo=ppo, pack=pack)
+
+
+def draw_groups(comp: Components, params, agg_state, data_iter, signal, k_roll,
+                k_agg) -> Draw:
   """The step's B groups: one rollout, or DAPO dynamic sampling's rounds (rl.dynamic_sampling).
 
   Round 0 samples `data.batch_prompts` prompts with `k_roll` (exactly the draw without
   dynamic sampling); round i > 0 with `fold_in(k_roll, i)`. The `scalar` signal applies the
   aggregator with the step's starting state (not committed) to each round.
-
-  Returns:
-    (rollout of the B groups, r_BGK, the reward runner's metrics over the rounds, n_kept =
-    how many of the groups (the first ones) enter the loss, dynamic/* metrics, rollout
-    seconds, reward seconds).
   """
   s = comp.settings
   dyn = s.dynamic
@@ -378,11 +394,11 @@ def _draw_groups(comp: Components, params, agg_state, data_iter, agg_fn, k_roll,
     for k, v in m.items():
       reward_m.setdefault(k, []).append(float(v))
     if dyn.mode == "off":
-      return ro, r_BGK, {k: v[0] for k, v in reward_m.items()}, B, {}, t_roll, t_reward
+      return Draw(ro, r_BGK, B, {k: v[0] for k, v in reward_m.items()}, {}, t_roll, t_reward)
     rounds.append((ro, r_BGK))
     if dyn.signal == "scalar":
-      R_BG = agg_fn(agg_state, jnp.asarray(r_BGK), k_agg if i == 0 else
-                    jax.random.fold_in(k_agg, i))[0]
+      R_BG = signal(agg_state, jnp.asarray(r_BGK),
+                    k_agg if i == 0 else jax.random.fold_in(k_agg, i)).R_BG
       has = dynamic_sampling.scalar_signal(np.asarray(R_BG))
     else:
       has = dynamic_sampling.channel_signal(r_BGK)
@@ -399,47 +415,4 @@ def _draw_groups(comp: Components, params, agg_state, data_iter, agg_fn, k_roll,
   counts = ("errors", "timeouts", "seconds")
   reward_m = {k: float(np.sum(v) if k.endswith(counts) else np.mean(v))
               for k, v in reward_m.items()}
-  return ro, r_BGK, reward_m, n_kept, dyn_m, t_roll, t_reward
-
-
-@jax.jit
-def _kl_ref_metrics(ref_logp_NT, logp_NT, response_mask_NT):
-  """k1, k3 of KL(pi || pi_0) per response token (pi: the sampler's log-probs)."""
-  resp = response_mask_NT.astype(jnp.float32)
-  x = jnp.clip(ref_logp_NT - logp_NT, -20, 20)  # log pi_ref - log pi
-  denom = jnp.maximum(resp.sum(), 1.0)
-  return {"kl_ref/k1": (-x * resp).sum() / denom,
-          "kl_ref/k3": ((jnp.exp(x) - 1 - x) * resp).sum() / denom}
-
-
-_UPDATE_NAMES = {"policy_loss": "loss/policy", "pg_loss": "loss/pg", "entropy": "policy/entropy",
-                 "kl": "loss/kl", "mismatch_abs": "mismatch/abs_logp_diff",
-                 "mismatch_k3": "mismatch/k3", "tis_weight_mean": "mismatch/tis_weight_mean",
-                 "tis_clip_frac": "mismatch/tis_clip_frac"}
-
-
-def _step_metrics(s, r_BGK, R_BG, agg_m, upd_m, reward_m, ro, kl_m) -> dict:
-  names = s.rewards.channels
-  m = metrics_lib.channel_summaries(r_BGK, names)
-  m.update(metrics_lib.profile_distribution(r_BGK, names))
-  R = np.asarray(R_BG)
-  m["reward/scalar/mean"] = float(np.nanmean(R)) if np.isfinite(R).any() else float("nan")
-  m["reward/scalar/std"] = float(np.nanstd(R)) if np.isfinite(R).any() else float("nan")
-  if "weights" in agg_m:
-    for k, n in enumerate(names):
-      m[f"weights/{n}"] = float(agg_m["weights"][k])
-  m["frac_zero_std/scalar"] = float(agg_m["frac_zero_std"])
-  for k, n in enumerate(names):
-    m[f"frac_zero_std/{n}"] = float(agg_m["frac_zero_std_channels"][k])
-  for k, v in agg_m.items():
-    if k not in ("weights", "frac_zero_std", "frac_zero_std_channels") and np.ndim(v) == 0:
-      m[f"aggregator/{k}"] = float(v)
-  for k, v in upd_m.items():
-    if np.ndim(v) == 0:
-      m[_UPDATE_NAMES.get(k, f"update/{k}")] = float(v)
-  m.update({k.replace("rewards/", "reward_runner/"): float(v) for k, v in reward_m.items()})
-  m["response/length_mean"] = float(ro.lengths.mean())
-  m["response/truncated_frac"] = float(ro.truncated.mean())
-  if kl_m is not None:  # measured this step (kl_ref_every)
-    m.update({k: float(v) for k, v in kl_m.items()})
-  return m
+  return Draw(ro, r_BGK, n_kept, reward_m, dyn_m, t_roll, t_reward)

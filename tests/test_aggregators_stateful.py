@@ -2,7 +2,7 @@
 
 AMRP is checked against an independent numpy implementation of Algorithm 1 /
 Eqs. 4-7 written here from the paper; DRBO and the Lagrangian rule against short
-sequences computed by hand from METHODS.md section 2.
+sequences computed by hand from docs/methods.md §2.
 """
 
 import math

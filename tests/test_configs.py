@@ -1,4 +1,4 @@
-"""Paper configs, tiny runlocal assets and launch tools (STYLE.md items 2, 11-13).
+"""Paper configs, tiny runlocal assets and launch tools (docs/style.md §2, §11-13).
 
 * Every sweep point of every `configs/<file>.py` (except demo.py) resolves: `get_config(point)`
   and its `runlocal` variant pass `mr_rl.settings.from_config`, or fail there with the
@@ -6,7 +6,7 @@
 * Paper values: spot checks of the hyperparameters each table needs.
 * ONE training step of one representative point per config file, on CPU through the real
   trainer (`mr_rl.pipelines.run` via `python -m mr_rl.config_lib smoke`: tiny checkpoint +
-  tokenizer from `mr_rl.tiny`, tiny local data files in the hub schemas, 2 prompts x G 2,
+  tokenizer from `mr_rl.testing`, tiny local data files in the hub schemas, 2 prompts x G 2,
   8 new tokens; 'tag' pipelines probe 1 step per channel). All sweep points are resolved, but
   only one per file is run (CI budget); the runs share one process, so the trainer's compiled
   sampler and steps are reused across files.
@@ -36,7 +36,7 @@ FILES = sorted(os.path.splitext(os.path.basename(p))[0]
                for p in glob.glob(os.path.join(REPO, "configs", "*.py"))
                if os.path.basename(p) not in ("demo.py", "__init__.py"))
 # Shared by both xdist workers and across runs; builds are atomic, the directory name carries
-# a hash of mr_rl/tiny.py.
+# a hash of the mr_rl/testing files.
 os.environ.setdefault("MR_RL_CACHE", os.path.join(tempfile.gettempdir(), "mr_rl_test_cache"))
 
 REPRESENTATIVE = {
@@ -213,23 +213,23 @@ def test_estimate_scales_as_documented():
   assert cl.model_sizes("qwen3_30b_a3b")["active"] == pytest.approx(3.3e9, rel=0.1)
 
 
-BLOCKED = {}
-for _name, _point in REPRESENTATIVE.items():
-  try:
-    _why = cl.blocker(_module(_name).get_config(_point))
-  except Exception as e:  # reported by test_every_sweep_point_resolves
-    _why = None
-  if _why:
-    BLOCKED[_name] = _why
+def test_every_representative_config_can_run_here():
+  """No representative config names a reward channel this checkout lacks (its one-step run
+  below would otherwise have to be skipped)."""
+  blocked = {n: cl.blocker(_module(n).get_config(p)) for n, p in REPRESENTATIVE.items()}
+  assert not {n: why for n, why in blocked.items() if why}
 
 
-@pytest.mark.parametrize("name", sorted(BLOCKED) or ["(none)"])
-def test_blocked_one_step_runs_are_skipped_with_reason(name):
-  if name == "(none)":
-    pytest.skip("every representative config can run")
-  c = _module(name).get_config(REPRESENTATIVE[name] + ",runlocal")
-  _resolve(c)  # from_config fails with the predicted ValueError
-  pytest.skip(f"one-step run of configs/{name}.py:{REPRESENTATIVE[name]} skipped: {BLOCKED[name]}")
+def test_blocker_predicts_the_start_up_error():
+  """A config naming an unregistered channel is reported by `blocker`, and `from_config`
+  refuses it with the ValueError naming that channel (what the sweep listing relies on)."""
+  name = sorted(REPRESENTATIVE)[0]
+  c = _module(name).get_config(REPRESENTATIVE[name])
+  c.rewards.channels = str(c.rewards.channels) + ",no_such_channel"
+  why = cl.blocker(c)
+  assert why is not None and "no_such_channel" in why
+  s, reason = _resolve(c)  # asserts from_config raises the predicted ValueError
+  assert s is None and reason == why
 
 
 def _check_run(name, c, workdir):
@@ -254,7 +254,7 @@ def _check_run(name, c, workdir):
       assert f"reward/{ch}/mean" in recs[0], (name, ch)
       if recs[0][f"reward/{ch}/nan_frac"] > 0:
         nan_channels.append(f"train {ch}")
-      if recs[0][f"reward_runner/{ch}/errors"] > 0:  # failures score 0, not NaN (issue 14)
+      if recs[0][f"reward_runner/{ch}/errors"] > 0:  # failures score 0, not NaN
         nan_channels.append(f"train {ch} failed")
   return nan_channels
 
@@ -271,7 +271,7 @@ def test_one_step_per_config_file(tmp_path):
   can use fast-compile XLA flags and keeps the runs together under pytest-xdist. Every reward
   channel must score every sample (the tiny policy writes valid strings, so a NaN or a failed
   call means a broken channel or plumbing)."""
-  targets = [f"configs/{n}.py:{p}" for n, p in REPRESENTATIVE.items() if n not in BLOCKED]
+  targets = [f"configs/{n}.py:{p}" for n, p in REPRESENTATIVE.items()]
   out_json = tmp_path / "smoke.json"
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + FAST_COMPILE).strip())
@@ -434,10 +434,10 @@ def test_config_loads_through_config_flags_from_another_cwd(tmp_path):
 
 def test_tiny_checkpoint_is_idempotent_and_loads_in_transformers(tmp_path):
   from transformers import AutoConfig, AutoTokenizer
-  from mr_rl import tiny
-  d = tiny.make_tiny_checkpoint(str(tmp_path / "llama"), family="llama")
+  from mr_rl import testing
+  d = testing.make_tiny_checkpoint(str(tmp_path / "llama"), family="llama")
   stamp = os.path.getmtime(os.path.join(d, "model.safetensors"))
-  assert tiny.make_tiny_checkpoint(d, family="llama") == d
+  assert testing.make_tiny_checkpoint(d, family="llama") == d
   assert os.path.getmtime(os.path.join(d, "model.safetensors")) == stamp
   hf = AutoConfig.from_pretrained(d)
   tok = AutoTokenizer.from_pretrained(d)

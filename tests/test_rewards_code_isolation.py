@@ -1,4 +1,4 @@
-"""Adversarial tests of the code sandbox against a policy that remembers (issue 14, item 4).
+"""Adversarial tests of the code sandbox against a policy that remembers.
 
 Each class of attack from BUILD_NOTES.md "Code sandbox: threat model" runs for real:
 state kept across runs (files, SysV / POSIX IPC, keyrings), concurrent runs talking to
@@ -23,7 +23,8 @@ import uuid
 
 import pytest
 
-from mr_rl.rewards import _sandbox_kernel, code
+from mr_rl.rewards import sandbox
+from mr_rl.rewards.sandbox import cgroups, kernel
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="the full sandbox (uid drop, memory cgroup) needs root")
@@ -45,7 +46,7 @@ needs_known_arch = pytest.mark.skipif(NR is None, reason=f"no syscall table for 
 
 
 def _stdio(expected):
-  return code.CodeTests.stdio([("", expected)])
+  return sandbox.CodeTests.stdio([("", expected)])
 
 
 def _host_dir():
@@ -215,7 +216,7 @@ def test_a_program_that_remembers_cannot_learn_the_answer(store, host_dir):
           os.path.expanduser("~")]
   src = _store_program(store, tag, dirs)
   sysv_before = _host_sysv_keys()
-  results = [code.run(src, _stdio("NO")) for _ in range(4)]
+  results = [sandbox.run(src, _stdio("NO")) for _ in range(4)]
   assert [r.passed for r in results] == [False] * 4, [r.error for r in results]
   assert all("wrong output 'YES" in r.error for r in results), [r.error for r in results]
   # Nothing the runs wrote is left on the host.
@@ -274,8 +275,8 @@ def test_concurrent_runs_cannot_talk(host_dir):
             pass
         return found
       """)
-  tests = code.CodeTests.call("f", [[0]], [0])
-  a, b = code.run_many([offer, look], tests, max_workers=2)
+  tests = sandbox.CodeTests.call("f", [[0]], [0])
+  a, b = sandbox.run_many([offer, look], tests, max_workers=2)
   assert a.passed, a
   assert b.passed, b  # B found nothing: f returned 0
 
@@ -310,9 +311,9 @@ NR = {nr!r}
 assert libc.syscall(NR["keyctl"], 1, b"mr_rl_trainer") > 0  # KEYCTL_JOIN_SESSION_KEYRING
 data = {secret!r}.encode()
 assert libc.syscall(NR["add_key"], b"user", b"api_token", data, len(data), -3) > 0
-from mr_rl.rewards import _sandbox_kernel, code
-cfg = code.SandboxConfig(**{relaxed!r})
-r = code.run({thief!r}, code.CodeTests.call("f", [[]], ["x"]), config=cfg)
+from mr_rl.rewards import sandbox
+cfg = sandbox.SandboxConfig(**{relaxed!r})
+r = sandbox.run({thief!r}, sandbox.CodeTests.call("f", [[]], ["x"]), config=cfg)
 print(json.dumps({{"error": r.error}}))
 """
 
@@ -321,7 +322,7 @@ print(json.dumps({{"error": r.error}}))
 def test_secrets_in_the_trainers_session_keyring_stay_hidden():
   """The trainer (a fresh interpreter here) holds a secret key in its session keyring."""
   secret = "SECRET-" + uuid.uuid4().hex
-  script = _TRAINER.format(root=str(pathlib.Path(code.__file__).parents[2]), nr=NR, secret=secret,
+  script = _TRAINER.format(root=str(pathlib.Path(sandbox.__file__).parents[3]), nr=NR, secret=secret,
                            relaxed={} if ROOT else RELAXED, thief=_THIEF.format(nr=NR))
   proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -350,12 +351,12 @@ def test_installed_data_sets_and_hidden_paths_cannot_be_read(host_dir):
             out.append(type(e).__name__)
         return out
       """)
-  cfg = code.SandboxConfig(hidden_paths=("/root", "/home", host_dir), **({} if ROOT else RELAXED))
-  r = code.run(src, code.CodeTests.call("f", [[]], [["FileNotFoundError"] * 2]), config=cfg)
+  cfg = sandbox.SandboxConfig(hidden_paths=("/root", "/home", host_dir), **({} if ROOT else RELAXED))
+  r = sandbox.run(src, sandbox.CodeTests.call("f", [[]], [["FileNotFoundError"] * 2]), config=cfg)
   assert r.passed, r.error
   # Control: without hiding it, the sandbox uid can read a world-readable file.
-  cfg = code.SandboxConfig(hidden_paths=("/root", "/home"), **({} if ROOT else RELAXED))
-  r = code.run(src, code.CodeTests.call("f", [[]], [["FileNotFoundError", "3432"]]), config=cfg)
+  cfg = sandbox.SandboxConfig(hidden_paths=("/root", "/home"), **({} if ROOT else RELAXED))
+  r = sandbox.run(src, sandbox.CodeTests.call("f", [[]], [["FileNotFoundError", "3432"]]), config=cfg)
   assert r.passed, r.error
 
 
@@ -392,13 +393,13 @@ def f(n):
 @needs_root
 def test_memory_limit_holds_for_the_whole_run():
   """Six children of 50 MiB each cannot all be resident under a 256 MiB limit."""
-  cfg = code.SandboxConfig(memory_bytes=256 << 20)
-  caps = code.sandbox_capabilities(cfg)
+  cfg = sandbox.SandboxConfig(memory_bytes=256 << 20)
+  caps = sandbox.sandbox_capabilities(cfg)
   if caps.memory_cgroup is None:
     pytest.skip(f"no memory cgroup on this machine: {caps.notes}")
-  ok = code.run(_HOLDERS, code.CodeTests.call("f", [[3]], [3]), timeout_s=15, config=cfg)
+  ok = sandbox.run(_HOLDERS, sandbox.CodeTests.call("f", [[3]], [3]), timeout_s=15, config=cfg)
   assert ok.passed, ok  # control: 150 MiB fit
-  r = code.run(_HOLDERS, code.CodeTests.call("f", [[6]], [6]), timeout_s=15, config=cfg)
+  r = sandbox.run(_HOLDERS, sandbox.CodeTests.call("f", [[6]], [6]), timeout_s=15, config=cfg)
   assert not r.passed, r
   assert "got" not in r.error or int(r.error.rsplit("got ", 1)[1]) <= 5, r.error  # 5 * 50 < 256
 
@@ -429,13 +430,13 @@ def test_per_process_memory_bound_without_a_cgroup():
   """memory_limit="per-process": no process over memory_bytes, at most max_processes
   processes per run (supervisor and zygote included), so the run holds at most
   memory_bytes * max_processes."""
-  cfg = code.SandboxConfig(memory_bytes=256 << 20, max_processes=8, memory_limit="per-process",
+  cfg = sandbox.SandboxConfig(memory_bytes=256 << 20, max_processes=8, memory_limit="per-process",
                            require_privilege_drop=ROOT)
-  caps = code.sandbox_capabilities(cfg)
+  caps = sandbox.sandbox_capabilities(cfg)
   if caps.namespaces is None:
     pytest.skip("without namespaces the process cap is shared with every process of the uid")
   assert caps.memory_cgroup is None
-  r = code.run(_PER_PROCESS, code.CodeTests.call("f", [[]], [[False, 5]]), config=cfg)
+  r = sandbox.run(_PER_PROCESS, sandbox.CodeTests.call("f", [[]], [[False, 5]]), config=cfg)
   assert r.passed, r  # 300 MiB refused; 8 - supervisor - zygote - worker = 5 children
 
 
@@ -462,8 +463,8 @@ def test_a_fork_bomb_cannot_starve_a_concurrent_run():
           os._exit(7)
         return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
       """)
-  tests = code.CodeTests.call("f", [[0]], [7])
-  bombed, ok = code.run_many([bomb, honest], tests, timeout_s=QUICK, max_workers=2)
+  tests = sandbox.CodeTests.call("f", [[0]], [7])
+  bombed, ok = sandbox.run_many([bomb, honest], tests, timeout_s=QUICK, max_workers=2)
   assert not bombed.passed and bombed.timed_out
   assert ok.passed, ok
 
@@ -471,9 +472,9 @@ def test_a_fork_bomb_cannot_starve_a_concurrent_run():
 # ----------------------------------------------------------------------------- stalls
 def test_a_huge_return_value_cannot_stall_the_verdict():
   """The failure message must not repr a 6-million-digit int (once 33 s for timeout_s=2)."""
-  tests = code.CodeTests.call("f", [[1], [2], [3]], [1, 2, 3])
+  tests = sandbox.CodeTests.call("f", [[1], [2], [3]], [1, 2, 3])
   t0 = time.perf_counter()
-  r = code.run("def f(x):\n  return 1 << 20_000_000", tests, timeout_s=QUICK)
+  r = sandbox.run("def f(x):\n  return 1 << 20_000_000", tests, timeout_s=QUICK)
   elapsed = time.perf_counter() - t0
   assert not r.passed and "test 0" in r.error and "20000001 bits" in r.error, r.error[:300]
   assert elapsed < QUICK + 3, elapsed
@@ -481,20 +482,20 @@ def test_a_huge_return_value_cannot_stall_the_verdict():
 
 def test_a_trusted_check_cannot_be_stalled_by_the_value_it_formats():
   """HumanEval's check runs in the supervisor; str() of a huge int must fail fast there."""
-  tests = code.CodeTests.humaneval("def check(candidate):\n  assert str(candidate(1)) == '1'\n", "f")
+  tests = sandbox.CodeTests.humaneval("def check(candidate):\n  assert str(candidate(1)) == '1'\n", "f")
   t0 = time.perf_counter()
-  r = code.run("def f(x):\n  return 1 << 20_000_000", tests, timeout_s=QUICK)
+  r = sandbox.run("def f(x):\n  return 1 << 20_000_000", tests, timeout_s=QUICK)
   assert not r.passed and "check failed" in r.error, r.error[:300]
   assert time.perf_counter() - t0 < QUICK + 3
 
 
 def test_every_run_ends_within_its_budget_plus_a_fixed_grace():
   """Even when the supervisor itself hangs (here: a check that never returns)."""
-  cfg = code.SandboxConfig(startup_grace_s=2.0)
-  tests = code.CodeTests.humaneval("def check(candidate):\n  candidate(1)\n  while True:\n    pass\n",
+  cfg = sandbox.SandboxConfig(startup_grace_s=2.0)
+  tests = sandbox.CodeTests.humaneval("def check(candidate):\n  candidate(1)\n  while True:\n    pass\n",
                                    "f")
   t0 = time.perf_counter()
-  r = code.run("def f(x):\n  return x", tests, timeout_s=1.0, config=cfg)
+  r = sandbox.run("def f(x):\n  return x", tests, timeout_s=1.0, config=cfg)
   elapsed = time.perf_counter() - t0
   assert not r.passed and r.timed_out, r
   assert elapsed < 2 * 1.0 + 2.0 + 2.0, elapsed  # (n_tests + 1) * timeout_s + grace + slack
@@ -511,7 +512,7 @@ def test_setuid_binaries_do_not_gain_privileges(host_dir):
   src = ("import subprocess\n"
          "def f():\n"
          f"  return subprocess.run([{suid!r}], capture_output=True, text=True).stdout.strip()\n")
-  r = code.run(src, code.CodeTests.call("f", [[]], ["?"]))
+  r = sandbox.run(src, sandbox.CodeTests.call("f", [[]], ["?"]))
   assert r.error and "uid=65534" in r.error, r.error
   assert "euid=0" not in r.error, r.error
 
@@ -522,10 +523,10 @@ def test_no_capabilities_no_new_privs_and_seccomp():
   src = ("def f():\n"
          "  status = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines())\n"
          f"  return [status[k].strip() for k in {keys!r}]\n")
-  cfg = code.SandboxConfig(**({} if ROOT else RELAXED))
-  r = code.run(src, code.CodeTests.call("f", [[]], [["1", "2"] + ["0" * 16] * 5]), config=cfg)
+  cfg = sandbox.SandboxConfig(**({} if ROOT else RELAXED))
+  r = sandbox.run(src, sandbox.CodeTests.call("f", [[]], [["1", "2"] + ["0" * 16] * 5]), config=cfg)
   assert r.passed, r.error
-  assert code.sandbox_capabilities(cfg).capabilities_left == ()
+  assert sandbox.sandbox_capabilities(cfg).capabilities_left == ()
 
 
 @needs_known_arch
@@ -587,8 +588,8 @@ def test_syscalls_a_test_program_never_needs_are_refused():
   if hasattr(os, "unshare"):
     want["os.unshare"] = errno.EPERM
   want["subprocess"] = "42"
-  cfg = code.SandboxConfig(**({} if ROOT else RELAXED))
-  r = code.run(src, code.CodeTests.call("f", [[]], [want]), config=cfg)
+  cfg = sandbox.SandboxConfig(**({} if ROOT else RELAXED))
+  r = sandbox.run(src, sandbox.CodeTests.call("f", [[]], [want]), config=cfg)
   assert r.passed, r.error
 
 
@@ -600,22 +601,22 @@ def test_syscall_tables_match_libseccomp():
     pytest.skip("libseccomp.so.2 (Debian/Ubuntu package libseccomp2) is not installed")
   resolve = lib.seccomp_syscall_resolve_name_arch
   resolve.argtypes, resolve.restype = [ctypes.c_uint32, ctypes.c_char_p], ctypes.c_int
-  for arch, table in _sandbox_kernel.SYSCALLS.items():
-    token = _sandbox_kernel.AUDIT_ARCH[arch]
+  for arch, table in kernel.SYSCALLS.items():
+    token = kernel.AUDIT_ARCH[arch]
     wrong = {n: (nr, resolve(token, n.encode())) for n, nr in table.items() if resolve(token, n.encode()) != nr}
     assert wrong == {}, (arch, wrong)
     # A denied name missing from an arch's table is missing from that arch's kernel too.
-    missing = [n for n in _sandbox_kernel.DENIED if n not in table and resolve(token, n.encode()) >= 0]
+    missing = [n for n in kernel.DENIED if n not in table and resolve(token, n.encode()) >= 0]
     assert missing == [], (arch, missing)
 
 
 def test_seccomp_filter_program_shape():
-  for arch in _sandbox_kernel.SYSCALLS:
-    prog = _sandbox_kernel.seccomp_filter(arch)
+  for arch in kernel.SYSCALLS:
+    prog = kernel.seccomp_filter(arch)
     assert len(prog) % 8 == 0 and 0 < len(prog) // 8 < 4096  # the kernel's BPF_MAXINSNS
     last = struct.unpack("=HBBI", prog[-8:])
     assert last == (0x06, 0, 0, 0x7FFF0000)  # falls through to "allow"
-  assert _sandbox_kernel.seccomp_filter("sparc") is None
+  assert kernel.seccomp_filter("sparc") is None
 
 
 def test_memory_cgroup_discovery_v1_and_v2(tmp_path):
@@ -629,10 +630,10 @@ def test_memory_cgroup_discovery_v1_and_v2(tmp_path):
   v1_line = f"35 25 0:30 / {str(v1).replace(' ', chr(92) + '040')} rw - cgroup cgroup rw,memory\n"
   info.write_text(f"30 25 0:26 / {v2} rw - cgroup2 cgroup2 rw\n" + v1_line)
   own.write_text("4:memory:/job/7\n0::/user.slice/session-1.scope\n")
-  assert _sandbox_kernel.find_memory_cgroup(str(info), str(own)) == (2, f"{v2}/mr_rl_sandbox")
+  assert cgroups.find_memory_cgroup(str(info), str(own)) == (2, f"{v2}/mr_rl_sandbox")
   info.write_text(v1_line)  # v1 only: nested under this process's own memory cgroup
-  assert _sandbox_kernel.find_memory_cgroup(str(info), str(own)) == (1, f"{v1}/job/7/mr_rl_sandbox")
+  assert cgroups.find_memory_cgroup(str(info), str(own)) == (1, f"{v1}/job/7/mr_rl_sandbox")
   (v2 / "cgroup.controllers").write_text("cpu pids\n")  # v2 without memory, no v1
   info.write_text(f"30 25 0:26 / {v2} rw - cgroup2 cgroup2 rw\n")
-  version, why = _sandbox_kernel.find_memory_cgroup(str(info), str(own))
+  version, why = cgroups.find_memory_cgroup(str(info), str(own))
   assert version is None and "memory" in why

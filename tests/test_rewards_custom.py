@@ -1,4 +1,4 @@
-"""Your own reward functions by import path (issue 13 item 1).
+"""Your own reward functions by import path.
 
 `get_reward("my_pkg.rewards:concise", **params)`: a real module written to tmp_path and put
 on sys.path (and PYTHONPATH), scored by the runner on threads and in worker processes,

@@ -1,4 +1,4 @@
-"""Failure semantics of the reward runner (issue 14 items 1-2).
+"""Failure semantics of the reward runner.
 
 A failed verification (raised, timed out, worker died) scores the channel's failure value,
 never NaN ("does not apply"), so a policy earns nothing by breaking the verifier; NaN comes
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from mr_rl import aggregators
-from mr_rl.rewards import pool as pl
+from mr_rl.rewards.process import pool as pl
 from mr_rl.rewards import runner as rr
 
 # The issue's table: answer 7; math-verify cannot finish the power tower in time.

@@ -1,4 +1,4 @@
-"""Tests for mr_rl.rewards.math against the real math-verify (METHODS.md section 7).
+"""Tests for mr_rl.rewards.math against the real math-verify (docs/methods.md §7).
 
 Expected accuracy values are math-verify 0.9's real verdicts, each checked by
 hand; where math-verify disagrees with mathematics the note says

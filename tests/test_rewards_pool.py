@@ -1,6 +1,6 @@
-"""Tests for mr_rl.rewards.pool: our own worker processes (issue 14 item 3).
+"""Tests for mr_rl.rewards.process.pool: our own worker processes.
 
-Reward workers are forked by a `python -m mr_rl.rewards._worker` zygote, so they never
+Reward workers are forked by a `python -m mr_rl.rewards.process.worker` zygote, so they never
 import the caller's `__main__`: reward functions work from unguarded scripts, stdin,
 `python -c` and notebook cells. Timeouts kill only the overrunning call's worker.
 """
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from mr_rl.rewards import pool as pl
+from mr_rl.rewards.process import pool as pl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -252,7 +252,7 @@ def test_a_forked_child_gets_its_own_workers(tmp_path):
   script.write_text(textwrap.dedent(r"""
       import os
       import mr_rl.rewards.math as m
-      from mr_rl.rewards import pool
+      from mr_rl.rewards.process import pool
       assert m.accuracy(r"\boxed{2}", "2") == 1.0
       parent_zygote = pool.shared_pool()._zygote._proc.pid
       r, w = os.pipe()

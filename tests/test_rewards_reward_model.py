@@ -1,4 +1,4 @@
-"""Tests of the multi-objective reward model (mr_rl/rewards/reward_model.py).
+"""Tests of the multi-objective reward model (mr_rl/rewards/reward_model/).
 
 Reference: transformers' LlamaForSequenceClassification logits (tiny random model written
 with save_pretrained here) and, for the ArmoRM layout, transformers' LlamaModel hidden

@@ -1,4 +1,4 @@
-"""Advantage estimators (METHODS.md section 3) against loop-based numpy references."""
+"""Advantage estimators (docs/methods.md §3) against loop-based numpy references."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""KL estimators (METHODS.md section 5) and unbiased pass@k (section 8)."""
+"""KL estimators (docs/methods.md §5) and unbiased pass@k (§8)."""
 
 import jax
 import jax.numpy as jnp

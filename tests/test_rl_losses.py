@@ -1,4 +1,4 @@
-"""Policy / value losses (METHODS.md section 4) and GAE against numpy loop references."""
+"""Policy / value losses (docs/methods.md §4) and GAE against numpy loop references."""
 
 import jax
 import jax.numpy as jnp
@@ -75,11 +75,11 @@ def test_policy_loss_matches_numpy(agg, est, beta):
 
 def test_per_token_advantages_and_clip_higher():
   logp, old, _, mask, A = _batch(1)
-  A_BT = np.random.default_rng(2).normal(size=logp.shape)
+  A_NT = np.random.default_rng(2).normal(size=logp.shape)
   cfg = losses.PolicyLossConfig(eps_low=0.1, eps_high=0.5)
-  loss, _ = _jit_policy_loss(jnp.asarray(logp), jnp.asarray(old), jnp.asarray(A_BT),
+  loss, _ = _jit_policy_loss(jnp.asarray(logp), jnp.asarray(old), jnp.asarray(A_NT),
                              jnp.asarray(mask), cfg)
-  want = _np_policy_loss(logp, old, A_BT, mask, 'token-mean', 0.1, 0.5)
+  want = _np_policy_loss(logp, old, A_NT, mask, 'token-mean', 0.1, 0.5)
   np.testing.assert_allclose(float(loss), want, rtol=2e-5)
 
 
@@ -190,8 +190,9 @@ def test_token_weights_and_logprobs():
       np.testing.assert_allclose(logp[b, t], ls[b, t - 1, tokens[b, t]], rtol=1e-5)
       np.testing.assert_allclose(ent[b, t], -(np.exp(ls[b, t - 1]) * ls[b, t - 1]).sum(),
                                  rtol=1e-5)
-  np.testing.assert_allclose(losses.entropy_from_logits(jnp.zeros((1, 1, 7))), np.log(7),
-                             rtol=1e-6)
+  # Uniform next-token logits: entropy log V.
+  _, ent_uniform = losses.token_logprobs_and_entropy(jnp.zeros((1, 2, 7)), jnp.zeros((1, 2), int))
+  np.testing.assert_allclose(ent_uniform[0, 1], np.log(7), rtol=1e-6)
 
 
 def test_config_validation():

@@ -7,14 +7,15 @@ import optax
 import pytest
 
 from mr_rl.rl import advantages, losses, update
+from mr_rl.rl.batch import LearnerBatch
 
 V = 8  # vocabulary of the linear-softmax policy
 
 
-def linear_logits(W, tokens_BT, mask_BT):
+def linear_logits(W, tokens_NT, mask_NT):
   """A bigram policy: logits at t are the row of W for token t (no other parameters)."""
-  del mask_BT
-  return W[tokens_BT]
+  del mask_NT
+  return W[tokens_NT]
 
 
 def _np_log_softmax(z):
@@ -78,10 +79,10 @@ def _linear_batch(seed=0, **kw):
   old = np.where(rmask > 0, true_logp + rng.normal(scale=0.3, size=tokens.shape), 0.0)
   ref = np.where(rmask > 0, true_logp + rng.normal(scale=0.3, size=tokens.shape), 0.0)
   A_BG = np.asarray(advantages.grpo(R))
-  batch = dict(tokens_NT=tokens, mask_NT=mask, response_mask_NT=rmask,
-               old_logp_NT=old.astype(np.float32), advantages_BG=A_BG,
-               ref_logp_NT=ref.astype(np.float32))
-  return W, {k: jnp.asarray(v) for k, v in batch.items()}, (old, ref, A_BG.reshape(-1))
+  batch = LearnerBatch(tokens=tokens, mask=mask, response_mask=rmask,
+                       old_logp=old.astype(np.float32), advantages=A_BG.reshape(-1),
+                       ref_logp=ref.astype(np.float32))
+  return W, jax.tree.map(jnp.asarray, batch).check(), (old, ref, A_BG.reshape(-1))
 
 
 def test_linear_policy_adamw_step_matches_hand_gradient():
@@ -94,8 +95,8 @@ def test_linear_policy_adamw_step_matches_hand_gradient():
   state = update.init_train_state(jnp.asarray(W), tx)
   step = update.make_policy_step(linear_logits, cfg, tx)
   new, metrics = step(state, batch, jax.random.PRNGKey(0))
-  want_loss, g = _np_linear_loss_and_grad(W, np.asarray(batch['tokens_NT']),
-                                          np.asarray(batch['response_mask_NT']), old, A_N, agg,
+  want_loss, g = _np_linear_loss_and_grad(W, np.asarray(batch.tokens),
+                                          np.asarray(batch.response_mask), old, A_N, agg,
                                           beta, ref)
   np.testing.assert_allclose(float(metrics['policy_loss']), want_loss, rtol=1e-4, atol=1e-6)
   gnorm = np.linalg.norm(g)
@@ -121,14 +122,14 @@ def test_micro_batched_gradient_equals_full_batch_hand_gradient(agg):
   state = update.init_train_state(jnp.asarray(W), optax.sgd(1.0))
   new, metrics = update.make_policy_step(linear_logits, cfg, optax.sgd(1.0))(
       state, batch, jax.random.PRNGKey(0))
-  want_loss, g = _np_linear_loss_and_grad(W, np.asarray(batch['tokens_NT']),
-                                          np.asarray(batch['response_mask_NT']), old, A_N, agg,
+  want_loss, g = _np_linear_loss_and_grad(W, np.asarray(batch.tokens),
+                                          np.asarray(batch.response_mask), old, A_N, agg,
                                           beta, ref)
   np.testing.assert_allclose(float(metrics['policy_loss']), want_loss, rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(float(metrics['grad_norm']), np.linalg.norm(g), rtol=1e-4)
   np.testing.assert_allclose(W - np.asarray(new.params), g, rtol=1e-4, atol=1e-6)  # sgd(1): -g
   assert np.abs(g).max() > 1e-3
-  m = np.asarray(batch['response_mask_NT']) > 0
+  m = np.asarray(batch.response_mask) > 0
   assert float(metrics['response_tokens']) == m.sum()
 
 
@@ -139,9 +140,11 @@ def test_bad_batch_and_config_raise():
   state = update.init_train_state(jnp.asarray(W), update.make_optimizer(cfg))
   with pytest.raises(ValueError, match='num_micro_batches'):
     step(state, batch, jax.random.PRNGKey(0))
-  bad = {k: v for k, v in batch.items() if k != 'old_logp_NT'}
-  with pytest.raises(ValueError, match='old_logp_NT'):
-    update.make_policy_step(linear_logits, update.UpdateConfig())(state, bad, jax.random.PRNGKey(0))
+  with pytest.raises(TypeError, match='old_logp'):
+    LearnerBatch(tokens=batch.tokens, mask=batch.mask, response_mask=batch.response_mask,
+                 advantages=batch.advantages)
+  with pytest.raises(ValueError, match='LearnerBatch.old_logp has shape'):
+    batch.replace(old_logp=batch.old_logp[:, 1:]).check()
   with pytest.raises(ValueError, match='num_micro_batches'):
     update.UpdateConfig(num_micro_batches=0)
   with pytest.raises(ValueError, match='lr'):

@@ -14,6 +14,7 @@ import pytest
 
 from mr_rl import models
 from mr_rl.rl import advantages, critic, gae, losses, update
+from mr_rl.rl.batch import LearnerBatch
 
 CFG = models.ModelConfig(family='qwen3', vocab_size=64, d_model=32, n_layers=2, n_heads=4,
                          n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=64)
@@ -62,11 +63,11 @@ def make_batch(model, params, seed=0, B=2, G=4, P=4, T=12):
   noise = lambda s: np.where(rmask > 0, logp + rng.normal(scale=s, size=logp.shape), 0.0)
   R = rng.binomial(1, 0.5, size=(B, G)).astype(np.float32)
   R[0, 0], R[0, 1] = 1.0, 0.0
-  batch = dict(tokens_NT=tokens, mask_NT=mask, response_mask_NT=rmask,
-               old_logp_NT=noise(0.2).astype(np.float32),
-               ref_logp_NT=noise(0.2).astype(np.float32),
-               advantages_BG=np.asarray(advantages.grpo(R)))
-  return batch, logits
+  batch = LearnerBatch(tokens=tokens, mask=mask, response_mask=rmask,
+                       old_logp=noise(0.2).astype(np.float32),
+                       ref_logp=noise(0.2).astype(np.float32),
+                       advantages=np.asarray(advantages.grpo(R)).reshape(-1))
+  return batch.check(), logits
 
 
 @pytest.fixture(scope='module')
@@ -79,12 +80,12 @@ def setup():
 
 def _np_loss_from_logits(logits, batch, beta):
   """token-mean clipped loss + beta * k3, recomputed in numpy from the model's logits."""
-  logp = np_token_logp(logits, batch['tokens_NT'])
-  m = batch['response_mask_NT'] > 0
-  A = batch['advantages_BG'].reshape(-1)[:, None]
-  rho = np.exp(logp - batch['old_logp_NT'])
+  logp = np_token_logp(logits, batch.tokens)
+  m = batch.response_mask > 0
+  A = batch.advantages[:, None]
+  rho = np.exp(logp - batch.old_logp)
   pg = np.maximum(-A * rho, -A * np.clip(rho, 0.8, 1.28))
-  x = batch['ref_logp_NT'] - logp
+  x = batch.ref_logp - logp
   per = pg + beta * (np.exp(x) - 1 - x)
   return per[m].mean()
 
@@ -109,14 +110,13 @@ def test_ppo_step(setup):
   model, params, batch, _ = setup
   value_fn = critic.model_value_fn(model)
   vparams = critic.init_value_params(model, params, jax.random.PRNGKey(1))
-  rmask = batch['response_mask_NT']
-  old_values = np.asarray(jax.jit(value_fn)(vparams, batch['tokens_NT'], batch['mask_NT']))
-  R = np.asarray(batch['advantages_BG']).reshape(-1) > 0
+  rmask = batch.response_mask
+  old_values = np.asarray(jax.jit(value_fn)(vparams, batch.tokens, batch.mask))
+  R = np.asarray(batch.advantages) > 0
   adv, ret = jax.jit(gae.ppo_advantages, static_argnums=(3, 4))(R.astype(np.float32), old_values,
                                                                rmask, 1.0, 0.95)
-  ppo_batch = {k: v for k, v in batch.items() if k != 'advantages_BG'}
-  ppo_batch.update(advantages_NT=np.asarray(adv), returns_NT=np.asarray(ret),
-                   old_values_NT=old_values)
+  ppo_batch = batch.replace(advantages=np.asarray(adv), returns=np.asarray(ret),
+                            old_values=old_values).check()
   cfg = update.UpdateConfig(loss=losses.PolicyLossConfig(kl_coef=0.05), value_lr=1e-3)
   tx, vtx = update.make_optimizer(cfg), update.make_optimizer(cfg, lr=cfg.value_lr)
   state = update.init_train_state(jax.tree.map(jnp.array, params), tx, vparams, vtx)
@@ -172,10 +172,9 @@ for k in ref_m:
   np.testing.assert_allclose(float(m[k]), float(ref_m[k]), rtol=1e-4, atol=1e-6, err_msg=k)
 assert int(new.step) == 1
 # Packed rows (segment ids) on the mesh equal the unpacked single-device step too.
-from mr_rl.rl import packing
-packed = packing.pack(batch, cfg.loss.loss_agg, None, row_multiple=8)
-assert packed.pop('rows_packed') == 8 and packed['segment_ids_NT'].max() >= 2
-packed = {k: jnp.asarray(v) for k, v in packed.items()}
+from mr_rl.rl import batch as batch_lib
+packed = batch_lib.pack_rows(batch, batch_lib.PackSpec(cfg.loss.loss_agg, None, row_multiple=8))
+assert batch_lib.packed_sequences(packed) == 8 and int(packed.segment_ids.max()) >= 2
 cfg3 = dataclasses.replace(cfg2, pack=True)
 state = jax.device_put(update.init_train_state(jax.tree.map(jnp.asarray, host), tx), st_sh)
 step = update.make_policy_step(logits_fn, cfg3, tx, mesh=mesh, rules=sharding.DEFAULT_RULES,

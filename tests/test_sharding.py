@@ -90,7 +90,7 @@ def _worker(tmpdir):
 
   # --- prefill + one decode step with a sharded KV cache
   S = T + 2
-  step = lambda p, t, pos, kv, c, i: model.apply({"params": p}, t, pos, kv_mask_BS=kv, cache=c,
+  step = lambda p, t, pos, kv, c, i: model.apply({"params": p}, t, pos, kv_mask_NC=kv, cache=c,
                                                   cache_index=i)
   pos = M.positions_from_mask(mask)
   nxt = jnp.arange(B, dtype=jnp.int32)[:, None] + 3

@@ -1,4 +1,4 @@
-"""Tests of mr_rl.theory: the conditional-mean GRPO model of METHODS.md section 9.
+"""Tests of mr_rl.theory: the conditional-mean GRPO model of docs/methods.md §9.
 
 References used here that the module does not share code with: a brute-force sum over
 all 5**G ordered outcome sequences (numpy), a Monte Carlo GRPO estimator (numpy),
@@ -22,7 +22,7 @@ from mr_rl.theory import __main__ as cli
 # Outcome types: (r1, r2, is_P) for P00, P01, P10, P11, S.
 TYPES = np.array([[0, 0, 1], [0, 1, 1], [1, 0, 1], [1, 1, 1], [0, 1, 0]], np.float64)
 
-NP_AGGS = {  # numpy transcriptions of METHODS.md section 1 (lam = 1 for TAG).
+NP_AGGS = {  # numpy transcriptions of docs/methods.md §1 (lam = 1 for TAG).
     "additive": lambda r: r.mean(-1),
     "weighted": lambda r: 0.9 * r[..., 0] + 0.1 * r[..., 1],
     "tag": lambda r: r[..., 0] * (1 + r[..., 1]) / 2,
@@ -53,7 +53,7 @@ def test_table_aggregator_is_faithful():
                              for agg in LIB_AGGS.values()])()
   for agg, want in zip(LIB_AGGS.values(), direct):
     R_V = theory.aggregate_rewards(agg)
-    np.testing.assert_array_equal(theory.table_aggregator(R_V)(jnp.asarray(theory.REWARD_VECTORS_VK)), R_V)
+    np.testing.assert_array_equal(theory.table_aggregator(R_V)(jnp.asarray(theory.REWARD_VECTORS_YK)), R_V)
     assert drift(0.7, 0.3, 0.4, agg) == pytest.approx(float(want), rel=1e-6)
 
 

@@ -19,53 +19,10 @@ import pytest
 from mr_rl import metrics as metrics_lib
 from mr_rl import settings as settings_lib
 from mr_rl import train as train_lib
-from mr_rl.demo import warmstart
+from mr_rl.testing.runs import arith_config as _config
+from mr_rl.testing.runs import assert_same_metrics as _assert_same_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def base_policy(tmp_path_factory):
-  out = str(tmp_path_factory.mktemp("base_policy"))
-  warmstart.train(warmstart.WarmStartConfig(steps=3, batch_size=8, d_model=32, n_layers=1),
-                  out, log_every=0)
-  return out
-
-
-def _config(base_policy, total_steps, aggregator="amrp"):
-  c = settings_lib.default_config()
-  c.plugins = "mr_rl.demo"
-  c.data.name = "arithmetic"
-  c.model.path = base_policy
-  c.data.batch_prompts = 4
-  c.data.max_prompt_len = 16
-  c.data.options.num_train = 64
-  c.data.options.num_eval = 16
-  c.rollout.group_size = 4
-  c.rollout.max_new_tokens = 24
-  c.rewards.channels = "arith_acc,arith_negative,arith_fmt"
-  c.aggregator.name = aggregator
-  c.total_steps = total_steps
-  c.checkpoint_every = 3
-  c.optim.lr = 1e-3
-  return c
-
-
-def _strip(rec):
-  """Everything but wall-clock timings."""
-  return {k: v for k, v in rec.items() if not k.startswith("time/") and k != "reward_runner/seconds"}
-
-
-def _assert_same_metrics(a, b, rtol=0.0):
-  assert [r["step"] for r in a] == [r["step"] for r in b]
-  for x, y in zip(a, b):
-    x, y = _strip(x), _strip(y)
-    assert x.keys() == y.keys(), (x["step"], sorted(set(x) ^ set(y)))
-    for k in x:
-      if isinstance(x[k], float) and rtol:
-        np.testing.assert_allclose(x[k], y[k], rtol=rtol, atol=1e-7, err_msg=k)
-      else:
-        assert x[k] == y[k], (x["step"], k, x[k], y[k])
 
 
 def test_resume_reproduces_uninterrupted_run(base_policy, tmp_path):
@@ -95,9 +52,7 @@ def test_resume_reproduces_uninterrupted_run(base_policy, tmp_path):
 
 
 _CFG_FILE = textwrap.dedent("""
-    import sys
-    sys.path.insert(0, {tests!r})
-    from test_train import _config
+    from mr_rl.testing.runs import arith_config as _config
 
     def get_config(arg=None):
       c = _config({base!r}, 6)
@@ -108,7 +63,7 @@ _CFG_FILE = textwrap.dedent("""
 
 def test_sigkill_mid_run_resumes_without_loss(base_policy, tmp_path):
   cfg = tmp_path / "cfg.py"
-  cfg.write_text(_CFG_FILE.format(tests=os.path.join(REPO, "tests"), base=base_policy))
+  cfg.write_text(_CFG_FILE.format(base=base_policy))
   wd = tmp_path / "wd"
   cmd = [sys.executable, "-m", "mr_rl.main", f"--config={cfg}", f"--workdir={wd}"]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -191,7 +146,7 @@ def test_ppo_trains_a_critic_through_the_trainer(base_policy, tmp_path):
 
 
 def test_own_reward_by_import_path_through_the_trainer(base_policy, tmp_path, monkeypatch):
-  """config.rewards.channels takes 'module:function' (issue 13 item 1): validated at start-up,
+  """config.rewards.channels takes 'module:function': validated at start-up,
   named after the function, parameters from rewards.params.<name>, trained with."""
   (tmp_path / "my_rewards.py").write_text(textwrap.dedent("""
       def concise(response, example, num_tokens, max_tokens=10):

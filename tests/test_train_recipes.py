@@ -1,4 +1,4 @@
-"""The GRPO recipe features of issue 16 in the trainer: DAPO dynamic sampling (both deciding
+"""The GRPO recipe features in the trainer: DAPO dynamic sampling (both deciding
 signals, refill and shrink), overlong masking and penalty, the sampler/trainer mismatch
 (recomputed old log-probs, truncated importance sampling), and bit-exact resume with them on.
 
@@ -16,8 +16,10 @@ from mr_rl import metrics as metrics_lib
 from mr_rl import settings as settings_lib
 from mr_rl import train as train_lib
 from mr_rl.rl import dynamic_sampling as ds
+from mr_rl.rl import signal as signal_lib
 
-from test_train import _assert_same_metrics, _config, base_policy  # noqa: F401 (fixture)
+from mr_rl.testing.runs import arith_config as _config
+from mr_rl.testing.runs import assert_same_metrics as _assert_same_metrics
 
 
 # --------------------------------------------------------------------------- signals
@@ -44,35 +46,41 @@ def test_which_signal_decides():
   assert picks == [(0, 2), (0, 0), (0, 1)] and n == 1
 
 
-@pytest.mark.parametrize("signal,advantage,mode", [("scalar", "grpo", "refill"),
+@pytest.mark.parametrize("signal_name,advantage,mode", [("scalar", "grpo", "refill"),
                                                    ("channels", "gdpo", "shrink")])
-def test_trainer_keeps_only_groups_with_signal(base_policy, signal, advantage, mode):
+def test_trainer_keeps_only_groups_with_signal(base_policy, signal_name, advantage, mode):
   c = _config(base_policy, 1, aggregator="weighted")
   c.aggregator.hp.w = [0.5, 0.25, 0.25]
   c.advantage.name = advantage
   c.dynamic_sampling.mode = mode
   c.dynamic_sampling.signal = "auto"
   s = settings_lib.from_config(c)
-  assert s.dynamic.signal == signal
+  assert s.dynamic.signal == signal_name
   comp = train_lib.build(s)
-  agg, agg_fn = train_lib._aggregate_fn(s.aggregator.name, train_lib._hashable(s.aggregator.hp),
-                                        s.advantage, train_lib._hashable(s.advantage_hp))
+  agg, signal = signal_lib.signal_fn(s.aggregator.name, s.aggregator.hp, s.advantage,
+                                     s.advantage_hp)
   state = agg.init(s.num_channels)
   from mr_rl import data
   it = data.ResumableIterator(list(comp.train_examples), s.data.batch_prompts, seed=s.seed)
   key = jax.random.PRNGKey(3)
-  ro, r, _, n_kept, m, _, _ = train_lib._draw_groups(comp, comp.base_params, state, it, agg_fn,
-                                                     key, key)
+  draw = train_lib.draw_groups(comp, comp.base_params, state, it, signal, key, key)
+  ro, r, n_kept, m = draw.rollout, draw.r_BGK, draw.n_kept, draw.metrics
   B = s.data.batch_prompts
-  assert r.shape[0] == B == ro.tokens.shape[0] and m["dynamic/rounds"] >= 1
-  has = (ds.scalar_signal(np.asarray(agg_fn(state, r, key)[0])) if signal == "scalar"
+  assert r.shape[0] == B == ro.tokens.shape[0]
+  # The first round had groups without signal, so dropping (and, for refill, refilling) ran.
+  assert m["dynamic/dropped_frac"] > 0
+  has = (ds.scalar_signal(np.asarray(signal(state, r, key).R_BG)) if signal_name == "scalar"
          else ds.channel_signal(r))
   assert has[:n_kept].all() and not has[n_kept:].any()
   if mode == "shrink":
     assert m["dynamic/rounds"] == 1
     assert m["dynamic/kept_frac"] == n_kept / B == 1 - m["dynamic/dropped_frac"]
-  else:
-    assert m["dynamic/kept_frac"] == 1.0 or m["dynamic/rounds"] == 1 + s.dynamic.max_rounds
+  else:  # refill draws rounds until B groups are kept, at most 1 + max_rounds
+    assert m["dynamic/rounds"] >= 2
+    if m["dynamic/rounds"] < 1 + s.dynamic.max_rounds:
+      assert m["dynamic/kept_frac"] == 1.0
+    if m["dynamic/kept_frac"] < 1.0:
+      assert m["dynamic/rounds"] == 1 + s.dynamic.max_rounds
   # The data iterator moved once per round.
   assert it.state() != data.ResumableIterator(list(comp.train_examples), B, seed=s.seed).state()
 

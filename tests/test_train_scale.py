@@ -98,11 +98,13 @@ def test_drift_measured_in_row_chunks_equals_one_pass(policy):
   for m in (1, 8):  # 16 rollout rows: micro-batches of 16 and of 2 rows
     c.optim.num_micro_batches = m
     sm = settings_lib.from_config(c)
-    assert anchor_lib.drift_chunk_rows(sm, 4 * 4) == {1: 16, 8: 2}[m]  # 16 drift rows
-    assert anchor_lib.drift_chunk_rows(sm, 4 * 3) == {1: 4, 8: 2}[m]   # divisors of 12 rows
+    mb_rows = sm.data.batch_prompts * sm.rollout.group_size // m
+    assert anchor_lib.drift_chunk_rows(mb_rows, 4 * 4) == {1: 16, 8: 2}[m]  # 16 drift rows
+    assert anchor_lib.drift_chunk_rows(mb_rows, 4 * 3) == {1: 4, 8: 2}[m]   # divisors of 12
     res[m] = anchor_lib.measure_drift(
-        dataclasses.replace(comp, settings=sm), probe, comp.base_params, comp.eval_examples[:8],
-        jax.random.PRNGKey(1), samples=4)
+        comp.policy, probe, comp.base_params, comp.eval_examples[:8], jax.random.PRNGKey(1),
+        sampling=dataclasses.replace(sm.rollout, group_size=4),
+        batch_prompts=sm.data.batch_prompts, micro_batch_rows=mb_rows)
   assert res[1]["rev_kl_exact_per_token"] > 0
   for k in res[1]:
     np.testing.assert_allclose(res[8][k], res[1][k], rtol=1e-5, err_msg=k)
@@ -116,7 +118,7 @@ def test_chunked_forward_equals_one_call(policy):
   N, T = 8, 10
   tokens = jnp.asarray(rng.integers(3, model.config.vocab_size, (N, T)), jnp.int32)
   mask = jnp.asarray(np.arange(T)[None, :] >= (np.arange(N) % 3)[:, None], jnp.int32)
-  logp_fn = train_lib._logprob_fn(model)
+  logp_fn = train_lib.logprob_forward(model)
   value_fn = jax.jit(critic.model_value_fn(model))
   vparams = critic.init_value_params(model, params, jax.random.PRNGKey(1))
   for fn, p, splits in ((logp_fn, params, (2, 4)), (value_fn, vparams, (4,))):
@@ -190,7 +192,8 @@ def _mesh_worker(policy_path: str) -> dict:
   # evaluating in calls of 4 prompts (same calls, same keys).
   from mr_rl import evaluation
   ecfg = lambda b: evaluation.EvalConfig(mode="sampled", num_samples=3, ks=(1,), batch_prompts=b)
-  evals = [evaluation.evaluate(c_, c_.base_params, comp.eval_examples[:5], ecfg(b),
+  evals = [evaluation.evaluate(c_.policy, c_.runner, c_.base_params, comp.eval_examples[:5],
+                               ecfg(b).resolve(s, s.num_channels),
                                jax.random.PRNGKey(3)).metrics("eval/")
            for c_, b in ((comp, 3), (single, 4))]
   return dict(sharded=sharded.history, single=ref.history, eval_mesh=evals[0], eval_one=evals[1],
@@ -228,12 +231,12 @@ def test_sharded_training_matches_one_device(policy):
 # ------------------------------------------------------------ eval sets, long prompts
 @pytest.fixture(scope="module")
 def math_files(tmp_path_factory):
-  """A tiny Qwen3-layout checkpoint (byte-level BPE, chat template; mr_rl.tiny) and tiny
+  """A tiny Qwen3-layout checkpoint (byte-level BPE, chat template; mr_rl.testing) and tiny
   NuminaMath / MATH-500 / AMC files in their hub schemas."""
-  from mr_rl import tiny
+  from mr_rl import testing
   root = tmp_path_factory.mktemp("math")
-  ckpt = tiny.make_tiny_checkpoint(str(root / "Qwen3-4B-Instruct-2507"), "qwen3")
-  files = {n: tiny.make_tiny_data(n, str(root / "data")) for n in ("numina_math", "math500", "amc")}
+  ckpt = testing.make_tiny_checkpoint(str(root / "Qwen3-4B-Instruct-2507"), "qwen3")
+  files = {n: testing.make_tiny_data(n, str(root / "data")) for n in ("numina_math", "math500", "amc")}
   return ckpt, files
 
 
@@ -270,7 +273,7 @@ def test_eval_sets_report_per_set_and_overall(math_files, tmp_path):
   comp = train_lib.build(s)
   assert list(comp.eval_sets) == ["math500", "amc"]
   assert len(comp.eval_sets["amc"]) == 2 * len(comp.eval_sets["math500"])  # replicas=2
-  examples = evaluation.evaluation_examples(comp, s.eval.num_prompts)
+  examples = evaluation.evaluation_examples(comp.eval_data, s.eval.num_prompts)
   assert [ex.dataset for ex in examples] == ["math500"] * 3 + ["amc"] * 3
   pipelines.run_train(s, str(tmp_path), comp=comp)
   with open(tmp_path / "eval.json") as f:
@@ -282,8 +285,9 @@ def test_eval_sets_report_per_set_and_overall(math_files, tmp_path):
   np.testing.assert_allclose(ev["eval/format"],
                              (ev["eval/math500/format"] + ev["eval/amc/format"]) / 2)
   # One set: per-set keys as well (the evaluator itself only splits several sets).
-  one = dataclasses.replace(comp, eval_sets={"math500": comp.eval_sets["math500"]})
-  m = evaluation.run_evaluation(one, comp.base_params, jax.random.PRNGKey(0))
+  m = evaluation.run_evaluation(comp.policy, comp.runner, s,
+                                {"math500": comp.eval_sets["math500"]}, comp.base_params,
+                                jax.random.PRNGKey(0))
   assert m["eval/math500/format"] == m["eval/format"] == ev["eval/math500/format"]
   # Bad names and options fail at start-up.
   for field, value, needle in (("eval_sets", "math500,bogus", "data.eval_sets='bogus'"),

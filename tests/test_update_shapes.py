@@ -1,4 +1,4 @@
-"""Length-aware update batches (issue 16, item 1): trimmed and packed batches give the padded
+"""Length-aware update batches: trimmed and packed batches give the padded
 batch's losses, metrics and gradients; the compiled widths stay few; masked rows (truncated
 responses, dynamic sampling's unfilled slots) enter no loss."""
 
@@ -13,7 +13,8 @@ import pytest
 
 from mr_rl import models
 from mr_rl import rollout as rollout_lib
-from mr_rl.rl import losses, packing, update
+from mr_rl.rl import batch as batch_lib
+from mr_rl.rl import losses, update
 
 CFG = models.ModelConfig(family='qwen3', vocab_size=64, d_model=32, n_layers=2, n_heads=4,
                          n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=64)
@@ -61,9 +62,9 @@ def model_and_params():
 
 def _with_own_logprobs(model, params, ro, noise=0.3, seed=0):
   """The rollout with log-probs near the model's own (so PPO ratios straddle the clip)."""
-  batch = rollout_lib.update_batch(ro, jnp.zeros((B, G)), trim=False)
+  batch = batch_lib.make_batch(ro, jnp.zeros((B, G)), trim=False)
   logp = np.asarray(update.make_logprob_fn(update.model_logits_fn(model))(
-      params, batch['tokens_NT'], batch['mask_NT']))[:, P:].reshape(B, G, S)
+      params, batch.tokens, batch.mask))[:, P:].reshape(B, G, S)
   rng = np.random.default_rng(seed)
   lp = np.where(ro.mask > 0, logp + rng.normal(scale=noise, size=logp.shape), 0.0)
   return dataclasses.replace(ro, logprobs=lp.astype(np.float32))
@@ -71,9 +72,9 @@ def _with_own_logprobs(model, params, ro, noise=0.3, seed=0):
 
 def _step(model, cfg, batch, params, ref_params):
   """One sgd(1) step: (metrics, gradient = params - new params) with a KL to `ref_params`."""
-  seg = [batch['segment_ids_NT']] if 'segment_ids_NT' in batch else []
-  batch = dict(batch, ref_logp_NT=update.make_logprob_fn(update.model_logits_fn(model))(
-      ref_params, batch['tokens_NT'], batch['mask_NT'], *seg))
+  seg = [] if batch.segment_ids is None else [batch.segment_ids]
+  batch = batch.replace(ref_logp=update.make_logprob_fn(update.model_logits_fn(model))(
+      ref_params, batch.tokens, batch.mask, *seg))
   state = update.init_train_state(jax.tree.map(jnp.array, params), optax.sgd(1.0))
   step = update.make_policy_step(update.model_logits_fn(model), cfg, optax.sgd(1.0))
   new, m = step(state, batch, jax.random.PRNGKey(0))
@@ -92,12 +93,12 @@ def _assert_same(a, b, rtol=2e-5, atol=1e-6):
 
 
 def test_column_buckets():
-  assert [rollout_lib.size_bucket(n) for n in range(1, 14)] == [1, 2, 3, 4, 6, 6, 8, 8, 12, 12,
+  assert [batch_lib.size_bucket(n) for n in range(1, 14)] == [1, 2, 3, 4, 6, 6, 8, 8, 12, 12,
                                                                 12, 12, 16]
-  assert [rollout_lib.column_bucket(n, 3000) for n in (1, 8, 9, 13, 17, 25, 33, 2049, 2900)] == \
+  assert [batch_lib.column_bucket(n, 3000) for n in (1, 8, 9, 13, 17, 25, 33, 2049, 2900)] == \
       [8, 8, 12, 16, 24, 32, 48, 3000, 3000]
-  assert rollout_lib.column_bucket(40, 36) == 36  # never past the cap
-  widths = sorted({rollout_lib.column_bucket(n, 3000) for n in range(1, 3001)})
+  assert batch_lib.column_bucket(40, 36) == 36  # never past the cap
+  widths = sorted({batch_lib.column_bucket(n, 3000) for n in range(1, 3001)})
   assert widths == [8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
                     2048, 3000]
 
@@ -109,15 +110,16 @@ def test_trim_keeps_every_real_column(max_prompt, max_resp):
   prompt / response boundary."""
   ro = make_rollout(3, max_prompt=max_prompt, max_resp=max_resp)
   A = jnp.zeros((B, G))
-  full = {k: np.asarray(v) for k, v in rollout_lib.update_batch(ro, A, trim=False).items()}
-  trim = {k: np.asarray(v) for k, v in rollout_lib.update_batch(ro, A).items()}
-  T = trim['tokens_NT'].shape[1]
+  full = jax.tree.map(np.asarray, batch_lib.make_batch(ro, A, trim=False))
+  trim = jax.tree.map(np.asarray, batch_lib.make_batch(ro, A))
+  T = trim.shape[1]
   p_used, s_used = int(ro.prompt_mask.sum(1).max()), int(ro.lengths.max())
-  assert T == rollout_lib.column_bucket(p_used + s_used, P + S) >= p_used + s_used
+  assert T == batch_lib.column_bucket(p_used + s_used, P + S) >= p_used + s_used
   p_w = min(P, T - s_used)  # the split: extra columns on the prompt side first
-  for k in ('tokens_NT', 'mask_NT', 'response_mask_NT', 'old_logp_NT'):
-    np.testing.assert_array_equal(trim[k], full[k][:, P - p_w:P + T - p_w], err_msg=k)
-  assert full['mask_NT'][:, :P - p_w].sum() == 0 and full['mask_NT'][:, P + T - p_w:].sum() == 0
+  for k in ('tokens', 'mask', 'response_mask', 'old_logp'):
+    np.testing.assert_array_equal(getattr(trim, k), getattr(full, k)[:, P - p_w:P + T - p_w],
+                                  err_msg=k)
+  assert full.mask[:, :P - p_w].sum() == 0 and full.mask[:, P + T - p_w:].sum() == 0
 
 
 @pytest.mark.parametrize('agg', losses.LOSS_AGG_MODES)
@@ -125,11 +127,11 @@ def test_trimmed_batch_equals_padded_batch(model_and_params, agg):
   model, params, ref = model_and_params
   ro = _with_own_logprobs(model, params, make_rollout(0))
   A = jnp.asarray(np.random.default_rng(5).normal(size=(B, G)), jnp.float32)
-  full = rollout_lib.update_batch(ro, A, trim=False)
-  trim = rollout_lib.update_batch(ro, A)
-  assert full['tokens_NT'].shape == (B * G, P + S)
+  full = batch_lib.make_batch(ro, A, trim=False)
+  trim = batch_lib.make_batch(ro, A)
+  assert full.shape == (B * G, P + S)
   used = int(ro.prompt_mask.sum(1).max() + ro.lengths.max())  # <= 6 + 9
-  assert trim['tokens_NT'].shape == (B * G, rollout_lib.column_bucket(used, P + S)) == (B * G, 16)
+  assert trim.shape == (B * G, batch_lib.column_bucket(used, P + S)) == (B * G, 16)
   # Dr.GRPO's L stays the configured max_new_tokens, not the trimmed width.
   cfg = update.UpdateConfig(loss=losses.PolicyLossConfig(
       loss_agg=agg, kl_coef=0.05, norm_len=S if agg == 'seq-mean-token-sum-norm' else None),
@@ -146,23 +148,23 @@ def test_packed_batch_equals_unpacked(model_and_params, agg):
   A = jnp.asarray(np.random.default_rng(6).normal(size=(B, G)), jnp.float32)
   loss_rows = ~ro.truncated  # masked rows are left out of the packed rows
   loss_rows[1, :] = False     # ... and a whole group (dynamic sampling's unfilled slot)
-  unpacked = rollout_lib.update_batch(ro, A, loss_rows_BG=loss_rows)
+  unpacked = batch_lib.make_batch(ro, A, loss_rows_BG=loss_rows)
   norm_len = S if agg == 'seq-mean-token-sum-norm' else None
-  packed = packing.pack(unpacked, agg, norm_len, row_multiple=2)
-  assert packed.pop('rows_packed') == int(loss_rows.sum()) == 6
-  n_packed = packed['tokens_NT'].shape[0]
+  packed = batch_lib.make_batch(ro, A, loss_rows_BG=loss_rows,
+                                pack=batch_lib.PackSpec(agg, norm_len, row_multiple=2))
+  assert batch_lib.packed_sequences(packed) == int(loss_rows.sum()) == 6
+  n_packed = packed.shape[0]
   assert n_packed % 2 == 0 and n_packed < B * G
-  seg = packed['segment_ids_NT']
+  seg = np.asarray(packed.segment_ids)
   assert (seg.max(1) >= 1).any() and seg.max() >= 2  # some row holds several sequences
-  assert ((seg > 0) == (packed['mask_NT'] > 0)).all()
+  assert ((seg > 0) == (np.asarray(packed.mask) > 0)).all()
   loss = losses.PolicyLossConfig(loss_agg=agg, kl_coef=0.05, norm_len=norm_len)
   cfg = update.UpdateConfig(loss=loss, num_micro_batches=2)
   cfg_p = dataclasses.replace(cfg, pack=True)
-  packed = {k: jnp.asarray(v) for k, v in packed.items()}
   got, want = _step(model, cfg_p, packed, params, ref), _step(model, cfg, unpacked, params, ref)
   _assert_same(got, want)
-  # The same batch through the learner's jitted step too (keys of a packed run).
-  assert set(update.batch_keys(cfg_p, False)) == set(packed) | {'ref_logp_NT'}
+  # The fields of a packed run's batch (what the learner's jitted step is built for).
+  assert set(update.batch_fields(cfg_p, False)) == set(packed.fields()) | {'ref_logp'}
 
 
 def test_compiles_stay_bounded_over_many_lengths():
@@ -185,11 +187,11 @@ def test_compiles_stay_bounded_over_many_lengths():
     ro = make_rollout(seed, max_prompt=int(rng.integers(2, P + 1)),
                       max_resp=int(rng.integers(1, S + 1)))
     ro = dataclasses.replace(ro, prompt_tokens=ro.prompt_tokens % V, tokens=ro.tokens % V)
-    batch = rollout_lib.update_batch(ro, jnp.asarray(rng.normal(size=(B, G)), jnp.float32))
+    batch = batch_lib.make_batch(ro, jnp.asarray(rng.normal(size=(B, G)), jnp.float32))
     p_w = int(ro.prompt_mask.sum(1).max())
     s_w = int(ro.lengths.max())
-    T = batch['tokens_NT'].shape[1]
-    assert T == rollout_lib.column_bucket(p_w + s_w, P + S)
+    T = batch.shape[1]
+    assert T == batch_lib.column_bucket(p_w + s_w, P + S)
     widths.add(T)
     state, m = step(state, batch, jax.random.PRNGKey(0))
     assert np.isfinite(float(m['policy_loss']))
@@ -203,17 +205,16 @@ def test_masked_rows_enter_no_loss(model_and_params):
   ro = _with_own_logprobs(model, params, make_rollout(2, truncate=[(0, 0), (1, 2), (2, 1)]))
   A = jnp.asarray(np.random.default_rng(7).normal(size=(B, G)), jnp.float32)
   keep = ~ro.truncated
-  batch = rollout_lib.update_batch(ro, A, loss_rows_BG=keep)
-  resp = np.asarray(batch['response_mask_NT']).reshape(B, G, -1)
+  batch = batch_lib.make_batch(ro, A, loss_rows_BG=keep)
+  resp = np.asarray(batch.response_mask).reshape(B, G, -1)
   assert (resp[ro.truncated] == 0).all() and (resp[keep].sum(-1) == ro.lengths[keep]).all()
   # Truncated rows (length S) do not set the width: the kept rows' longest response does.
   used = int(ro.prompt_mask.sum(1).max() + ro.lengths[keep].max())
-  assert batch['tokens_NT'].shape[1] == rollout_lib.column_bucket(used, P + S) < P + S
+  assert batch.shape[1] == batch_lib.column_bucket(used, P + S) < P + S
   cfg = update.UpdateConfig(loss=losses.PolicyLossConfig(kl_coef=0.05))
   got = _step(model, cfg, batch, params, ref)
   rows = np.flatnonzero(keep.reshape(-1))
-  kept_only = {k: (v[rows] if k != 'advantages_BG' else v.reshape(-1)[rows][None])
-               for k, v in rollout_lib.update_batch(ro, A).items()}
+  kept_only = jax.tree.map(lambda v: v[rows], batch_lib.make_batch(ro, A))
   want = _step(model, cfg, kept_only, params, ref)
   _assert_same(({k: v for k, v in got[0].items() if k != 'response_tokens'}, got[1]),
                ({k: v for k, v in want[0].items() if k != 'response_tokens'}, want[1]))

@@ -1,11 +1,11 @@
-"""A researcher's workflow end to end on tiny models (issue 13): train with W&B (offline) and a
+"""A researcher's workflow end to end on tiny models: train with W&B (offline) and a
 console ETA, resume; plot the run; export it as a Hugging Face checkpoint (the CLI and
 `config.export.hf_at_end`) that transformers loads and whose greedy generation equals mr_rl's
 greedy sampler token for token, for a dense model, a MoE model and parameters sharded over 8
 (fake) devices; the dry run; the offline errors naming the config fields.
 
 The dense run trains the demo's shipped base policy on the arithmetic task; the MoE run a tiny
-random Qwen3-MoE checkpoint (`mr_rl.tiny`) on tiny NuminaMath rows. The 8-device check runs this
+random Qwen3-MoE checkpoint (`mr_rl.testing`) on tiny NuminaMath rows. The 8-device check runs this
 file as a script in a subprocess (XLA_FLAGS set before jax is imported), as
 tests/test_train_scale.py does.
 """
@@ -141,17 +141,17 @@ def dense_run(tmp_path_factory):
 def moe_run(tmp_path_factory):
   """One step of a tiny Qwen3-MoE (4 experts, top 2) whose base has a generation config."""
   from transformers import GenerationConfig
-  from mr_rl import tiny
+  from mr_rl import testing
   from mr_rl import train as train_lib
   root = tmp_path_factory.mktemp("moe")
-  ckpt = tiny.make_tiny_checkpoint(str(root / "Qwen3-30B-A3B-Instruct-2507"), "qwen3_moe")
+  ckpt = testing.make_tiny_checkpoint(str(root / "Qwen3-30B-A3B-Instruct-2507"), "qwen3_moe")
   tok = models.load_tokenizer(ckpt)
   GenerationConfig(do_sample=True, temperature=0.7, top_p=0.8, eos_token_id=tok.eos_token_id,
                    pad_token_id=tok.pad_token_id).save_pretrained(ckpt)  # as Qwen3's hub copy
   c = settings_lib.default_config()
   c.model.path = ckpt
   c.data.name = "numina_math"
-  c.data.path = tiny.make_tiny_data("numina_math", str(root / "data"))
+  c.data.path = testing.make_tiny_data("numina_math", str(root / "data"))
   c.data.eval_split = "train"
   c.data.template = "amrp_math"
   c.data.batch_prompts = 2
@@ -228,8 +228,8 @@ def test_export_errors(dense_run, tmp_path):
     export_lib.export(wd, str(tmp_path / "x"), step=7, log=None)
   with pytest.raises(FileNotFoundError, match="no checkpoints under"):
     export_lib.export(str(tmp_path), str(tmp_path / "x"), log=None)
-  from mr_rl import tiny
-  other = tiny.make_tiny_checkpoint(str(tmp_path / "llama"), "llama")
+  from mr_rl import testing
+  other = testing.make_tiny_checkpoint(str(tmp_path / "llama"), "llama")
   with pytest.raises(ValueError, match="do not match the base checkpoint's architecture"):
     export_lib.export(wd, str(tmp_path / "x"), base=other, log=None)
   bare = tmp_path / "bare"
@@ -500,11 +500,11 @@ def test_dry_run_prints_settings_and_estimate_without_weights(tmp_path):
 
 
 def test_dry_run_estimate_equals_the_paper_estimate():
-  from mr_rl import pipelines
   from mr_rl.config_lib import args, estimates
+  from mr_rl.config_lib.dry_run import dry_run
   for name in ("amrp_math.py", "tag_moe.py"):  # a dense train run; TAG with MoE and probes
     c = args.load_config_module(os.path.join(REPO, "configs", name)).get_config(None)
-    text = pipelines.dry_run(c)
+    text = dry_run(c)
     assert f"v5p {estimates.estimate_config(c, 'v5p'):.3g}," in text, text[-600:]
     assert f"h100 {estimates.estimate_config(c, 'h100'):.3g} chip-hours" in text
 

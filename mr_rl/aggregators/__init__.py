@@ -1,6 +1,7 @@
-"""Reward aggregation rules (METHODS.md sections 1-2): pure jnp, jittable, vmappable.
+"""Reward aggregation rules (docs/methods.md §1-2): pure jnp, jittable, vmappable.
 
-Shapes: `B` prompts, `G` responses per prompt, `K` reward channels (`r_BGK -> R_BG`).
+Shape letters (docs/shapes.md): `B` prompts, `G` responses per prompt, `K` reward channels
+(`r_BGK -> R_BG`).
 
 Stateless rules map `r[..., K] -> R[...]`: `additive`, `weighted_sum`, `min_and`,
 `rp_only`, `lsc_soft_and`, `tag`, `rubric_dropout`, `pg_ot`.

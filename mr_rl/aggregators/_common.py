@@ -1,8 +1,8 @@
 """Shared helpers for the aggregators: NaN-aware statistics and argument checks.
 
-Shapes: `B` prompts, `G` responses per prompt, `K` reward channels.
+Shape letters (docs/shapes.md): `B` prompts, `G` responses per prompt, `K` reward channels.
 
-NaN convention (METHODS.md, notation): a NaN reward means "this channel does not
+NaN convention (docs/methods.md §0): a NaN reward means "this channel does not
 apply to this sample" and is skipped by every statistic. Checks on hyperparameters
 run only on concrete values, so every function stays jittable and vmappable when
 its inputs are traced.

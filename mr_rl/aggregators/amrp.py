@@ -1,23 +1,24 @@
-"""AMRP: Adaptive Multi-Reward Projection (paper 001, Algorithm 1, Eqs. 4-7; METHODS.md section 2).
+"""AMRP: Adaptive Multi-Reward Projection (paper 001, Algorithm 1, Eqs. 4-7; docs/methods.md §2).
 
-Shapes: `B` prompts, `G` responses per prompt, `K` reward channels (`r_BGK`, weights `[K]`).
+Shape letters (docs/shapes.md): `B` prompts, `G` responses per prompt, `K` reward channels
+(`r_BGK`, weights `[K]`).
 
 Per step t, with NaN-aware batch statistics over all `B*G` samples (population
 variance, ddof = 0):
 
 1. Eq. 4: `R = sum_i w_i^(t-1) r_i` with the weights held in the state.
-2. EMA statistics (the first step that observes channel i initialises
+2. Eq. 7, EMA statistics (the first step that observes channel i initialises
    `mu_i = mean_B r_i`, `nu_i = var_B r_i`, `Delta_i = 0`; afterwards
    `mu_i <- rho mu_i + (1-rho) mean_B r_i`, `nu_i <- rho nu_i + (1-rho) var_B r_i`),
    `sigma_i = sqrt(nu_i)`, `Delta_i = mu_i(t) - mu_i(t-1)`.
-3. If `t mod N == 0` (Algorithm 1, line 6), Eq. 5 gates
-   `S_i = softplus(k_s (mean_j mu_j - mu_i))`, `V_i = 1 + lam sigma_i / (mu_i + eps)`,
-   `P_i = softplus(-k_p Delta_i)`, Eq. 6 `U_i = S_i V_i P_i`, and with the prior
-   (Eq. 7 / "non-uniform projection priors") `w_i = K a_i U_i / sum_j a_j U_j`;
+3. If `t mod interval == 0` (the paper's update interval N; Algorithm 1, line 6), the Eq. 5
+   gates `S_i = softplus(k_s (mean_j mu_j - mu_i))`, `V_i = 1 + lam sigma_i / (mu_i + eps)`,
+   `P_i = softplus(-k_p Delta_i)`, Eq. 6 `U_i = S_i V_i P_i` and, with the prior `a` in
+   Eq. 6 ("non-uniform projection priors"), `w_i = K a_i U_i / sum_j a_j U_j`;
    otherwise the weights are kept.
 
 Initial weights `w^(0)` are the prior `a` (all ones by default, so the first step is
-the equal-weight sum). Defaults `(lam, k_s, k_p, N) = (1.0, 5, 5, 1)` are the paper's;
+the equal-weight sum). Defaults `(lam, k_s, k_p, interval) = (1.0, 5, 5, 1)` are the paper's;
 `rho = 0.9` and `eps = 1e-6` are project defaults (not given in the paper). `init`'s
 signature is the one place they are written: `DEFAULTS` and the registry's hyperparameters
 of `amrp` are read from it.
@@ -69,7 +70,8 @@ class AMRPState(C.ChannelState):
     seen: `[K]` bool, channel has been observed (its statistics are initialised).
     step: scalar int32, number of updates done (t of the last update).
     rho, lam, k_s, k_p, eps: scalar hyperparameters (EMA decay, lambda, k_s, k_p, epsilon).
-    interval: scalar int32 `N`, weights are recomputed when `t mod N == 0`.
+    interval: scalar int32, the paper's update interval N: weights are recomputed when
+      `t mod interval == 0`.
     prior: `[K]` mean-one prior `a`.
     use_s, use_v, use_p, additive, persistent_prior: scalar bool ablation flags.
   """
@@ -104,7 +106,7 @@ def init(num_channels: int, *, rho: Any = 0.9, lam: Any = 1.0, k_s: Any = 5.0, k
          interval: Any = 1, eps: Any = 1e-6, prior: Any = None, use_s: Any = True,
          use_v: Any = True, use_p: Any = True, additive: Any = False,
          persistent_prior: Any = True) -> AMRPState:
-  """Initial AMRP state (Algorithm 1 inputs; METHODS.md section 2).
+  """Initial AMRP state (Algorithm 1 inputs; docs/methods.md §2).
 
   Args:
     num_channels: K.
@@ -112,7 +114,7 @@ def init(num_channels: int, *, rho: Any = 0.9, lam: Any = 1.0, k_s: Any = 5.0, k
     lam: volatility strength lambda >= 0 (Eq. 5).
     k_s: shortfall sharpness k_s >= 0 (Eq. 5).
     k_p: progress sharpness k_p >= 0 (Eq. 5).
-    interval: update interval N >= 1 (integer).
+    interval: update interval >= 1 (integer; the paper's N).
     eps: epsilon > 0 in V (Eq. 5).
     prior: `[K]` non-negative mean-one prior `a`; None means all ones. It is also
       `w^(0)`.
@@ -160,7 +162,7 @@ DEFAULTS: dict[str, Any] = C.signature_defaults(init)[0]
 
 
 def gates(state: AMRPState, mu: Array, sigma: Array, delta: Array) -> dict[str, Array]:
-  """Eqs. 5-7: gates S, V, P (ablated ones are 1), score U and mean-one weights."""
+  """Eqs. 5-6: gates S, V, P (ablated ones are 1), score U and mean-one weights."""
   s = jax.nn.softplus(state.k_s * (jnp.mean(mu) - mu))
   v = 1.0 + state.lam * sigma / (mu + state.eps)
   p = jax.nn.softplus(-state.k_p * delta)

@@ -1,16 +1,17 @@
-"""DRBO dynamic reward weighting (Chen et al. 2025; METHODS.md section 2).
+"""DRBO dynamic reward weighting (Chen et al. 2025; docs/methods.md §2).
 
-Shapes: `B` prompts, `G` responses per prompt, `K` reward channels (`r_BGK`).
+Shape letters (docs/shapes.md): `B` prompts, `G` responses per prompt, `K` reward channels
+(`r_BGK`).
 
 Two rules share one state. Both keep, over all samples seen so far, the running
 per-channel mean `xbar_k` (NaN-aware), the per-channel count of valid samples `n_k`
-and the total sample count `N` (every row of every batch, B*G per step). Weights start
+and the total sample count `N_tot` (every row of every batch, B*G per step). Weights start
 at 1, are used for `R = sum_k w_k r_k` and, every `d` steps (`t mod d == 0`, default
 d = 25), are recomputed from the statistics *including* the current batch and
 normalised to mean one. As in AMRP (Eq. 4), the reward of step t uses the weights
 held before step t (project choice; applies to both rules).
 
-* DRBO-inverse: `a_k = (xbar_k + 1)/K`, `u_k = a_k + sqrt(2 ln N / n_k)`,
+* DRBO-inverse: `a_k = (xbar_k + 1)/K`, `u_k = a_k + sqrt(2 ln N_tot / n_k)`,
   `w_k ∝ 1/(u_k - tau min_j a_j)` (tau default 0). A channel never observed
   (`n_k = 0`) has an infinite bonus and hence weight 0.
 * DRBO-delta: `a_k = (xbar_k(t) - xbar_k(t-d))/K`, `w_k ∝ exp((a_k - tau min_j a_j)/(T t))`
@@ -50,7 +51,7 @@ class DRBOState(C.ChannelState):
     weights: `[K]` weights the next update uses.
     mean: `[K]` running mean `xbar_k` over all valid samples seen.
     count: `[K]` number of valid samples seen per channel `n_k`.
-    total: scalar, number of samples seen `N`.
+    total: scalar, number of samples seen `N_tot`.
     mean_prev: `[K]` `xbar` at the previous recompute (DRBO-delta).
     step: scalar int32, number of updates done.
     interval: scalar int32 `d`.

@@ -1,16 +1,17 @@
-"""Lagrangian constraint aggregation (Moskovitz et al. 2024, transferred; METHODS.md section 2).
+"""Lagrangian constraint aggregation (Moskovitz et al. 2024, transferred; docs/methods.md §2).
 
 Objective channel `o`, constrained channels `i` (by default every other channel)
 with thresholds `theta_i` and multipliers `lambda_i` (state):
 
-  `R = (M - sum_i s(lambda_i)) r_o + sum_i s(lambda_i) r_i`,  `s = sigmoid`,
+  `R = (M_c - sum_i s(lambda_i)) r_o + sum_i s(lambda_i) r_i`,  `s = sigmoid`,
 
-with `M` the number of constraints. After each batch the dual step
+with `M_c` the number of constraints. After each batch the dual step
 `lambda_i <- lambda_i + lr (theta_i - mean_B r_i)` (default lr 0.1) raises the
 multiplier of a constraint that is violated on average. `R` uses the multipliers
 held before the step (as AMRP's Eq. 4 uses `w^(t-1)`).
 
-Shapes: `B` prompts, `G` responses per prompt, `K` reward channels (`r_BGK`).
+Shape letters (docs/shapes.md): `B` prompts, `G` responses per prompt, `K` reward channels
+(`r_BGK`).
 `init`'s signature holds the defaults (the registry's hyperparameters of `lagrangian`).
 
 NaN handling: `R` sums the applicable terms (a NaN channel's term is dropped, no
@@ -95,7 +96,7 @@ def init(num_channels: int, *, objective: Any = 0, thresholds: Any = 0.5,
 
 
 def coefficients(state: LagrangianState) -> Array:
-  """`[K]` linear coefficients of R: `M - sum s(lambda)` at `o`, `s(lambda_i)` at constraints."""
+  """`[K]` linear coefficients of R: `M_c - sum s(lambda)` at `o`, `s(lambda_i)` at constraints."""
   s = jnp.where(state.constrained, jax.nn.sigmoid(state.multipliers), 0.0)
   m = jnp.sum(state.constrained).astype(s.dtype)
   is_obj = jnp.arange(state.num_channels) == state.objective

@@ -1,6 +1,6 @@
 """PG-OT transfer: Pareto frontier + entropic optimal transport **(project definition)**.
 
-METHODS.md section 2, "PG-OT transfer": within each group of `G` responses, the
+docs/methods.md §2, "PG-OT transfer": within each group of `G` responses, the
 non-dominated reward vectors form the Pareto frontier and score 1; every dominated
 sample scores `1 - c_i / max_j c_j`, where `c_i` is its transport cost to the
 frontier under an entropic OT plan (Sinkhorn in the log domain, squared-Euclidean
@@ -13,9 +13,9 @@ NaN handling (project choice): a channel that is NaN in either of two samples is
 ignored when comparing them (dominance and cost use the channels both samples have);
 a sample whose channels are all NaN takes no part and scores NaN.
 
-Shapes: `G` responses of one group, `K` reward channels, `I` source (dominated) and `J`
-target (frontier) samples of a transport plan; leading axes of `pg_ot`'s input (e.g. `B`
-prompts) index independent groups.
+Shape letters (docs/shapes.md): `G` responses of one group, `K` reward channels; a transport
+plan is `[G, G]` (source sample by target sample; the masks pick the dominated sources and the
+frontier targets); leading axes of `pg_ot`'s input (e.g. `B` prompts) index independent groups.
 
 Pure jnp; `pg_ot_group` works on one group `[G, K]` and `pg_ot` vmaps it over all
 leading axes. `pg_ot` registers itself as the stateless aggregator `pg_ot` (its defaults
@@ -66,7 +66,7 @@ def pareto_front(r_GK: Array) -> tuple[Array, Array, Array]:
 
 
 @functools.partial(jax.jit, static_argnames=("num_iters",))
-def sinkhorn_plan(cost_IJ: Array, src_I: Array, dst_J: Array, eps: Any = DEFAULT_EPS,
+def sinkhorn_plan(cost_GG: Array, src_G: Array, dst_G: Array, eps: Any = DEFAULT_EPS,
                   num_iters: int = DEFAULT_NUM_ITERS) -> Array:
   """Entropic OT plan between uniform masses on the masked rows and columns.
 
@@ -75,40 +75,40 @@ def sinkhorn_plan(cost_IJ: Array, src_I: Array, dst_J: Array, eps: Any = DEFAULT
   marginal `1/|src|` and the column marginal `1/|dst|`.
 
   Args:
-    cost_IJ: cost matrix.
-    src_I: boolean mask of source rows.
-    dst_J: boolean mask of target columns.
+    cost_GG: cost matrix.
+    src_G: boolean mask of source rows.
+    dst_G: boolean mask of target columns.
     eps: entropic regularisation (> 0).
     num_iters: number of (f, g) update pairs.
 
   Returns:
-    The plan `P_IJ`, zero outside `src x dst` (all zero when either mask is empty).
+    The plan `[G, G]`, zero outside `src x dst` (all zero when either mask is empty).
   """
   eps = C.as_float(eps)
-  n_src = jnp.sum(src_I)
-  n_dst = jnp.sum(dst_J)
-  log_a = -jnp.log(jnp.maximum(n_src, 1).astype(cost_IJ.dtype))
-  log_b = -jnp.log(jnp.maximum(n_dst, 1).astype(cost_IJ.dtype))
-  support = src_I[:, None] & dst_J[None, :]
+  n_src = jnp.sum(src_G)
+  n_dst = jnp.sum(dst_G)
+  log_a = -jnp.log(jnp.maximum(n_src, 1).astype(cost_GG.dtype))
+  log_b = -jnp.log(jnp.maximum(n_dst, 1).astype(cost_GG.dtype))
+  support = src_G[:, None] & dst_G[None, :]
 
   def body(_, fg):
     f, g = fg
-    lse_j = jax.nn.logsumexp((g[None, :] - cost_IJ) / eps, axis=1, where=support)
-    f = jnp.where(src_I, eps * (log_a - lse_j), 0.0)
-    lse_i = jax.nn.logsumexp((f[:, None] - cost_IJ) / eps, axis=0, where=support)
-    g = jnp.where(dst_J, eps * (log_b - lse_i), 0.0)
+    lse_j = jax.nn.logsumexp((g[None, :] - cost_GG) / eps, axis=1, where=support)
+    f = jnp.where(src_G, eps * (log_a - lse_j), 0.0)
+    lse_i = jax.nn.logsumexp((f[:, None] - cost_GG) / eps, axis=0, where=support)
+    g = jnp.where(dst_G, eps * (log_b - lse_i), 0.0)
     return f, g
 
-  zeros = (jnp.zeros(cost_IJ.shape[0], cost_IJ.dtype), jnp.zeros(cost_IJ.shape[1], cost_IJ.dtype))
+  zeros = (jnp.zeros(cost_GG.shape[0], cost_GG.dtype), jnp.zeros(cost_GG.shape[1], cost_GG.dtype))
   f, g = jax.lax.fori_loop(0, num_iters, body, zeros)
-  logp = (f[:, None] + g[None, :] - cost_IJ) / eps
+  logp = (f[:, None] + g[None, :] - cost_GG) / eps
   return jnp.where(support, jnp.exp(jnp.where(support, logp, -jnp.inf)), 0.0)
 
 
 @functools.partial(jax.jit, static_argnames=("num_iters",))
 def pg_ot_group(r_GK: Any, eps: Any = DEFAULT_EPS,
                 num_iters: int = DEFAULT_NUM_ITERS) -> tuple[Array, dict[str, Array]]:
-  """PG-OT scores of one group **(project definition, METHODS.md section 2)**.
+  """PG-OT scores of one group **(project definition, docs/methods.md §2)**.
 
   Args:
     r_GK: rewards of one group `[G, K]`.
@@ -135,7 +135,7 @@ def pg_ot_group(r_GK: Any, eps: Any = DEFAULT_EPS,
 
 
 def pg_ot(r_BGK: Any, eps: Any = DEFAULT_EPS, num_iters: int = DEFAULT_NUM_ITERS) -> Array:
-  """PG-OT transfer over a batch of groups **(project definition, METHODS.md section 2)**.
+  """PG-OT transfer over a batch of groups **(project definition, docs/methods.md §2)**.
 
   Args:
     r_BGK: rewards `[..., G, K]`; every leading axis indexes an independent group.

@@ -1,6 +1,7 @@
-"""Aggregator registry: one uniform interface for every aggregation rule (STYLE.md item 4).
+"""Aggregator registry: one uniform interface for every aggregation rule (docs/style.md §4).
 
-Shapes: `B` prompts, `G` responses per prompt, `K` reward channels (`r_BGK`, `R_BG`).
+Shape letters (docs/shapes.md): `B` prompts, `G` responses per prompt, `K` reward channels
+(`r_BGK`, `R_BG`).
 
 Every rule registers itself where it is defined, in the project's one registry style
 (`mr_rl.registry.Registry`, here `AGGREGATORS`):

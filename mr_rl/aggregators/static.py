@@ -1,7 +1,7 @@
-"""Static (stateless) aggregators `r[..., K] -> R[...]` (METHODS.md section 1).
+"""Static (stateless) aggregators `r[..., K] -> R[...]` (docs/methods.md §1).
 
-Shapes: `K` reward channels, the last axis; any leading axes (e.g. `B` prompts x `G`
-responses) are kept.
+Shape letters (docs/shapes.md): `K` reward channels, the last axis; any leading axes (e.g.
+`B` prompts x `G` responses) are kept.
 
 All functions are pure jnp, jittable and vmappable; each validates its concrete
 arguments, then calls a jitted core (so eager calls compile once per shape and the
@@ -10,7 +10,7 @@ sweeps them and `jax.grad` reaches `lam` and `tau`). Checks on
 hyperparameters (`w` length, `anchor` range, `lam >= 0`, `0 <= p < 1`, ...) run on
 concrete values and raise ValueError naming the argument.
 
-NaN handling (METHODS.md notation: NaN = channel not applicable): every rule skips
+NaN handling (docs/methods.md §0: NaN = channel not applicable): every rule skips
 NaN channels as described in its docstring, and a row whose channels are all NaN
 yields a NaN scalar, which the advantage code turns into advantage 0.
 
@@ -35,7 +35,7 @@ Array = jax.Array
 
 
 def additive(r: Any) -> Array:
-  """Additive aggregation `mean_k r_k` (METHODS.md section 1; the papers' (RP+RA)/2).
+  """Additive aggregation `mean_k r_k` (docs/methods.md §1; the papers' (RP+RA)/2).
 
   NaN: the mean is over the applicable channels only (NaN channels are skipped, the
   remaining ones keep equal weight); an all-NaN row gives NaN.
@@ -64,7 +64,7 @@ def _additive_rule(h, r, key):
 
 
 def weighted_sum(r: Any, w: Any) -> Array:
-  """Weighted sum `sum_k w_k r_k` (METHODS.md section 1, e.g. `0.9 RP + 0.1 RA`).
+  """Weighted sum `sum_k w_k r_k` (docs/methods.md §1, e.g. `0.9 RP + 0.1 RA`).
 
   NaN: a NaN channel contributes nothing (its term is dropped; the other weights are
   NOT renormalised); an all-NaN row gives NaN.
@@ -106,7 +106,7 @@ def _weighted_sum_rule(h, r, key):
 
 
 def min_and(r: Any) -> Array:
-  """AND rule `min_k r_k` (METHODS.md section 1).
+  """AND rule `min_k r_k` (docs/methods.md §1).
 
   NaN: the minimum over the applicable channels; an all-NaN row gives NaN.
   """
@@ -126,7 +126,7 @@ def _min_and_rule(h, r, key):
 
 
 def rp_only(r: Any, primary: Any = 0) -> Array:
-  """The primary channel alone (METHODS.md section 1, "RP-only").
+  """The primary channel alone (docs/methods.md §1, "RP-only").
 
   NaN: the result is NaN exactly where the primary channel is NaN (other channels
   are ignored), so a sample without a primary reward gets advantage 0.
@@ -157,7 +157,7 @@ def _rp_only_rule(h, r, key):
 
 
 def lsc_soft_and(r: Any, tau: Any = 0.1) -> Array:
-  """LSC soft-AND **(project definition, METHODS.md section 1)**.
+  """LSC soft-AND **(project definition, docs/methods.md §1)**.
 
   `R = -tau * log(mean_k exp(-r_k / tau))`; `tau -> 0` gives `min_k r_k`, `tau -> inf`
   gives `mean_k r_k`. Evaluated in the shifted form
@@ -213,7 +213,7 @@ def _tag_gates(lam: Any, anchor: Array, num_channels: int) -> Array:
 
 
 def tag(r: Any, anchor: Any = 0, lam: Any = 1.0) -> Array:
-  """Trust-Anchored Gating (TAG paper; METHODS.md section 1).
+  """Trust-Anchored Gating (TAG paper; docs/methods.md §1).
 
   `f = r_a * (1 + sum_{k != a} lam_k r_k) / (1 + sum_{k != a} lam_k)`.
   For binary rewards: auxiliary-only success and total failure score 0, joint success
@@ -259,7 +259,7 @@ def _tag_rule(h, r, key):
 
 
 def rubric_dropout_mask(key: Array, num_channels: int, p: Any) -> Array:
-  """Keep-mask for Rubric Dropout **(project definition, METHODS.md section 1)**.
+  """Keep-mask for Rubric Dropout **(project definition, docs/methods.md §1)**.
 
   Each channel is dropped independently with probability `p`; if every channel was
   dropped, one channel drawn uniformly is kept. Hence
@@ -295,7 +295,7 @@ def _dropout_mask(key: Array, num_channels: int, p: Array) -> Array:
 
 
 def rubric_dropout(r: Any, key: Array, p: Any = 0.5) -> Array:
-  """Rubric Dropout **(project definition, METHODS.md section 1)**.
+  """Rubric Dropout **(project definition, docs/methods.md §1)**.
 
   Draws one keep-mask over channels for the whole call (one step), see
   `rubric_dropout_mask`, and returns the mean over the kept channels.

@@ -1,4 +1,4 @@
-r"""Shared pieces of the paper configs in `configs/` (STYLE.md item 2).
+r"""Shared pieces of the paper configs in `configs/` (docs/style.md §2).
 
 Every `configs/<file>.py` has `get_config(arg)` and `sweep(arg)`. `arg` is a short
 `key=value,...` string (`configs/amrp_math.py:model=qwen3_4b,method=amrp`); `runlocal` (no value)

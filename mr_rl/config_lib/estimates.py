@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from mr_rl import settings as settings_lib
 from mr_rl.config_lib.paper import MODELS
 
 
@@ -75,19 +76,30 @@ def estimate_device_hours(preset, *, steps: int, rows: int, prompt_len: int,
   return steps * per_step / 3600
 
 
+def run_hours(model, settings, chip: str = "v5p") -> float:
+  """Chip-hours of one run of resolved `settings` (`mr_rl.settings.RunSettings`) with `model`
+  (a preset name or `ModelConfig`): its training steps, plus TAG's single-channel probes
+  when `settings.pipeline == 'tag'` (`estimate_device_hours` for each)."""
+  s = settings
+  kw = dict(prompt_len=s.data.max_prompt_len, new_tokens=s.rollout.max_new_tokens, chip=chip)
+  hours = estimate_device_hours(model, steps=s.total_steps,
+                                rows=s.data.batch_prompts * s.rollout.group_size,
+                                critic=s.advantage == "ppo", **kw)
+  if s.pipeline == "tag":
+    hours += s.num_channels * estimate_device_hours(
+        model, steps=s.anchor.probe_steps,
+        rows=s.anchor.probe_batch_prompts * s.rollout.group_size, **kw)
+  return hours
+
+
+def paper_preset(hub_id: str) -> str | None:
+  """The preset of one of the papers' models by its hub id (None if it is not one)."""
+  return next((m.preset for m in MODELS.values() if m.hub == hub_id), None)
+
+
 def estimate_config(c, chip: str = "v5p") -> float:
-  """Chip-hours of a resolved paper config (training + TAG probes), see estimate_device_hours."""
-  preset = next((m.preset for m in MODELS.values() if m.hub == c.model.path), None)
+  """Chip-hours of a paper config (a ConfigDict; training + TAG probes, `run_hours`)."""
+  preset = paper_preset(c.model.path)
   if preset is None:
     raise ValueError(f"config.model.path={c.model.path!r} is not one of the papers' models")
-  kw = dict(prompt_len=int(c.data.max_prompt_len), new_tokens=int(c.rollout.max_new_tokens),
-            chip=chip)
-  hours = estimate_device_hours(preset, steps=int(c.total_steps),
-                                rows=int(c.data.batch_prompts) * int(c.rollout.group_size),
-                                critic=c.advantage.name == "ppo", **kw)
-  if c.pipeline == "tag":
-    K = len(str(c.rewards.channels).split(","))
-    hours += K * estimate_device_hours(
-        preset, steps=int(c.anchor.probe_steps),
-        rows=int(c.anchor.probe_batch_prompts) * int(c.rollout.group_size), **kw)
-  return hours
+  return run_hours(preset, settings_lib.from_config(c), chip)

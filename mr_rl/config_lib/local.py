@@ -14,25 +14,25 @@ RUNLOCAL = dict(batch_prompts=2, group_size=2, max_new_tokens=8,
 def runlocal(c, model_key: str):
   """Shrinks config `c` to a CPU run: tiny checkpoint, tiny local data, 1 step of 2 x 2 rollouts.
 
-  The tiny checkpoint (mr_rl.tiny) has the paper model's family and sits in a directory named
+  The tiny checkpoint (mr_rl.testing) has the paper model's family and sits in a directory named
   after the paper model, so the prompt template style is chosen exactly as for the real one.
   Settings are the same for every config (only family and loss settings differ), so the
   trainer's compiled sampler and step are shared across configs in one process. The end-of-run
   evaluation samples with the rollout settings for the same reason. Files go under
   $MR_RL_CACHE (default ~/.cache/mr_rl); they are written on first use. Returns `c`.
   """
-  from mr_rl import tiny
+  from mr_rl import testing
   m = MODELS[model_key]
-  c.model.path = tiny.tiny_checkpoint_for(m.hub.split("/")[-1], m.family)  # 1 layer, d = 32
+  c.model.path = testing.tiny_checkpoint_for(m.hub.split("/")[-1], m.family)  # 1 layer, d = 32
   c.model.dtype = "float32"
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))  # any devices
   c.optim.num_micro_batches = 1                      # 4 rows: no accumulation needed
-  c.data.path = tiny.runlocal_data(c.data.name)      # a few records in the hub schema
+  c.data.path = testing.runlocal_data(c.data.name)      # a few records in the hub schema
   c.data.eval_set_options = ml_collections.ConfigDict(  # benchmark sets: tiny local files too
-      {n.strip(): {"path": tiny.runlocal_data(n.strip())}
+      {n.strip(): {"path": testing.runlocal_data(n.strip())}
        for n in str(c.data.get("eval_sets", "")).split(",") if n.strip()})
   opts = dict(c.data.options.to_dict())
-  opts.update(tiny.RUNLOCAL_DATA_OPTIONS.get(c.data.name, {}))
+  opts.update(testing.RUNLOCAL_DATA_OPTIONS.get(c.data.name, {}))
   c.data.options = ml_collections.ConfigDict(opts)   # loader options sized for the tiny file
   c.data.batch_prompts = RUNLOCAL["batch_prompts"]   # B = 2
   c.data.max_prompt_len = RUNLOCAL["max_prompt_len"]  # one padded length for every config
@@ -58,7 +58,7 @@ def runlocal(c, model_key: str):
     params["length"] = dict(max_full=4, zero_at=8)
   for ch in [ch for ch in params if ch.startswith("armorm_")]:  # a tiny 3-objective scorer
     params[ch] = dict(rescale=params[ch].get("rescale"), dtype="float32",
-                      path=tiny.tiny_reward_model())
+                      path=testing.tiny_reward_model())
   c.rewards.params = ml_collections.ConfigDict(params)
   return c
 

@@ -5,7 +5,7 @@ config file: `base_config` of configs/amrp_math.py, amrp_alce.py, amrp_align.py,
 tag_code.py; the tables that vary one of those set-ups load that file (`args.load_sibling`).
 
 Sources: the TAG summary (papers/000) for TAG; AMRP Sec. 5.1 and App. B (papers/001) for AMRP;
-METHODS.md for every rule. Values the papers leave open are marked "project" in the comments.
+docs/methods.md for every rule. Values the papers leave open are marked "project" in the comments.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def set_amrp(c, **overrides) -> None:
   """Sets the AMRP aggregator with its paper hyperparameters, `overrides` replacing some.
 
   The values come from `mr_rl.aggregators.amrp.DEFAULTS`: (lambda, k_s, k_p, N) = (1, 5, 5, 1),
-  rho = 0.9, eps = 1e-6, all gates on (METHODS.md 2). They are written into
+  rho = 0.9, eps = 1e-6, all gates on (docs/methods.md §2). They are written into
   `config.aggregator.hp` so that `show` lists them and `--config.aggregator.hp.lam=2.0` works.
 
   Raises:
@@ -162,7 +162,7 @@ def tag_method(c, method: str, num_channels: int, *, kl_coef: float = 0.1,
     set_aggregator(c, "min")                           # AND rule min(RP, RA)
   elif method == "lagrangian":
     set_aggregator(c, "lagrangian", objective=0,       # RP objective; RA >= theta constraint
-                   thresholds=0.5, lr=0.1)             # project defaults (METHODS.md 2)
+                   thresholds=0.5, lr=0.1)             # project defaults (docs/methods.md §2)
   elif method == "pg_ot":
     set_aggregator(c, "pg_ot")                         # Pareto front + Sinkhorn (project def.)
   elif method == "mo_grpo":

@@ -1,4 +1,4 @@
-"""Data sets, prompt templates and resumable iteration (issue section 4).
+"""Data sets, prompt templates and resumable iteration.
 
 Public API:
   load_dataset(name, *, path=None, split=None, **options) -> list[Example]

@@ -1,4 +1,4 @@
-"""ALCE ASQA / ELI5 for citation-grounded QA (AMRP appendix B.1, METHODS.md section 7).
+"""ALCE ASQA / ELI5 for citation-grounded QA (AMRP appendix B.1, docs/methods.md §7).
 
 Source: princeton-nlp/ALCE-data (the hub repository holds `ALCE-data.tar`, whose
 members `ALCE-data/asqa_eval_gtr_top100.json` and `ALCE-data/eli5_eval_bm25_top100.json`

@@ -40,7 +40,7 @@ class CodeTestSpec:
       expected value may be wrapped in a one-element list: a checker should accept a
       return value `v` when `v == outputs[i]` or `outputs[i] == [v]` (as APPS does).
 
-  For `mr_rl.rewards.code.CodeTests` use `CodeTests.stdio(spec.pairs)` or
+  For `mr_rl.rewards.sandbox.CodeTests` use `CodeTests.stdio(spec.pairs)` or
   `CodeTests.call(spec.fn_name, spec.inputs, spec.outputs)` (the latter compares
   exactly, so list-wrapped outputs need the APPS rule above).
   """

@@ -1,4 +1,4 @@
-"""The common record every loader returns (METHODS.md section 7 / issue section 4).
+"""The common record every loader returns (docs/methods.md §7 / issue section 4).
 
 An `Example` is one prompt of one data set, before any model-specific template is
 applied: the user-visible turns (`messages`), the reference the reward channels need

@@ -1,4 +1,4 @@
-"""Deterministic, epoch-aware, resumable batch iteration (issue section 4).
+"""Deterministic, epoch-aware, resumable batch iteration.
 
 The order of epoch `e` is a permutation drawn from `numpy.random.PCG64([seed, e])`
 (no shuffle: file order). The position is `(epoch, index)`, `index` counting the

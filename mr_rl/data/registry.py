@@ -1,4 +1,4 @@
-"""`load_dataset(name, ...)`: data sets by registry name (STYLE.md item 4, issue section 4).
+"""`load_dataset(name, ...)`: data sets by registry name (docs/style.md §4, issue section 4).
 
 | name                       | hub id                                   | splits        |
 |----------------------------|------------------------------------------|---------------|

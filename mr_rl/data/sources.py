@@ -1,6 +1,6 @@
 """Reading raw rows from a local copy or the Hugging Face hub, and split helpers.
 
-Resolution order (issue section 4): an explicit local `path` is used if given (and
+Resolution order: an explicit local `path` is used if given (and
 must exist: a wrong path is an error, never a silent switch to the hub); otherwise
 the hub id is read through `datasets` (which serves its local cache first and honours
 `HF_DATASETS_OFFLINE=1` / `HF_HUB_OFFLINE=1`). A hub failure is re-raised as

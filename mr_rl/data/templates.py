@@ -1,4 +1,4 @@
-"""Prompt templates per task and model family (issue section 4, METHODS.md section 7).
+"""Prompt templates per task and model family (docs/methods.md §7).
 
 Two styles:
   * `chat` (instruct models: Qwen3-4B-Instruct-2507, Llama-3.1-8B-Instruct,
@@ -11,7 +11,7 @@ Two styles:
 Task instructions:
   * AMRP math (`amrp_math`): a system instruction asking for
     `<reasoning>...</reasoning><answer>...</answer>`, the layout the format reward
-    checks (METHODS.md section 7).
+    checks (docs/methods.md §7).
   * TAG math (`tag_math`): the user turn ends with the usual "reason step by step, final
     answer in \\boxed{}" request; the accuracy reward reads the last `\\boxed{}`.
   * TAG code (`tag_code`): asks for one Python program in a ```python block that reads

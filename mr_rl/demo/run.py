@@ -34,6 +34,7 @@ import numpy as np
 
 from mr_rl import evaluation, pipelines, plots, settings as settings_lib, train as train_lib
 from mr_rl import metrics as metrics_lib
+from mr_rl.registry import PIPELINES
 
 TASKS = {
     # task: (channels, auxiliary channels that define aux_rate)
@@ -197,7 +198,7 @@ def task_methods(demo_cfg, task: str) -> list[str]:
   return methods
 
 
-@pipelines.PIPELINES.register
+@PIPELINES.register
 def demo(config, workdir: str, log=print) -> dict:
   """The `demo` pipeline (`config.pipeline = "demo"`): every task x method, then the report."""
   from mr_rl.demo import summary
@@ -233,7 +234,8 @@ def demo(config, workdir: str, log=print) -> dict:
         train_ex, eval_ex = train_lib.load_examples(ts)
         comp = dataclasses.replace(comp, train_examples=train_ex, eval_examples=eval_ex)
     report[task], histories = {}, {}
-    base_ev = evaluation.final_eval(comp, comp.base_params)
+    base_ev = evaluation.final_eval(comp.policy, comp.runner, ts, comp.eval_data,
+                                    comp.base_params)
     report[task]["base"] = summarize(base_ev, task)
     for method in plan[task]:
       t0 = time.time()
@@ -244,7 +246,7 @@ def demo(config, workdir: str, log=print) -> dict:
       else:
         ms = method_settings(ts, method, demo_cfg)
       res = train_lib.train(ms, os.path.join(workdir, task, method), comp=comp, log=None)
-      ev = evaluation.final_eval(dataclasses.replace(comp, settings=ms), res.params)
+      ev = evaluation.final_eval(comp.policy, comp.runner, ms, comp.eval_data, res.params)
       r = report[task][method] = summarize(ev, task)
       if method == "tag":
         r["anchor"] = ts.rewards.channels[a]

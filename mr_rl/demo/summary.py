@@ -7,7 +7,7 @@ mean +- standard deviation (ddof = 1) over seeds of accuracy, aux rate, joint ra
 length per task and method, and every target below per seed, with how many seeds pass
 (targets are per seed: a seed mean can hide a failing seed).
 
-Targets of the default demo (issue 15), each on held-out evaluations unless it says rollouts:
+Targets of the default demo, each on held-out evaluations unless it says rollouts:
 
   * negative:    additive's negative-answer rate >= 0.8 and accuracy <= 0.5x RP-only;
                  TAG's accuracy >= 0.9x RP-only;

@@ -168,7 +168,7 @@ def brief(num_tokens: int, threshold: int) -> float:
 
 
 def soft_length(num_tokens: int, full_until: int, zero_at: int) -> float:
-  """AMRP's length rule (METHODS.md section 7) with toy-scale limits."""
+  """AMRP's length rule (docs/methods.md §7) with toy-scale limits."""
   if zero_at <= full_until:
     raise ValueError(f"zero_at ({zero_at}) must exceed full_until ({full_until})")
   return max(1.0 - max(num_tokens - full_until, 0) / (zero_at - full_until), 0.0)

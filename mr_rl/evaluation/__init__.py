@@ -1,7 +1,7 @@
 """Evaluation loops: greedy (AMRP) and sampled pass@k (TAG) over data sets, with reports.
 
     cfg = EvalConfig(mode="sampled", num_samples=4, ks=(1, 4), temperature=1.0)
-    result = evaluate(comp, params, examples, cfg, key)
+    result = evaluate(policy, runner, params, examples, cfg.resolve(settings, K), key)
     to_json(result, "eval.json"); print(to_markdown(result))
 
 A run's configured evaluation (`config.eval` on its eval split or `data.eval_sets`):

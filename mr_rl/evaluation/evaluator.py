@@ -1,4 +1,4 @@
-"""Greedy and sampled evaluation of a policy over a data set (METHODS.md section 8).
+"""Greedy and sampled evaluation of a policy over a data set (docs/methods.md §8).
 
 Two protocols, one loop:
 
@@ -11,10 +11,10 @@ Two protocols, one loop:
 Examples go through the trainer's own pieces (`mr_rl.rollout.rollout` with the run's
 `Policy`, then `mr_rl.rollout.score` with its reward runner), so evaluation sees the prompts,
 sampler and reward channels training sees; only the sampling settings are its own. Every
-sampler call holds ``batch_prompts`` prompts (``min(batch_prompts, E)``): the last partial
+sampler call holds ``batch_prompts`` prompts (``min(batch_prompts, number of examples)``): the last partial
 batch is padded by repeating its own examples, and the padded rows are dropped before
 scoring, so every example is evaluated once and the sampler compiles once. With a device
-mesh (`comp.policy.mesh`, set by the trainer on more than one device) the sampler runs
+mesh (`policy.mesh`, set by the trainer on more than one device) the sampler runs
 sharded and ``batch_prompts`` is rounded up so the ``batch_prompts * n`` rows split evenly
 over the mesh's data axes. Metrics are computed by `mr_rl.evaluation.summary`.
 """
@@ -37,7 +37,8 @@ from mr_rl.models import sharding
 _LOG = logging.getLogger(__name__)
 
 MODES = ("greedy", "sampled")
-_PIECES = ("policy", "runner", "settings")
+# What `EvalConfig.resolve` fills from a run's settings.
+_RESOLVED = ("top_k", "top_p", "max_new_tokens", "batch_prompts", "primary")
 
 
 def _is_int(x) -> bool:
@@ -153,21 +154,21 @@ class EvalResult:
   Attributes:
     config: the resolved `EvalConfig` that ran.
     channels: the K reward channel names.
-    uids, datasets: per example (E), in input order.
-    r_EGK: float32 rewards [E, n, K], NaN = the channel does not apply.
-    lengths_EG: generated tokens per sample (EOS included).
-    truncated_EG: bool, sample hit ``max_new_tokens``.
+    uids, datasets: per example (B), in input order.
+    r_BGK: float32 rewards [B, G, K] (B examples, G = n samples), NaN = the channel does not apply.
+    lengths_BG: generated tokens per sample (EOS included).
+    truncated_BG: bool, sample hit ``max_new_tokens``.
     groups: ``{group: {metric: value}}`` (`mr_rl.evaluation.summary.summarize`).
-    texts: the decoded responses (E lists of n) if ``config.keep_texts``, else None.
+    texts: the decoded responses (B lists of G) if ``config.keep_texts``, else None.
     wall_s: seconds the evaluation took.
   """
   config: EvalConfig
   channels: tuple[str, ...]
   uids: tuple[str, ...]
   datasets: tuple[str, ...]
-  r_EGK: np.ndarray
-  lengths_EG: np.ndarray
-  truncated_EG: np.ndarray
+  r_BGK: np.ndarray
+  lengths_BG: np.ndarray
+  truncated_BG: np.ndarray
   groups: Mapping[str, Mapping[str, float]]
   texts: tuple[tuple[str, ...], ...] | None = None
   wall_s: float = float("nan")
@@ -196,30 +197,25 @@ class EvalResult:
     return out
 
 
-def _check_pieces(comp) -> None:
-  missing = [p for p in _PIECES if not hasattr(comp, p)]
-  if missing:
-    raise TypeError(f"comp must be mr_rl.train.Components or an object with {_PIECES}; "
-                    f"{type(comp).__name__} lacks {missing}")
-  if not isinstance(comp.policy, rollout_lib.Policy):
-    raise TypeError(f"comp.policy must be a mr_rl.rollout.Policy, got "
-                    f"{type(comp.policy).__name__}")
-  if not hasattr(comp.runner, "names"):
-    raise TypeError(f"comp.runner must be a mr_rl.rewards.runner.RewardRunner, got "
-                    f"{type(comp.runner).__name__}")
+def _check_pieces(policy, runner) -> None:
+  if not isinstance(policy, rollout_lib.Policy):
+    raise TypeError(f"policy must be a mr_rl.rollout.Policy, got {type(policy).__name__}")
+  if not hasattr(runner, "names"):
+    raise TypeError(f"runner must be a mr_rl.rewards.runner.RewardRunner, got "
+                    f"{type(runner).__name__}")
 
 
-def evaluate(comp, params, examples: Sequence[Any], config: EvalConfig,
+def evaluate(policy, runner, params, examples: Sequence[Any], config: EvalConfig,
              key: jax.Array | None = None) -> EvalResult:
   """Evaluates ``params`` on ``examples`` (see the module docstring for the protocols).
 
   Args:
-    comp: `mr_rl.train.Components`, or any object with its ``policy``
-      (`mr_rl.rollout.Policy`), ``runner`` and ``settings`` (the data / rollout / rewards
-      sections fill the config's None fields).
+    policy: the `mr_rl.rollout.Policy` that samples (model, tokenizer, prompts, mesh).
+    runner: the reward runner (`mr_rl.rewards.runner.RewardRunner`) that scores.
     params: the policy parameters.
     examples: `mr_rl.data.Example`s (``uid``, ``dataset``, ``metadata``, ``reference``).
-    config: an `EvalConfig`.
+    config: a resolved `EvalConfig` (`EvalConfig.resolve` fills its None fields from a
+      run's settings).
     key: PRNG key (required in sampled mode; batch i samples with ``fold_in(key, i)``).
 
   Returns:
@@ -231,7 +227,11 @@ def evaluate(comp, params, examples: Sequence[Any], config: EvalConfig,
   t0 = time.perf_counter()
   if not isinstance(config, EvalConfig):
     raise TypeError(f"config must be an EvalConfig, got {type(config).__name__}")
-  _check_pieces(comp)
+  _check_pieces(policy, runner)
+  unresolved = [f for f in _RESOLVED if getattr(config, f) is None]
+  if unresolved:
+    raise ValueError(f"EvalConfig fields {unresolved} are None; fill them, e.g. with "
+                     "config.resolve(settings, num_channels)")
   if config.mode == "sampled" and key is None:
     raise ValueError("key is required in mode='sampled'")
   examples = list(examples)
@@ -244,13 +244,15 @@ def evaluate(comp, params, examples: Sequence[Any], config: EvalConfig,
       if not isinstance(getattr(ex, attr, None), str):
         raise TypeError(f"examples[{i}] must be a mr_rl.data.Example with a str .{attr}, "
                         f"got {type(ex).__name__}")
-  names = tuple(comp.runner.names)
-  s = comp.settings
-  cfg = config.resolve(s, len(names))
-  mesh = comp.policy.mesh
+  names = tuple(runner.names)
+  cfg = config
+  if not 0 <= cfg.primary < len(names):
+    raise ValueError(f"EvalConfig.primary={cfg.primary} is out of range for {len(names)} "
+                     "reward channels")
+  mesh = policy.mesh
   sampling = cfg.sampling()
-  E, n = len(examples), cfg.num_samples
-  B = min(cfg.batch_prompts, E)
+  num_examples, n = len(examples), cfg.num_samples
+  B = min(cfg.batch_prompts, num_examples)
   if mesh is not None:
     # The sampler splits the B * n rows over the mesh's data axes: round B up so they divide
     # evenly. The extra prompts repeat the batch's own and are dropped like the last batch's.
@@ -259,23 +261,23 @@ def evaluate(comp, params, examples: Sequence[Any], config: EvalConfig,
     B = -(-B // step) * step
   key = jax.random.PRNGKey(0) if key is None else key  # greedy ignores it
   rs, lens, truncs, texts = [], [], [], []
-  for b, start in enumerate(range(0, E, B)):
+  for b, start in enumerate(range(0, num_examples, B)):
     chunk = examples[start:start + B]
     m = len(chunk)
     padded = chunk + [chunk[i % m] for i in range(B - m)]
-    ro = rollout_lib.rollout(comp.policy, params, padded, jax.random.fold_in(key, b),
+    ro = rollout_lib.rollout(policy, params, padded, jax.random.fold_in(key, b),
                              sampling).take(m)
-    r_BGK, _ = rollout_lib.score(comp.runner, ro, chunk)
+    r_BGK, _ = rollout_lib.score(runner, ro, chunk)
     rs.append(np.asarray(r_BGK, np.float32))
     lens.append(np.asarray(ro.lengths))
     truncs.append(np.asarray(ro.truncated, bool))
     texts.extend(tuple(row) for row in ro.texts)
-    _LOG.info("evaluated %d/%d examples", start + m, E)
-  r_EGK, lengths_EG, truncated_EG = np.concatenate(rs), np.concatenate(lens), np.concatenate(truncs)
+    _LOG.info("evaluated %d/%d examples", start + m, num_examples)
+  r_BGK, lengths_BG, truncated_BG = np.concatenate(rs), np.concatenate(lens), np.concatenate(truncs)
   datasets = tuple(ex.dataset for ex in examples)
-  groups = summary_lib.summarize(r_EGK, lengths_EG, truncated_EG, datasets, names, cfg.primary,
+  groups = summary_lib.summarize(r_BGK, lengths_BG, truncated_BG, datasets, names, cfg.primary,
                                  cfg.ks, cfg.success_threshold)
   return EvalResult(
       config=cfg, channels=names, uids=tuple(ex.uid for ex in examples), datasets=datasets,
-      r_EGK=r_EGK, lengths_EG=lengths_EG, truncated_EG=truncated_EG, groups=groups,
+      r_BGK=r_BGK, lengths_BG=lengths_BG, truncated_BG=truncated_BG, groups=groups,
       texts=tuple(texts) if cfg.keep_texts else None, wall_s=time.perf_counter() - t0)

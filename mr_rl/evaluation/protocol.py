@@ -9,6 +9,8 @@ prompts) on `evaluation_examples`, through `mr_rl.evaluation.evaluate`. With
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import jax
 
 from mr_rl.evaluation.evaluator import EvalConfig, evaluate
@@ -24,29 +26,41 @@ def eval_config(eval_settings) -> EvalConfig:
                     temperature=None if greedy else eval_settings.temperature)
 
 
-def evaluation_examples(comp, num_prompts: int) -> list:
-  """What evaluation runs on: the first `num_prompts` examples of each `data.eval_sets` set
-  (pooled), or of the eval split when no sets are configured."""
-  if comp.eval_sets:
-    return [ex for examples in comp.eval_sets.values() for ex in examples[:num_prompts]]
-  return list(comp.eval_examples[:num_prompts])
+def evaluation_examples(eval_data, num_prompts: int) -> list:
+  """What evaluation runs on: the first `num_prompts` examples of each set of `eval_data`
+  ({name: examples}, the run's `data.eval_sets`, pooled), or of `eval_data` itself when it is
+  a list (the eval split)."""
+  if isinstance(eval_data, Mapping):
+    return [ex for examples in eval_data.values() for ex in examples[:num_prompts]]
+  return list(eval_data[:num_prompts])
 
 
-def run_evaluation(comp, params, key, eval_settings=None) -> dict[str, float]:
-  """`eval_settings` (default `comp.settings.eval`) on `evaluation_examples`; the flat
+def run_evaluation(policy, runner, settings, eval_data, params, key,
+                   eval_settings=None) -> dict[str, float]:
+  """`eval_settings` (default `settings.eval`) on `evaluation_examples(eval_data)`; the flat
   `eval/...` metrics: per-channel means, `eval/<primary>&<aux>` joint rates, pass@k of the
-  primary channel, lengths."""
-  e = comp.settings.eval if eval_settings is None else eval_settings
-  result = evaluate(comp, params, evaluation_examples(comp, e.num_prompts), eval_config(e), key)
+  primary channel, lengths.
+
+  Args:
+    policy, runner: the run's `mr_rl.rollout.Policy` and reward runner.
+    settings: the run's settings (the data / rollout / rewards sections fill the evaluation
+      config's defaults, `EvalConfig.resolve`).
+    eval_data: {set name: examples} or a list of examples (`evaluation_examples`).
+    params: the policy parameters.
+    key: the evaluation's PRNG key.
+  """
+  e = settings.eval if eval_settings is None else eval_settings
+  cfg = eval_config(e).resolve(settings, len(runner.names))
+  result = evaluate(policy, runner, params, evaluation_examples(eval_data, e.num_prompts), cfg,
+                    key)
   m = result.metrics("eval/")
-  if len(comp.eval_sets) == 1:  # the evaluator only splits out sets when there are several
-    (name,) = comp.eval_sets
+  if isinstance(eval_data, Mapping) and len(eval_data) == 1:  # one set is not split out
+    (name,) = eval_data
     m.update({f"eval/{name}/{k[len('eval/'):]}": v for k, v in list(m.items())})
   return m
 
 
-def final_eval(comp, params, key_offset: int = 0) -> dict[str, float]:
-  """The end-of-run evaluation of `comp.settings` (`run_evaluation` with the final-eval key)."""
-  s = comp.settings
-  key = jax.random.fold_in(jax.random.PRNGKey(s.seed), FINAL_EVAL_KEY + key_offset)
-  return run_evaluation(comp, params, key, s.eval)
+def final_eval(policy, runner, settings, eval_data, params, key_offset: int = 0) -> dict[str, float]:
+  """The end-of-run evaluation (`run_evaluation` with the final-eval key of `settings.seed`)."""
+  key = jax.random.fold_in(jax.random.PRNGKey(settings.seed), FINAL_EVAL_KEY + key_offset)
+  return run_evaluation(policy, runner, settings, eval_data, params, key, settings.eval)

@@ -44,9 +44,9 @@ def to_dict(result: EvalResult) -> dict:
   records = []
   for i, uid in enumerate(result.uids):
     rec = {"uid": uid, "dataset": result.datasets[i],
-           "rewards": result.r_EGK[i].astype(np.float64).tolist(),
-           "lengths": result.lengths_EG[i].astype(int).tolist(),
-           "truncated": result.truncated_EG[i].astype(bool).tolist()}
+           "rewards": result.r_BGK[i].astype(np.float64).tolist(),
+           "lengths": result.lengths_BG[i].astype(int).tolist(),
+           "truncated": result.truncated_BG[i].astype(bool).tolist()}
     if result.texts is not None:
       rec["texts"] = list(result.texts[i])
     records.append(rec)
@@ -70,8 +70,8 @@ def from_dict(d: Mapping) -> EvalResult:
   return EvalResult(
       config=EvalConfig(**cfg), channels=tuple(d["channels"]),
       uids=tuple(rec["uid"] for rec in recs), datasets=tuple(rec["dataset"] for rec in recs),
-      r_EGK=r, lengths_EG=np.array([rec["lengths"] for rec in recs], np.int32),
-      truncated_EG=np.array([rec["truncated"] for rec in recs], bool),
+      r_BGK=r, lengths_BG=np.array([rec["lengths"] for rec in recs], np.int32),
+      truncated_BG=np.array([rec["truncated"] for rec in recs], bool),
       groups={g: {m: float(_none_to_nan(v)) for m, v in row.items()}
               for g, row in d["groups"].items()},
       texts=tuple(tuple(rec["texts"]) for rec in recs) if has_texts else None,

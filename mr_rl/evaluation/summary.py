@@ -1,20 +1,20 @@
-"""Evaluation summaries from raw per-sample rewards (METHODS.md sections 7-8).
+"""Evaluation summaries from raw per-sample rewards (docs/methods.md §7-8).
 
 Everything here is host-side NumPy on the arrays an evaluation produces:
 
-* ``r_EGK``: rewards of E examples x G samples x K channels, NaN where a channel does not
+* ``r_BGK``: rewards of B examples x G samples x K channels, NaN where a channel does not
   apply; a failed call scores its channel's failure value (the runner's convention,
   `mr_rl.rewards.runner`);
-* ``lengths_EG``: generated tokens per sample as the sampler reports them (EOS included,
+* ``lengths_BG``: generated tokens per sample as the sampler reports them (EOS included,
   the same count the length/brief channels see);
-* ``truncated_EG``: the sample hit ``max_new_tokens`` without EOS.
+* ``truncated_BG``: the sample hit ``max_new_tokens`` without EOS.
 
 A sample *succeeds* on a channel when its value is ``>= success_threshold`` (1.0 by
 default: the binary channels of the papers score exactly 1 on success). NaN never succeeds.
 
 Metrics of one group of examples (`group_metrics`), with their keys:
 
-* ``pass@k``: unbiased pass@k (Chen et al. 2021; METHODS.md section 8) on the primary
+* ``pass@k``: unbiased pass@k (Chen et al. 2021; docs/methods.md §8) on the primary
   channel, ``c`` = successful samples out of ``n = G`` per example, averaged over examples.
   A NaN primary reward counts as a failed sample (it stays in ``n``).
 * ``<channel>``: mean reward of the channel over its non-NaN samples (NaN if all are NaN);
@@ -55,60 +55,60 @@ def is_count(metric: str) -> bool:
   return metric.startswith(COUNT_PREFIXES)
 
 
-def _check_arrays(r_EGK, lengths_EG, truncated_EG, names, primary):
-  r_EGK = np.asarray(r_EGK, np.float64)
-  if r_EGK.ndim != 3:
-    raise ValueError(f"r_EGK must be [examples, samples, channels], got shape {r_EGK.shape}")
-  E, G, K = r_EGK.shape
-  if E < 1 or G < 1:
-    raise ValueError(f"r_EGK needs at least one example and one sample, got shape {r_EGK.shape}")
+def _check_arrays(r_BGK, lengths_BG, truncated_BG, names, primary):
+  r_BGK = np.asarray(r_BGK, np.float64)
+  if r_BGK.ndim != 3:
+    raise ValueError(f"r_BGK must be [examples, samples, channels], got shape {r_BGK.shape}")
+  B, G, K = r_BGK.shape
+  if B < 1 or G < 1:
+    raise ValueError(f"r_BGK needs at least one example and one sample, got shape {r_BGK.shape}")
   if len(names) != K:
     raise ValueError(f"names has {len(names)} entries for K={K} reward channels")
   if not 0 <= primary < K:
     raise ValueError(f"primary={primary} is out of range for {K} channels {tuple(names)}")
-  lengths_EG = np.asarray(lengths_EG)
-  truncated_EG = np.asarray(truncated_EG, bool)
-  for name, a in (("lengths_EG", lengths_EG), ("truncated_EG", truncated_EG)):
-    if a.shape != (E, G):
-      raise ValueError(f"{name} must have shape {(E, G)}, got {a.shape}")
-  return r_EGK, lengths_EG, truncated_EG
+  lengths_BG = np.asarray(lengths_BG)
+  truncated_BG = np.asarray(truncated_BG, bool)
+  for name, a in (("lengths_BG", lengths_BG), ("truncated_BG", truncated_BG)):
+    if a.shape != (B, G):
+      raise ValueError(f"{name} must have shape {(B, G)}, got {a.shape}")
+  return r_BGK, lengths_BG, truncated_BG
 
 
-def group_metrics(r_EGK, lengths_EG, truncated_EG, names: Sequence[str], primary: int,
+def group_metrics(r_BGK, lengths_BG, truncated_BG, names: Sequence[str], primary: int,
                   ks: Sequence[int], success_threshold: float = 1.0) -> dict[str, float]:
   """The metrics of one group of examples (see the module docstring for the keys).
 
   Args:
-    r_EGK: float [E, G, K] rewards, NaN = does not apply.
-    lengths_EG: generated tokens per sample.
-    truncated_EG: bool, sample hit the token budget.
+    r_BGK: float [B, G, K] rewards, NaN = does not apply.
+    lengths_BG: generated tokens per sample.
+    truncated_BG: bool, sample hit the token budget.
     names: the K channel names.
     primary: index of the channel whose success defines pass@k and the joint rates.
     ks: the k of pass@k, each ``1 <= k <= G``.
     success_threshold: a sample succeeds on a channel when its reward is ``>=`` this.
   """
-  r_EGK, lengths_EG, truncated_EG = _check_arrays(r_EGK, lengths_EG, truncated_EG, names,
+  r_BGK, lengths_BG, truncated_BG = _check_arrays(r_BGK, lengths_BG, truncated_BG, names,
                                                   primary)
-  E, G, K = r_EGK.shape
+  B, G, K = r_BGK.shape
   for k in ks:
     if not 1 <= k <= G:
       raise ValueError(f"ks={tuple(ks)} holds k={k} outside 1..n with n={G} samples per example")
-  ok_EGK = success(r_EGK, success_threshold)
-  c_E = ok_EGK[:, :, primary].sum(1)
-  out: dict[str, float] = {"num_examples": float(E), "num_samples": float(E * G)}
+  ok_BGK = success(r_BGK, success_threshold)
+  c_B = ok_BGK[:, :, primary].sum(1)
+  out: dict[str, float] = {"num_examples": float(B), "num_samples": float(B * G)}
   for k in ks:
-    out[f"pass@{k}"] = float(mean_pass_at_k(np.full(E, G), c_E, int(k)))
+    out[f"pass@{k}"] = float(mean_pass_at_k(np.full(B, G), c_B, int(k)))
   for j, name in enumerate(names):
-    col = r_EGK[:, :, j]
+    col = r_BGK[:, :, j]
     finite = ~np.isnan(col)
     out[name] = float(col[finite].mean()) if finite.any() else float("nan")
     out[f"nan/{name}"] = float((~finite).sum())
   for j in range(K):
     if j != primary:
-      out[joint_key(names, primary, j)] = float((ok_EGK[:, :, primary] & ok_EGK[:, :, j]).mean())
-  out["length_mean"] = float(lengths_EG.mean())
-  out["length_median"] = float(np.median(lengths_EG))
-  out["truncated_frac"] = float(truncated_EG.mean())
+      out[joint_key(names, primary, j)] = float((ok_BGK[:, :, primary] & ok_BGK[:, :, j]).mean())
+  out["length_mean"] = float(lengths_BG.mean())
+  out["length_median"] = float(np.median(lengths_BG))
+  out["truncated_frac"] = float(truncated_BG.mean())
   return out
 
 
@@ -122,35 +122,35 @@ def macro_average(per_dataset: Mapping[str, Mapping[str, float]]) -> dict[str, f
   return out
 
 
-def summarize(r_EGK, lengths_EG, truncated_EG, datasets: Sequence[str], names: Sequence[str],
+def summarize(r_BGK, lengths_BG, truncated_BG, datasets: Sequence[str], names: Sequence[str],
               primary: int, ks: Sequence[int],
               success_threshold: float = 1.0) -> dict[str, dict[str, float]]:
   """Per-group metrics: one group per data set, plus ``macro`` and ``all`` when there are several.
 
   Args:
-    datasets: the data set of each of the E examples (``Example.dataset``).
+    datasets: the data set of each of the B examples (``Example.dataset``).
     Others: as in `group_metrics`.
 
   Returns:
     ``{group: {metric: value}}`` in order: data sets (first appearance), ``macro``, ``all``.
   """
-  r_EGK, lengths_EG, truncated_EG = _check_arrays(r_EGK, lengths_EG, truncated_EG, names,
+  r_BGK, lengths_BG, truncated_BG = _check_arrays(r_BGK, lengths_BG, truncated_BG, names,
                                                   primary)
   datasets = [str(d) for d in datasets]
-  if len(datasets) != r_EGK.shape[0]:
-    raise ValueError(f"datasets has {len(datasets)} entries for {r_EGK.shape[0]} examples")
+  if len(datasets) != r_BGK.shape[0]:
+    raise ValueError(f"datasets has {len(datasets)} entries for {r_BGK.shape[0]} examples")
   for reserved in (MACRO, ALL):
     if reserved in datasets:
       raise ValueError(f"a data set may not be named {reserved!r} (reserved for the summary rows)")
   order = list(dict.fromkeys(datasets))
-  ds_E = np.array(datasets, dtype=object)
+  ds_B = np.array(datasets, dtype=object)
   out = {}
   for d in order:
-    sel = ds_E == d
-    out[d] = group_metrics(r_EGK[sel], lengths_EG[sel], truncated_EG[sel], names, primary, ks,
+    sel = ds_B == d
+    out[d] = group_metrics(r_BGK[sel], lengths_BG[sel], truncated_BG[sel], names, primary, ks,
                            success_threshold)
   if len(order) > 1:
     out[MACRO] = macro_average({d: out[d] for d in order})
-    out[ALL] = group_metrics(r_EGK, lengths_EG, truncated_EG, names, primary, ks,
+    out[ALL] = group_metrics(r_BGK, lengths_BG, truncated_BG, names, primary, ks,
                              success_threshold)
   return out

@@ -54,7 +54,7 @@ def freeze_rope_scaling(scaling: Mapping[str, Any] | tuple | None) -> tuple | No
 class ModelConfig:
   """Decoder hyperparameters (names follow the model contract; HF names in parentheses).
 
-  The capital letters are the shape letters of `mr_rl.models` (layers.py, moe.py).
+  The capital letters are shape letters (docs/shapes.md).
 
   Attributes:
     family: 'qwen3' | 'llama' | 'qwen3_moe' (HF model_type; DeepSeek-Math uses 'llama').
@@ -72,7 +72,7 @@ class ModelConfig:
     qk_norm: RMSNorm over head_dim on q and k before RoPE (Qwen3).
     tie_embeddings: lm head shares the embedding matrix (tie_word_embeddings).
     num_experts: E routed experts (0 for dense models).
-    num_experts_per_tok: C, experts chosen per token (the router's top-k).
+    num_experts_per_tok: U, experts used per token (the router's top-k).
     moe_d_ff: expert MLP width, F inside moe.py (moe_intermediate_size).
     norm_topk_prob: renormalise the top-k router probabilities to sum to one.
     max_seq_len: longest supported sequence (max_position_embeddings); bounds init_cache.

@@ -216,7 +216,7 @@ def resolve_path(path_or_hub_id: str, allow_patterns: list[str] | None = None,
         f"--config.rewards.params.<channel>.path=DIR).") from e
 
 
-def _tensor_index(path: str) -> dict[str, str]:
+def tensor_index(path: str) -> dict[str, str]:
   """Tensor name -> safetensors file (validates that every referenced shard exists)."""
   index = os.path.join(path, "model.safetensors.index.json")
   single = os.path.join(path, "model.safetensors")
@@ -239,7 +239,7 @@ def _tensor_index(path: str) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------- load / save
-def _read_config(path: str) -> dict:
+def read_config(path: str) -> dict:
   cfg_path = os.path.join(path, "config.json")
   if not os.path.exists(cfg_path):
     raise FileNotFoundError(f"no config.json in {path}")
@@ -275,11 +275,11 @@ def load_pretrained(path_or_hub_id: str, *, dtype=jnp.float32, mesh=None, rules=
     raise TypeError(f"load_pretrained: dtype must be floating, got {dt}")
   path = resolve_path(path_or_hub_id, ["*.json", "*.safetensors", "tokenizer*", "*.txt",
                                        "*.model", "*.tiktoken"])
-  config = config_from_hf(_read_config(path), param_dtype=dt, dtype=dt, **config_overrides)
+  config = config_from_hf(read_config(path), param_dtype=dt, dtype=dt, **config_overrides)
   if preset is not None:
     check_against_preset(config, preset)
   model = Transformer(config)
-  index = _tensor_index(path)
+  index = tensor_index(path)
   mapping = param_mapping(config)
   expected = {n for _, names, _, _ in mapping for n in names}
   optional = {"lm_head.weight"} if config.tie_embeddings else set()
@@ -292,11 +292,12 @@ def load_pretrained(path_or_hub_id: str, *, dtype=jnp.float32, mesh=None, rules=
     raise ValueError(f"checkpoint {path} has {len(unexpected)} unexpected tensor(s) for a "
                      f"{config.family} model: {unexpected[:8]}")
 
-  shapes = abstract_params(model)
-  shardings = None
-  if mesh is not None:
-    from mr_rl.models import sharding as shd
-    shardings = shd.param_shardings(model, mesh, rules)
+  return model, load_params(model, mapping, tensor_reader(index), dt, mesh, rules)
+
+
+def tensor_reader(index: dict[str, str]) -> Callable[[str], np.ndarray]:
+  """`read(name) -> np.ndarray` over the safetensors files of `tensor_index` (each file opened
+  once); a tensor that is not floating point is a TypeError naming it and its file."""
   handles: dict[str, Any] = {}
 
   def read(name: str) -> np.ndarray:
@@ -308,9 +309,22 @@ def load_pretrained(path_or_hub_id: str, *, dtype=jnp.float32, mesh=None, rules=
       raise TypeError(f"tensor {name} in {fn} has dtype {t.dtype}; expected a float dtype")
     return t
 
+  return read
+
+
+def load_params(model, mapping, read: Callable[[str], np.ndarray], dtype, mesh=None,
+                rules=None) -> dict:
+  """The model's parameters from checkpoint tensors (`param_mapping` entries, each converted by
+  its `to_ours` and checked against the model's shapes), cast to `dtype`, created straight into
+  their shards on `mesh`."""
+  shapes = abstract_params(model)
+  shardings = None
+  if mesh is not None:
+    from mr_rl.models import sharding as shd
+    shardings = shd.param_shardings(model, mesh, rules)
   params: dict = {}
   for ours, names, to_ours, _ in mapping:
-    target = _get(shapes, ours)
+    target = tree_get(shapes, ours)
     tensors = [read(n) for n in names]
     try:
       arr = to_ours(tensors)
@@ -321,24 +335,26 @@ def load_pretrained(path_or_hub_id: str, *, dtype=jnp.float32, mesh=None, rules=
     if arr.shape != target.shape:
       raise ValueError(f"tensor(s) {names[0]}{'...' if len(names) > 1 else ''} have shape "
                        f"{arr.shape} after conversion; {'/'.join(ours)} expects {target.shape}")
-    arr = arr.astype(dt)
+    arr = np.asarray(arr).astype(dtype)
     if shardings is None:
       value = jnp.asarray(arr)
     else:
-      value = jax.make_array_from_callback(arr.shape, _get(shardings, ours),
+      value = jax.make_array_from_callback(arr.shape, tree_get(shardings, ours),
                                            lambda idx, a=arr: a[idx])
-    _set(params, ours, value)
+    tree_set(params, ours, value)
     del arr
-  return model, params
+  return params
 
 
-def _get(tree, path):
+def tree_get(tree, path):
+  """`tree[path[0]][path[1]]...`."""
   for k in path:
     tree = tree[k]
   return tree
 
 
-def _set(tree, path, value):
+def tree_set(tree, path, value):
+  """Sets `tree[path[0]]...[path[-1]] = value`, creating dicts on the way."""
   for k in path[:-1]:
     tree = tree.setdefault(k, {})
   tree[path[-1]] = value
@@ -364,7 +380,7 @@ def save_pretrained(model: Transformer, params, path: str, *, source: str | None
   os.makedirs(path, exist_ok=True)
   extra = {}
   if source is not None:
-    src = _read_config(source)
+    src = read_config(source)
     extra = {k: src[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in src}
   is_writer = jax.process_index() == 0
   shard: dict[str, np.ndarray] = {}
@@ -382,7 +398,7 @@ def save_pretrained(model: Transformer, params, path: str, *, source: str | None
 
   for ours, names, _, to_hf in param_mapping(config):
     try:
-      value = _get(params, ours)
+      value = tree_get(params, ours)
     except (KeyError, TypeError) as e:
       raise ValueError(f"params has no entry {'/'.join(ours)} for this {config.family} "
                        "model") from e

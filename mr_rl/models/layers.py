@@ -5,16 +5,11 @@ Every parameter carries logical axis names; mesh axes live in `mr_rl.models.shar
 Numerics follow the transformers reference implementations (Qwen3 / Llama modeling files):
 RMSNorm in float32, softmax in float32, non-interleaved ("rotate half") RoPE.
 
-Shape letters (suffixes and einsum subscripts) in this module:
-  B  batch rows, one sequence each. The model knows nothing of prompts or groups: in a
-     rollout each row is one sampled response, so this B counts METHODS.md's B*G rows.
-  T  positions fed in this call.
-  S  key/value slots: T without a cache, the cache length S_max with one.
-  D  model width (d_model); F MLP width (d_ff).
-  H  query heads (n_heads); J key/value heads (n_kv_heads); Q = H // J query heads per
-     key/value head (grouped-query attention); W per-head width (head_dim).
-  M  = Q * T rows of one key/value head's grouped queries (cached attention).
-The letters G and K are not used here: project-wide they are group size and reward channels.
+Shape letters (suffixes and, in lower case, einsum subscripts) are those of docs/shapes.md:
+N rows (one sequence each; the model knows nothing of prompts or groups), T positions fed in
+this call, C key/value slots (T without a cache, the cache length with one), D model width,
+F MLP width, H query heads, J key/value heads, Q = H // J query heads per key/value head,
+I = Q * T grouped query rows of one key/value head (cached attention), W per-head width.
 """
 
 from __future__ import annotations
@@ -48,12 +43,12 @@ def param_with_axes(module: nn.Module, name: str, init_fn, shape, axes, dtype):
 
 @flax.struct.dataclass
 class LayerCache:
-  """KV cache of one layer: keys k [B, J, W, S] (stored transposed) and values v [B, J, S, W]
-  (S = S_max slots).
+  """KV cache of one layer: keys k [N, J, W, C] (stored transposed) and values v [N, J, C, W]
+  (C slots).
 
   Both layouts make decode attention two plain batched matmuls over (batch row, key/value
-  head) whose operands are read in place: scores q[B,J,M,W] @ k[B,J,W,S] and outputs
-  p[B,J,M,S] @ v[B,J,S,W]. With keys stored [.., S, W], XLA:CPU repacks the whole key cache
+  head) whose operands are read in place: scores q[N,J,I,W] @ k[N,J,W,C] and outputs
+  p[N,J,I,C] @ v[N,J,C,W]. With keys stored [.., C, W], XLA:CPU repacks the whole key cache
   for the scores matmul on every step and layer (measured: 2x slower attention; BUILD_NOTES.md).
   """
   k: jax.Array
@@ -67,12 +62,12 @@ CACHE_V_AXES = ("cache_batch", "kv_heads", "cache_length", "kv")
 
 
 def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -> Cache:
-  """Zero KV cache: a tuple over layers of LayerCache(k [B, J, W, S], v [B, J, S, W]).
+  """Zero KV cache: a tuple over layers of LayerCache(k [N, J, W, C], v [N, J, C, W]).
 
   Args:
     config: model config.
-    batch_size: B.
-    max_len: S = S_max, slots available for prompt + generated tokens.
+    batch_size: N.
+    max_len: C, slots available for prompt + generated tokens.
     dtype: cache dtype (default config.dtype).
 
   Raises:
@@ -92,13 +87,13 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -
 
 
 def cache_shapes(config: ModelConfig, batch_size: int, max_len: int):
-  """(k_shape, v_shape) of one layer's cache: ([B, J, W, S], [B, J, S, W]) (see LayerCache)."""
+  """(k_shape, v_shape) of one layer's cache: ([N, J, W, C], [N, J, C, W]) (see LayerCache)."""
   J, W = config.n_kv_heads, config.head_dim
   return (batch_size, J, W, max_len), (batch_size, J, max_len, W)
 
 
 def cache_length(cache: Cache) -> int:
-  """S_max, the number of slots of a cache."""
+  """C, the number of slots of a cache."""
   return cache[0].v.shape[2]
 
 
@@ -132,15 +127,15 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
   return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def apply_rope(x: jax.Array, positions_BT: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-  """Rotate-half RoPE at integer positions [B, T] (computed in float32).
+def apply_rope(x: jax.Array, positions_NT: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+  """Rotate-half RoPE at integer positions [N, T] (computed in float32).
 
   Args:
-    x: queries [B, T, H, W] or keys [B, T, J, W].
-    positions_BT: int positions.
+    x: queries [N, T, H, W] or keys [N, T, J, W].
+    positions_NT: int positions.
     inv_freq: [W // 2] from `rope_inv_freq`.
   """
-  angles = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, W/2]
+  angles = positions_NT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [N, T, W/2]
   emb = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
   cos, sin = jnp.cos(emb), jnp.sin(emb)
   xf = x.astype(jnp.float32)
@@ -164,27 +159,27 @@ class RMSNorm(nn.Module):
     return w.astype(x.dtype) * xf.astype(x.dtype)
 
 
-def attention_mask(kv_mask_BS, T: int, S: int, cache_index) -> jax.Array:
-  """Boolean mask [B, T, S]: query t (at slot cache_index + t) sees slot s iff kv_mask_BS[b, s]
-  and s <= that slot."""
+def attention_mask(kv_mask_NC, T: int, C: int, cache_index) -> jax.Array:
+  """Boolean mask [N, T, C]: query t (at slot cache_index + t) sees slot c iff kv_mask_NC[n, c]
+  and c <= that slot."""
   q_slot_T = cache_index + jnp.arange(T, dtype=jnp.int32)
-  causal_TS = jnp.arange(S, dtype=jnp.int32)[None, :] <= q_slot_T[:, None]
-  return jnp.logical_and(kv_mask_BS.astype(bool)[:, None, :], causal_TS[None])
+  causal_TC = jnp.arange(C, dtype=jnp.int32)[None, :] <= q_slot_T[:, None]
+  return jnp.logical_and(kv_mask_NC.astype(bool)[:, None, :], causal_TC[None])
 
 
 class Attention(nn.Module):
   """Grouped-query attention with optional QK-norm and an explicit KV cache.
 
-  __call__(x_BTD, positions_BT, kv_mask_BS, layer_cache, cache_index, segment_ids_BT=None)
-  -> (y_BTD, new_cache): layer_cache None attends over this call's own T keys (new_cache None;
-  with `segment_ids_BT`, packed rows, only keys of the query's own segment); otherwise the T
+  __call__(x_NTD, positions_NT, kv_mask_NC, layer_cache, cache_index, segment_ids_NT=None)
+  -> (y_NTD, new_cache): layer_cache None attends over this call's own T keys (new_cache None;
+  with `segment_ids_NT`, packed rows, only keys of the query's own segment); otherwise the T
   new keys/values are written at slots [cache_index, cache_index + T) of the LayerCache first.
   """
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, kv_mask_BS, layer_cache, cache_index,
-               segment_ids_BT=None):
+  def __call__(self, x_NTD, positions_NT, kv_mask_NC, layer_cache, cache_index,
+               segment_ids_NT=None):
     cfg = self.config
     H, J, W, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
     Q = H // J
@@ -194,55 +189,55 @@ class Attention(nn.Module):
     wk = param_with_axes(self, "k_proj", kernel_init, (D, J, W), ("embed", "kv_heads", "kv"), pd)
     wv = param_with_axes(self, "v_proj", kernel_init, (D, J, W), ("embed", "kv_heads", "kv"), pd)
     wo = param_with_axes(self, "o_proj", kernel_init, (H, W, D), ("heads", "kv", "embed"), pd)
-    x = x_BTD.astype(dt)
-    q_BTHW = jnp.einsum("btd,dhw->bthw", x, wq.astype(dt), precision=prec)
-    k_BTJW = jnp.einsum("btd,djw->btjw", x, wk.astype(dt), precision=prec)
-    v_BTJW = jnp.einsum("btd,djw->btjw", x, wv.astype(dt), precision=prec)
+    x = x_NTD.astype(dt)
+    q_NTHW = jnp.einsum("ntd,dhw->nthw", x, wq.astype(dt), precision=prec)
+    k_NTJW = jnp.einsum("ntd,djw->ntjw", x, wk.astype(dt), precision=prec)
+    v_NTJW = jnp.einsum("ntd,djw->ntjw", x, wv.astype(dt), precision=prec)
     if cfg.qk_norm:
-      q_BTHW = RMSNorm(cfg.norm_eps, pd, axis_name="kv", name="q_norm")(q_BTHW)
-      k_BTJW = RMSNorm(cfg.norm_eps, pd, axis_name="kv", name="k_norm")(k_BTJW)
+      q_NTHW = RMSNorm(cfg.norm_eps, pd, axis_name="kv", name="q_norm")(q_NTHW)
+      k_NTJW = RMSNorm(cfg.norm_eps, pd, axis_name="kv", name="k_norm")(k_NTJW)
     inv_freq = rope_inv_freq(cfg)
-    q_BTHW = apply_rope(q_BTHW, positions_BT, inv_freq)
-    k_BTJW = apply_rope(k_BTJW, positions_BT, inv_freq)
-    B, T = x.shape[:2]
+    q_NTHW = apply_rope(q_NTHW, positions_NT, inv_freq)
+    k_NTJW = apply_rope(k_NTJW, positions_NT, inv_freq)
+    N, T = x.shape[:2]
 
     if layer_cache is None:
-      # Training / scoring: keys and values are this call's own (S = T).
-      mask_BTS = attention_mask(kv_mask_BS, T, T, 0)
-      if segment_ids_BT is not None:  # packed rows: a query sees only its own segment
-        mask_BTS = mask_BTS & (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :])
-      q_BTJQW = q_BTHW.reshape(B, T, J, Q, W)
-      scores = jnp.einsum("btjqw,bsjw->bjqts", q_BTJQW, k_BTJW, precision=prec,
+      # Training / scoring: keys and values are this call's own (C = T).
+      mask_NTC = attention_mask(kv_mask_NC, T, T, 0)
+      if segment_ids_NT is not None:  # packed rows: a query sees only its own segment
+        mask_NTC = mask_NTC & (segment_ids_NT[:, :, None] == segment_ids_NT[:, None, :])
+      q_NTJQW = q_NTHW.reshape(N, T, J, Q, W)
+      scores = jnp.einsum("ntjqw,ncjw->njqtc", q_NTJQW, k_NTJW, precision=prec,
                           preferred_element_type=jnp.float32) * (W ** -0.5)
-      scores = jnp.where(mask_BTS[:, None, None], scores, _MASK_VALUE)
+      scores = jnp.where(mask_NTC[:, None, None], scores, _MASK_VALUE)
       probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-      out_BTHW = jnp.einsum("bjqts,bsjw->btjqw", probs, v_BTJW,
-                            precision=prec).reshape(B, T, H, W)
-      return jnp.einsum("bthw,hwd->btd", out_BTHW, wo.astype(dt), precision=prec), None
+      out_NTHW = jnp.einsum("njqtc,ncjw->ntjqw", probs, v_NTJW,
+                            precision=prec).reshape(N, T, H, W)
+      return jnp.einsum("nthw,hwd->ntd", out_NTHW, wo.astype(dt), precision=prec), None
 
     # With a cache (see LayerCache for the layouts): write the T new entries at slots
     # [cache_index, cache_index + T).
     ck = jax.lax.dynamic_update_slice(
-        layer_cache.k, jnp.transpose(k_BTJW, (0, 2, 3, 1)).astype(layer_cache.k.dtype),
+        layer_cache.k, jnp.transpose(k_NTJW, (0, 2, 3, 1)).astype(layer_cache.k.dtype),
         (0, 0, 0, cache_index))
     cv = jax.lax.dynamic_update_slice(
-        layer_cache.v, jnp.swapaxes(v_BTJW, 1, 2).astype(layer_cache.v.dtype),
+        layer_cache.v, jnp.swapaxes(v_NTJW, 1, 2).astype(layer_cache.v.dtype),
         (0, 0, cache_index, 0))
     new_cache = LayerCache(k=ck, v=cv)
-    keys_BJWS, values_BJSW = ck.astype(dt), cv.astype(dt)
-    S = values_BJSW.shape[2]
-    mask_BTS = attention_mask(kv_mask_BS, T, S, cache_index)
-    # Queries grouped per key/value head, [B, J, M, W] with M = Q*T (row q*T + t), so both
+    keys_NJWC, values_NJCW = ck.astype(dt), cv.astype(dt)
+    C = values_NJCW.shape[2]
+    mask_NTC = attention_mask(kv_mask_NC, T, C, cache_index)
+    # Queries grouped per key/value head, [N, J, I, W] with I = Q*T (row q*T + t), so both
     # products are batched matmuls over (batch row, key/value head) reading the cache in place.
-    q_BJMW = jnp.transpose(q_BTHW.reshape(B, T, J, Q, W), (0, 2, 3, 1, 4)).reshape(B, J, Q * T, W)
-    scores = jnp.einsum("bjmw,bjws->bjms", q_BJMW, keys_BJWS, precision=prec,
+    q_NJIW = jnp.transpose(q_NTHW.reshape(N, T, J, Q, W), (0, 2, 3, 1, 4)).reshape(N, J, Q * T, W)
+    scores = jnp.einsum("njiw,njwc->njic", q_NJIW, keys_NJWC, precision=prec,
                         preferred_element_type=jnp.float32) * (W ** -0.5)
-    mask_BMS = jnp.tile(mask_BTS, (1, Q, 1))  # row q*T + t uses query t's mask
-    scores = jnp.where(mask_BMS[:, None], scores, _MASK_VALUE)
+    mask_NIC = jnp.tile(mask_NTC, (1, Q, 1))  # row q*T + t uses query t's mask
+    scores = jnp.where(mask_NIC[:, None], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out_BJMW = jnp.einsum("bjms,bjsw->bjmw", probs, values_BJSW, precision=prec)
-    out_BTHW = jnp.transpose(out_BJMW.reshape(B, J, Q, T, W), (0, 3, 1, 2, 4)).reshape(B, T, H, W)
-    y = jnp.einsum("bthw,hwd->btd", out_BTHW, wo.astype(dt), precision=prec)
+    out_NJIW = jnp.einsum("njic,njcw->njiw", probs, values_NJCW, precision=prec)
+    out_NTHW = jnp.transpose(out_NJIW.reshape(N, J, Q, T, W), (0, 3, 1, 2, 4)).reshape(N, T, H, W)
+    y = jnp.einsum("nthw,hwd->ntd", out_NTHW, wo.astype(dt), precision=prec)
     return y, new_cache
 
 
@@ -251,16 +246,16 @@ class MLP(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD):
+  def __call__(self, x_NTD):
     cfg = self.config
     D, F, pd, dt = cfg.d_model, cfg.d_ff, cfg.param_dtype, cfg.dtype
     prec = precision_of(cfg)
     wg = param_with_axes(self, "gate_proj", kernel_init, (D, F), ("embed", "mlp"), pd)
     wu = param_with_axes(self, "up_proj", kernel_init, (D, F), ("embed", "mlp"), pd)
     wd = param_with_axes(self, "down_proj", kernel_init, (F, D), ("mlp", "embed"), pd)
-    x = x_BTD.astype(dt)
-    g = jnp.einsum("btd,df->btf", x, wg.astype(dt), precision=prec)
-    u = jnp.einsum("btd,df->btf", x, wu.astype(dt), precision=prec)
+    x = x_NTD.astype(dt)
+    g = jnp.einsum("ntd,df->ntf", x, wg.astype(dt), precision=prec)
+    u = jnp.einsum("ntd,df->ntf", x, wu.astype(dt), precision=prec)
     h = nn.with_logical_constraint(jax.nn.silu(g) * u, ("activation_batch", "activation_length",
                                                        "activation_mlp"))
-    return jnp.einsum("btf,fd->btd", h, wd.astype(dt), precision=prec)
+    return jnp.einsum("ntf,fd->ntd", h, wd.astype(dt), precision=prec)

@@ -1,4 +1,4 @@
-"""Device mesh, logical-axis rules and sharded parameter / cache creation (STYLE.md items 7, 8).
+"""Device mesh, logical-axis rules and sharded parameter / cache creation (docs/style.md §7, §8).
 
 The model only names logical axes ('vocab', 'embed', 'heads', 'kv_heads', 'kv', 'mlp',
 'expert', 'router', 'norm' for params; 'activation_*' for activations; 'cache_*' for the KV
@@ -178,7 +178,7 @@ def logical_sharding(mesh: Mesh, logical_axes: Sequence[str | None], shape=None,
 
 
 def batch_sharding(mesh: Mesh, shape=None, rules=None) -> NamedSharding:
-  """Sharding of a [B, T, ...] token / mask / logits batch: batch over (data, fsdp, expert)."""
+  """Sharding of an [N, T, ...] token / mask / logits batch: batch over (data, fsdp, expert)."""
   ndim = 2 if shape is None else len(shape)
   return logical_sharding(mesh, ("activation_batch",) + (None,) * (ndim - 1), shape, rules)
 
@@ -202,18 +202,12 @@ def data_parallel_size(mesh: Mesh) -> int:
   return math.prod(mesh.shape[a] for a in data_axes(mesh))
 
 
-def batch_shardings(batch_abstract: Mapping[str, Any], mesh: Mesh) -> dict:
-  """Shardings of an update batch (a dict of arrays or ShapeDtypeStructs).
-
-  `[N, ...]` row arrays split their rows over `data_axes(mesh)`; the small per-group
-  `*_BG` arrays (advantages `[B, G]`) are replicated.
-  """
-  if not isinstance(batch_abstract, Mapping):
-    raise TypeError(f"batch must be a dict, got {type(batch_abstract).__name__}")
+def batch_shardings(batch_abstract, mesh: Mesh):
+  """Shardings of a learner batch (`mr_rl.rl.batch.LearnerBatch`, or any pytree of
+  `[N, ...]` arrays or ShapeDtypeStructs): rows split over `data_axes(mesh)`."""
   axes = data_axes(mesh)
-  return {k: NamedSharding(mesh, P() if k.endswith("_BG") else
-                           P(axes, *[None] * (jnp.ndim(x) - 1)))
-          for k, x in batch_abstract.items()}
+  return jax.tree.map(lambda x: NamedSharding(mesh, P(axes, *[None] * (jnp.ndim(x) - 1))),
+                      batch_abstract)
 
 
 def optimizer_state_shardings(tx: optax.GradientTransformation, opt_state_abstract,

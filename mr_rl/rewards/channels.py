@@ -1,4 +1,4 @@
-"""Reward channels and their registry (METHODS.md section 7).
+"""Reward channels and their registry (docs/methods.md §7).
 
 A channel is a named host-side reward function ``fn(response, example, num_tokens) -> float``
 plus how it runs (``kind``). ``REWARDS`` is the project's one registry style
@@ -99,7 +99,7 @@ class ExampleFields(dict):
 
 
 def _check_importable(name: str, fn: Any) -> None:
-  from mr_rl.rewards.pool import dumps_importable  # pylint: disable=import-outside-toplevel
+  from mr_rl.rewards.process.pool import dumps_importable  # pylint: disable=import-outside-toplevel
   try:
     dumps_importable(fn)
   except pickle.PicklingError as e:

@@ -1,9 +1,9 @@
 """TAG code reward channels for the runner: ``code_correct``, ``code_fast``, ``code_noop``.
 
-METHODS.md section 7 (TAG code task): correctness ``RP = 1`` iff every test passes in an
+docs/methods.md §7 (TAG code task): correctness ``RP = 1`` iff every test passes in an
 isolated sandbox; the auxiliary channels are *fast* (runtime < 60 ms) and *no-op*
 (runtime < 3 ms). The sandbox, the verdict and the runtime measurement are
-``mr_rl.rewards.code``; this module turns a policy response and a data set example into
+``mr_rl.rewards.sandbox``; this module turns a policy response and a data set example into
 one sandbox run and shares that run between the three channels.
 
 Response -> program (``extract_program``): the last complete fenced block whose info
@@ -14,7 +14,7 @@ response. An unterminated fence (a response cut at the length limit) is not a bl
 Example -> tests (``tests_from_example``), first match wins:
   * ``example["tests"]``: a ``mr_rl.data.CodeTestSpec`` (DeepCoder), its ``to_dict()`` form
     (also as the read-only mapping ``Example.as_mapping`` produces), or a ready
-    ``mr_rl.rewards.code.CodeTests``;
+    ``mr_rl.rewards.sandbox.CodeTests``;
   * HumanEval fields ``example["test"]`` (defines ``check(candidate)``),
     ``example["entry_point"]`` and optionally ``example["prompt"]`` (trusted helpers).
 Call tests in the APPS convention (``CodeTestSpec.list_wrapped``: taco, primeintellect)
@@ -33,7 +33,7 @@ in-flight de-duplication, so when the runner evaluates ``code_correct``, ``code_
 two wait for its result. All channels built by the factories below share one module-level
 cache (``shared_run_cache()``), keyed also by the sandbox config.
 
-``code_fast`` / ``code_noop`` read only the runtime (``code.fast`` / ``code.noop``): like
+``code_fast`` / ``code_noop`` read only the runtime (``fast`` / ``noop`` here): like
 the paper's auxiliary channels they ignore correctness; the TAG gate in the aggregator
 couples them to ``code_correct``.
 """
@@ -50,11 +50,15 @@ import threading
 from typing import Any, Callable, Mapping
 
 from mr_rl.data.code import CodeTestSpec
-from mr_rl.rewards import code
+from mr_rl.rewards import sandbox as code_sandbox
 from mr_rl.rewards.channels import REWARDS, UNIT_RANGE, MissingFieldError, RewardChannel
 
+FAST_THRESHOLD_MS = 60.0  # TAG "Correct & fast": T < 60 ms
+NOOP_THRESHOLD_MS = 3.0  # TAG "Correct & no-op": T < 3 ms
+
 __all__ = ["extract_program", "tests_from_spec", "tests_from_example", "prepare_program",
-           "RunCache", "shared_run_cache", "code_channel"]
+           "RunCache", "shared_run_cache", "correct", "fast", "noop", "FAST_THRESHOLD_MS",
+           "NOOP_THRESHOLD_MS", "code_channel"]
 
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([^\n`]*)\n(.*?)^[ \t]*```[ \t]*$", re.DOTALL | re.MULTILINE)
 _PY_TAGS = ("python", "py", "python3")
@@ -130,7 +134,7 @@ def _thaw(x: Any) -> Any:
   return x
 
 
-def tests_from_spec(spec: CodeTestSpec) -> code.CodeTests:
+def tests_from_spec(spec: CodeTestSpec) -> code_sandbox.CodeTests:
   """``CodeTestSpec`` -> sandbox ``CodeTests`` (list-wrapped call tests: generated check).
 
   Raises:
@@ -142,19 +146,19 @@ def tests_from_spec(spec: CodeTestSpec) -> code.CodeTests:
   if len(spec) == 0:
     raise ValueError("spec holds no tests")
   if spec.kind == "stdio":
-    return code.CodeTests.stdio(spec.pairs)
+    return code_sandbox.CodeTests.stdio(spec.pairs)
   inputs = [_thaw(list(a)) for a in spec.inputs]
   outputs = [_thaw(o) for o in spec.outputs]
   if not spec.list_wrapped:
-    return code.CodeTests.call(spec.fn_name, inputs, outputs)
+    return code_sandbox.CodeTests.call(spec.fn_name, inputs, outputs)
   try:
     cases = json.dumps([[a, o] for a, o in zip(inputs, outputs)], allow_nan=False)
   except (TypeError, ValueError) as e:
     raise ValueError(f"call test arguments / outputs must be JSON data: {e}") from None
-  return code.CodeTests.humaneval(_WRAPPED_CHECK.format(cases=cases), spec.fn_name)
+  return code_sandbox.CodeTests.humaneval(_WRAPPED_CHECK.format(cases=cases), spec.fn_name)
 
 
-def tests_from_example(example: Mapping[str, Any]) -> code.CodeTests:
+def tests_from_example(example: Mapping[str, Any]) -> code_sandbox.CodeTests:
   """The sandbox tests of one example (see the module docstring for the accepted fields).
 
   Raises:
@@ -166,7 +170,7 @@ def tests_from_example(example: Mapping[str, Any]) -> code.CodeTests:
     raise TypeError(f"example must be a mapping, got {type(example).__name__}")
   if "tests" in example:
     t = example["tests"]
-    if isinstance(t, code.CodeTests):
+    if isinstance(t, code_sandbox.CodeTests):
       return t
     if isinstance(t, CodeTestSpec):
       return tests_from_spec(t)
@@ -175,7 +179,7 @@ def tests_from_example(example: Mapping[str, Any]) -> code.CodeTests:
     raise TypeError(f"example['tests'] must be a CodeTestSpec, its dict form or CodeTests, got "
                     f"{type(t).__name__}")
   if "test" in example and "entry_point" in example:
-    return code.CodeTests.humaneval(example["test"], example["entry_point"],
+    return code_sandbox.CodeTests.humaneval(example["test"], example["entry_point"],
                                     prompt=example.get("prompt"))
   raise MissingFieldError(f"example has no code tests: need 'tests' (CodeTestSpec) or HumanEval "
                           f"'test' and 'entry_point' (keys: {sorted(example)})")
@@ -199,7 +203,7 @@ def _top_level_names(program: str) -> set[str] | None:
   return names
 
 
-def prepare_program(program: str, tests: code.CodeTests) -> str:
+def prepare_program(program: str, tests: code_sandbox.CodeTests) -> str:
   """The program as run: a ``Solution`` forwarder is appended for generated (list-wrapped)
   checks whose function is only a ``Solution`` method."""
   if tests.kind == "humaneval" and tests.test_src.startswith(_WRAPPED_MARK):
@@ -226,19 +230,19 @@ class RunCache:
     if not isinstance(maxsize, int) or isinstance(maxsize, bool) or maxsize < 1:
       raise ValueError(f"maxsize must be a positive int, got {maxsize!r}")
     self.maxsize = maxsize
-    self._done: collections.OrderedDict[tuple, code.CodeResult] = collections.OrderedDict()
+    self._done: collections.OrderedDict[tuple, code_sandbox.CodeResult] = collections.OrderedDict()
     self._inflight: dict[tuple, cf.Future] = {}
     self._lock = threading.Lock()
     self.runs = 0
     self.hits = 0
 
   @staticmethod
-  def key(program: str, tests: code.CodeTests, timeout_s: float,
-          config: code.SandboxConfig | None) -> tuple:
+  def key(program: str, tests: code_sandbox.CodeTests, timeout_s: float,
+          config: code_sandbox.SandboxConfig | None) -> tuple:
     return (program, json.dumps(tests.payload(), sort_keys=True), float(timeout_s), config)
 
-  def get(self, program: str, tests: code.CodeTests, timeout_s: float,
-          config: code.SandboxConfig | None = None) -> code.CodeResult:
+  def get(self, program: str, tests: code_sandbox.CodeTests, timeout_s: float,
+          config: code_sandbox.SandboxConfig | None = None) -> code_sandbox.CodeResult:
     key = self.key(program, tests, timeout_s, config)
     with self._lock:
       if key in self._done:
@@ -255,7 +259,7 @@ class RunCache:
     if not owner:
       return fut.result()
     try:
-      result = code.run(program, tests, timeout_s=timeout_s, config=config)
+      result = code_sandbox.run(program, tests, timeout_s=timeout_s, config=config)
     except BaseException as e:
       with self._lock:
         del self._inflight[key]
@@ -283,13 +287,31 @@ def shared_run_cache() -> RunCache:
   return _SHARED
 
 
+# ----------------------------------------------------------------------------- rules
+def correct(result: code_sandbox.CodeResult) -> float:
+  """TAG primary channel RP: 1.0 iff every test passed."""
+  return 1.0 if result.passed else 0.0
+
+
+def fast(result: code_sandbox.CodeResult, threshold_ms: float = FAST_THRESHOLD_MS) -> float:
+  """TAG "fast" auxiliary channel: 1.0 iff ``runtime_s`` < ``threshold_ms`` (60 ms)."""
+  code_sandbox.require_timeout("threshold_ms", threshold_ms)
+  return 1.0 if result.runtime_s * 1e3 < threshold_ms else 0.0
+
+
+def noop(result: code_sandbox.CodeResult, threshold_ms: float = NOOP_THRESHOLD_MS) -> float:
+  """TAG "no-op" auxiliary channel: 1.0 iff ``runtime_s`` < ``threshold_ms`` (3 ms)."""
+  code_sandbox.require_timeout("threshold_ms", threshold_ms)
+  return 1.0 if result.runtime_s * 1e3 < threshold_ms else 0.0
+
+
 # ----------------------------------------------------------------------------- channels
 _SCORERS: dict[str, Callable[..., float]] = {
-    "correct": lambda r, threshold_ms: code.correct(r),
-    "fast": lambda r, threshold_ms: code.fast(r, threshold_ms),
-    "noop": lambda r, threshold_ms: code.noop(r, threshold_ms),
+    "correct": lambda r, threshold_ms: correct(r),
+    "fast": fast,
+    "noop": noop,
 }
-_DEFAULT_MS = {"correct": None, "fast": code.FAST_THRESHOLD_MS, "noop": code.NOOP_THRESHOLD_MS}
+_DEFAULT_MS = {"correct": None, "fast": FAST_THRESHOLD_MS, "noop": NOOP_THRESHOLD_MS}
 
 
 def _channel_fn(response, example, num_tokens, *, which, threshold_ms, timeout_s, config,
@@ -307,10 +329,10 @@ def _channel_fn(response, example, num_tokens, *, which, threshold_ms, timeout_s
 
 
 def code_channel(which: str, *, name: str | None = None, threshold_ms: float | None = None,
-                 timeout_s: float = code.SMALL_TEST_TIMEOUT_S,
-                 sandbox: code.SandboxConfig | Mapping[str, Any] | None = None,
+                 timeout_s: float = code_sandbox.SMALL_TEST_TIMEOUT_S,
+                 sandbox: code_sandbox.SandboxConfig | Mapping[str, Any] | None = None,
                  prepend_prompt: bool = False, cache: RunCache | None = None) -> RewardChannel:
-  """A TAG code channel (METHODS.md section 7).
+  """A TAG code channel (docs/methods.md §7).
 
   Args:
     which: "correct" (1 iff every test passes), "fast" (runtime < threshold_ms, default
@@ -319,7 +341,7 @@ def code_channel(which: str, *, name: str | None = None, threshold_ms: float | N
     threshold_ms: runtime threshold of fast / noop (must be None for correct).
     timeout_s: per-test timeout (TAG: 10 s small tests, 30 s medium tests). The runner's
       ``timeout_s`` must exceed the whole run (about ``timeout_s * (n_tests + 1)``).
-    sandbox: a ``code.SandboxConfig`` or its fields as a dict (default config).
+    sandbox: a ``mr_rl.rewards.sandbox.SandboxConfig`` or its fields as a dict (default config).
     prepend_prompt: HumanEval completion style: run ``example['prompt'] + program``.
     cache: run cache (default the shared one, so the three channels share runs).
 
@@ -333,11 +355,11 @@ def code_channel(which: str, *, name: str | None = None, threshold_ms: float | N
       raise ValueError("threshold_ms applies only to the fast / noop channels")
   else:
     threshold_ms = _DEFAULT_MS[which] if threshold_ms is None else threshold_ms
-    code._require_timeout("threshold_ms", threshold_ms)  # pylint: disable=protected-access
-  code._require_timeout("timeout_s", timeout_s)  # pylint: disable=protected-access
+    code_sandbox.require_timeout("threshold_ms", threshold_ms)
+  code_sandbox.require_timeout("timeout_s", timeout_s)
   if sandbox is not None and hasattr(sandbox, "items"):  # a dict or ConfigDict of fields
-    sandbox = code.SandboxConfig(**dict(sandbox.items()))
-  elif sandbox is not None and not isinstance(sandbox, code.SandboxConfig):
+    sandbox = code_sandbox.SandboxConfig(**dict(sandbox.items()))
+  elif sandbox is not None and not isinstance(sandbox, code_sandbox.SandboxConfig):
     raise TypeError(f"sandbox must be a SandboxConfig, a dict of its fields or None, got "
                     f"{type(sandbox).__name__}")
   if not isinstance(prepend_prompt, bool):

@@ -1,4 +1,4 @@
-"""Math reward rules (METHODS.md section 7): accuracy, format, length, brief, negative.
+"""Math reward rules (docs/methods.md §7): accuracy, format, length, brief, negative.
 
 Answer extraction (``extract_answer``), in priority order:
 
@@ -25,7 +25,7 @@ timeouts disabled (``parsing_timeout=None, timeout_seconds=None``) and a hard
 wall-clock timeout per call that kills and replaces the worker; they can be
 called from any thread and any caller (unguarded scripts, stdin, notebooks: the
 workers never import ``__main__``). This module registers its worker set-up with
-the pool when imported (``_math_preload``: math-verify loaded once in the zygote).
+the pool when imported (``math_preload``: math-verify loaded once in the zygote).
 ``*_in_process`` variants run the same code in the calling process, with no
 timeout, and are what the runner's "process" channels execute inside the workers.
 """
@@ -36,7 +36,7 @@ import re
 from typing import Any
 
 from mr_rl.rewards.channels import RewardConfigError
-from mr_rl.rewards.pool import shared_pool
+from mr_rl.rewards.process.pool import shared_pool
 
 MAX_ANSWER_CHARS = 1000
 DEFAULT_TIMEOUT_S = 10.0
@@ -124,8 +124,8 @@ def _reference_parse_input(reference: str) -> str:
 # ----------------------------------------------------------------------------
 
 # `_verify_parsed` / `_parse_number` unpickle from this module: the zygote loads it once, with
-# math-verify warmed up by `_math_preload`.
-shared_pool().add_setup(preload=("mr_rl.rewards._math_preload", "mr_rl.rewards.math"))
+# math-verify warmed up by `math_preload`.
+shared_pool().add_setup(preload=("mr_rl.rewards.math_preload", "mr_rl.rewards.math"))
 
 
 def _verify_parsed(pred_input: str, gold_input: str) -> bool:
@@ -207,7 +207,7 @@ def _check_timeout(timeout_s: float) -> None:
 
 
 def accuracy(response: str, reference: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> float:
-  """Math accuracy (METHODS.md section 7): 1.0 iff the extracted final answer is
+  """Math accuracy (docs/methods.md §7): 1.0 iff the extracted final answer is
   math-verify-equivalent to `reference`, else 0.0 (also when there is no answer
   or it is longer than MAX_ANSWER_CHARS).
 
@@ -236,7 +236,7 @@ def accuracy(response: str, reference: str, *, timeout_s: float = DEFAULT_TIMEOU
 
 
 def negative(response: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> float:
-  """TAG negative rule (METHODS.md section 7): 1.0 iff the final answer is a real
+  """TAG negative rule (docs/methods.md §7): 1.0 iff the final answer is a real
   number < 0.
 
   Plain decimals are decided directly; anything else (``-\\frac{1}{2}``,
@@ -258,7 +258,7 @@ def negative(response: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> float:
 
 
 def format_reward(response: str) -> float:
-  """AMRP format rule (METHODS.md section 7): 1.0 iff the whole response is
+  """AMRP format rule (docs/methods.md §7): 1.0 iff the whole response is
   ``<reasoning>...</reasoning>`` then ``<answer>...</answer>`` with only
   whitespace before, between and after.
 
@@ -289,7 +289,7 @@ def _check_num_tokens(num_tokens: Any) -> int:
 
 
 def length_reward(num_tokens: int, max_full: int = 2800, zero_at: int = 3000) -> float:
-  """AMRP soft length rule (METHODS.md section 7):
+  """AMRP soft length rule (docs/methods.md §7):
   ``max(1 - max(L - max_full, 0) / (zero_at - max_full), 0)`` = 1 up to 2800
   generated tokens, falling linearly to 0 at 3000."""
   L = _check_num_tokens(num_tokens)
@@ -299,7 +299,7 @@ def length_reward(num_tokens: int, max_full: int = 2800, zero_at: int = 3000) ->
 
 
 def brief(num_tokens: int, threshold: int) -> float:
-  """TAG brief rule (METHODS.md section 7): 1.0 iff L < threshold generated tokens
+  """TAG brief rule (docs/methods.md §7): 1.0 iff L < threshold generated tokens
   (Qwen 200, Llama 128, Qwen-30B 512)."""
   L = _check_num_tokens(num_tokens)
   if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold <= 0:

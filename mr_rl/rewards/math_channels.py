@@ -1,4 +1,4 @@
-"""Built-in math reward channels (METHODS.md section 7), registered in ``REWARDS``.
+"""Built-in math reward channels (docs/methods.md §7), registered in ``REWARDS``.
 
 Registry name = factory name:
 
@@ -19,7 +19,7 @@ import functools
 from mr_rl.rewards import math as math_rewards
 from mr_rl.rewards.channels import (REWARDS, UNIT_RANGE, MissingFieldError, RewardChannel,
                                     RewardConfigError)
-from mr_rl.rewards.pool import shared_pool
+from mr_rl.rewards.process.pool import shared_pool
 
 # The process channels' functions unpickle from this module: have the zygote load it once.
 shared_pool().add_setup(preload=("mr_rl.rewards.math_channels",))

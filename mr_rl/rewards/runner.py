@@ -1,4 +1,4 @@
-"""Batch reward runner: r[B, G, K] from K named channels (METHODS.md section 7).
+"""Batch reward runner: r[B, G, K] from K named channels (docs/methods.md §7).
 
 Shapes: B prompts, G responses per prompt, K channels.
 
@@ -47,7 +47,7 @@ Two execution kinds:
   it is abandoned and replaced by a fresh one (its eventual result is dropped). Only use
   this kind for code that cannot hang.
 * ``"process"``: heavy or untrusted work (sympy, math-verify) runs in a ``HardTimeoutPool``
-  (``pool.py``): our own worker processes, one killed and replaced when its call overruns.
+  (``process/pool.py``): our own worker processes, one killed and replaced when its call overruns.
   ``fn`` and its arguments must be importable by name in a worker (a module-level function
   or a ``functools.partial`` of one; never one defined in ``__main__``).
 
@@ -72,12 +72,12 @@ from mr_rl.rewards.channels import (DEFAULT_VALUE_RANGE, KINDS, REWARDS, Example
                                     MissingFieldError, RewardChannel, RewardConfigError,
                                     available_rewards, batched_reward, channel_name, get_reward,
                                     is_import_path, register_reward)
-from mr_rl.rewards.pool import (HardTimeoutPool, RewardTimeoutError, RewardWorkerError,
-                                WorkerSetupError, shared_pool)
+from mr_rl.rewards.process.pool import (HardTimeoutPool, RewardTimeoutError, RewardWorkerError,
+                                        WorkerSetupError, shared_pool)
 
 __all__ = ["DEFAULT_VALUE_RANGE", "KINDS", "REWARDS", "ExampleFields", "HardTimeoutPool",
-           "MissingFieldError", "RewardChannel", "RewardConfigError", "RewardFailureError", "RewardRunner",
-           "RewardTimeoutError", "RewardWorkerError", "WorkerSetupError", "available_rewards",
+           "MissingFieldError", "RewardChannel", "RewardConfigError", "RewardFailureError",
+           "RewardRunner", "RewardTimeoutError", "RewardWorkerError", "WorkerSetupError", "available_rewards",
            "batched_reward", "channel_name", "get_reward", "is_import_path", "register_reward",
            "shared_pool"]
 

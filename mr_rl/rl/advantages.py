@@ -1,11 +1,11 @@
-"""Group-relative advantage estimators (METHODS.md section 3).
+"""Group-relative advantage estimators (docs/methods.md §3).
 
 Every estimator maps rewards of one rollout batch to advantages ``A_BG``:
 ``B`` prompts, ``G`` sampled responses per prompt, ``K`` reward channels.
 Scalar estimators (GRPO, Dr.GRPO, RLOO) read the aggregated reward ``R_BG``;
 multi-channel estimators (GDPO, MO-GRPO) read the reward profile ``r_BGK``.
 
-NaN convention (METHODS.md, notation): ``NaN`` means "not applicable". It is
+NaN convention (docs/methods.md §0): ``NaN`` means "not applicable". It is
 skipped by every statistic; a NaN sample (or, for multi-channel estimators, a
 sample whose channels are all NaN) gets advantage 0. A group whose valid values
 are all equal, or that holds fewer than two valid values, has zero standard
@@ -75,7 +75,7 @@ def _stats_last(x: Array):
 
 @ESTIMATORS.register
 def grpo(R_BG, eps: float = 1e-6) -> Array:
-  """GRPO advantage ``(R - mean_g R) / (std_g R + eps)`` (METHODS.md section 3).
+  """GRPO advantage ``(R - mean_g R) / (std_g R + eps)`` (docs/methods.md §3).
 
   Args:
     R_BG: scalar rewards, NaN where not applicable.
@@ -92,7 +92,7 @@ def grpo(R_BG, eps: float = 1e-6) -> Array:
 
 @ESTIMATORS.register
 def dr_grpo(R_BG) -> Array:
-  """Dr.GRPO advantage ``R - mean_g R`` (Liu et al. 2025; METHODS.md section 3).
+  """Dr.GRPO advantage ``R - mean_g R`` (Liu et al. 2025; docs/methods.md §3).
 
   Pair it with the ``seq-mean-token-sum-norm`` loss aggregation (losses.py).
   """
@@ -106,7 +106,7 @@ def rloo(R_BG) -> Array:
   """RLOO advantage: ``R_i`` minus the mean of the other valid samples of its group.
 
   With ``n`` valid samples this equals ``n / (n - 1) * (R_i - mean_g R)``
-  (METHODS.md section 3).
+  (docs/methods.md §3).
   """
   R_BG = _as_float(R_BG, 'R_BG', 2)
   valid, n, mean, _, const = _stats_last(R_BG)
@@ -148,7 +148,7 @@ def mo_grpo(r_BGK, weights_K=None, eps: float = 1e-6) -> Array:
   """MO-GRPO (Ichihara et al.): ``sum_k w_k (r_k - mean_g r_k)/(std_g r_k + eps)``.
 
   Per-channel group normalisation and a weighted sum, no batch normalisation
-  (METHODS.md section 3). ``weights_K`` defaults to all ones.
+  (docs/methods.md §3). ``weights_K`` defaults to all ones.
   """
   S_BG, row_valid, all_const = _channel_sum(r_BGK, weights_K, eps)
   return jnp.where(row_valid & ~all_const, S_BG, 0.0)
@@ -159,9 +159,9 @@ def gdpo(r_BGK, weights_K=None, eps: float = 1e-4) -> Array:
   """GDPO (Liu et al. 2026): per-channel group normalisation, weighted sum, batch norm.
 
   ``A_k = (r_k - mean_g r_k)/(std_g r_k + eps)``, ``S = sum_k w_k A_k``,
-  ``A = (S - mean_batch S)/(std_batch S + eps)`` (METHODS.md section 3), with the
+  ``A = (S - mean_batch S)/(std_batch S + eps)`` (docs/methods.md §3), with the
   batch statistics over samples that have at least one valid channel. With AMRP the
-  weights are AMRP's ``w^(t-1)`` (METHODS.md section 2). A group in which every
+  weights are AMRP's ``w^(t-1)`` (docs/methods.md §2). A group in which every
   channel has zero std keeps an all-zero advantage (mathematically ``mean_batch S``
   is 0 because each ``A_k`` is group-centred; the zero is enforced exactly).
   """
@@ -173,7 +173,7 @@ def gdpo(r_BGK, weights_K=None, eps: float = 1e-4) -> Array:
 
 
 def frac_zero_std(R_BG) -> Array:
-  """Share of groups whose scalar advantage is all zero (zero std, METHODS.md section 3)."""
+  """Share of groups whose scalar advantage is all zero (zero std, docs/methods.md §3)."""
   R_BG = _as_float(R_BG, 'R_BG', 2)
   const = _stats_last(R_BG)[-1]
   return const.astype(jnp.float32).mean()

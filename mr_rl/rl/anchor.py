@@ -1,4 +1,4 @@
-"""TAG anchor election by per-token reverse-KL drift of single-channel probes (METHODS.md 6).
+"""TAG anchor election by per-token reverse-KL drift of single-channel probes (docs/methods.md §6).
 
 For every channel k: train from pi_0 with single-channel GRPO (`rp_only`, primary = k) for T
 steps, giving pi_{T,k}; measure on held-out prompts
@@ -11,7 +11,7 @@ over t. Forward drift uses y ~ pi_0 and KL(pi_0 || pi_{T,k}). The anchor is argm
 the probe policies are discarded and joint training restarts from pi_0.
 
 A probe whose channel never produced a reward (every sample NaN: failed or not applicable,
-METHODS.md 1) had no learning signal; its drift (only weight decay) would be the smallest and
+docs/methods.md §1) had no learning signal; its drift (only weight decay) would be the smallest and
 say nothing about the channel, so such a channel (probe_reward NaN) is never elected, and
 neither is one with a non-finite drift.
 """
@@ -28,7 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mr_rl import models
 from mr_rl import rollout as rollout_lib
+from mr_rl.rl import batch as batch_lib
 from mr_rl.rl import update as update_lib
 from mr_rl.rl.kl import exact_kl
 
@@ -61,7 +63,6 @@ def eligible(d: Drift, use_exact: bool = False) -> bool:
 
 def _seq_kl(model, p_params, q_params, tokens, mask, resp_mask, logp_p):
   """Per-sequence sampled and exact KL(p || q) on sequences drawn from p."""
-  from mr_rl import models
   logits_p = models.logits(model, p_params, tokens, mask)[:, :-1]
   logits_q = models.logits(model, q_params, tokens, mask)[:, :-1]
   tgt = tokens[:, 1:]
@@ -76,38 +77,37 @@ def _seq_kl(model, p_params, q_params, tokens, mask, resp_mask, logp_p):
 _seq_kl_jit = jax.jit(_seq_kl, static_argnums=0)
 
 
-def drift_chunk_rows(settings, rows: int) -> int:
-  """Rows per drift forward: the policy step's micro-batch (B*G / num_micro_batches rows, the
+def drift_chunk_rows(micro_batch_rows: int, rows: int) -> int:
+  """Rows per drift forward: the policy step's micro-batch (`micro_batch_rows` = B*G / M, the
   size known to fit a chip), reduced to a divisor of `rows` so every chunk has one shape."""
-  per_micro_batch = (settings.data.batch_prompts * settings.rollout.group_size //
-                     settings.update.num_micro_batches)
-  return math.gcd(rows, max(1, per_micro_batch))
+  return math.gcd(rows, max(1, micro_batch_rows))
 
 
-def measure_drift(comp, probe_params, base_params, examples, key, *,
-                  samples: int) -> dict[str, float]:
+def measure_drift(policy: rollout_lib.Policy, probe_params, base_params, examples, key, *,
+                  sampling: rollout_lib.SamplingSettings, batch_prompts: int,
+                  micro_batch_rows: int) -> dict[str, float]:
   """Reverse and forward per-token drift of `probe_params` from `base_params`.
 
-  Responses are sampled at temperature 1 (`samples` per held-out prompt) through the run's
-  own `mr_rl.rollout` pieces (`comp.policy`, `comp.settings.rollout`'s budget and filters).
-  The two policies' forwards run `drift_chunk_rows` rows at a time (full-vocabulary logits of
-  a whole held-out batch do not fit a chip at paper scale), on the run's mesh when it has one.
+  Responses are sampled at temperature 1 (`sampling.group_size` per held-out prompt,
+  `batch_prompts` prompts per sampler call) through the run's own `mr_rl.rollout` pieces
+  (`policy`, the run's response budget and filters in `sampling`). The two policies' forwards
+  run `drift_chunk_rows` rows at a time (full-vocabulary logits of a whole held-out batch do
+  not fit a chip at paper scale), on the policy's mesh when it has one.
   """
   out = {}
-  B = comp.settings.data.batch_prompts
-  rows = drift_chunk_rows(comp.settings, B * samples)
-  policy = comp.policy
-  sampling = dataclasses.replace(comp.settings.rollout, group_size=samples, temperature=1.0)
+  B, samples = batch_prompts, sampling.group_size
+  rows = drift_chunk_rows(micro_batch_rows, B * samples)
+  sampling = dataclasses.replace(sampling, temperature=1.0)
   for direction, sample_params, other in (("rev", probe_params, base_params),
                                           ("fwd", base_params, probe_params)):
     sampled, exact, lens = [], [], []
     for i in range(0, len(examples) - B + 1, B):
       ro = rollout_lib.rollout(policy, sample_params, examples[i:i + B],
                                jax.random.fold_in(key, i), sampling)
-      batch = rollout_lib.update_batch(ro, jnp.zeros(ro.lengths.shape, jnp.float32))
-      cols = [batch[k] for k in ("tokens_NT", "mask_NT", "response_mask_NT", "old_logp_NT")]
+      batch = batch_lib.make_batch(ro, jnp.zeros(ro.lengths.shape, jnp.float32))
       s, e = update_lib.chunked_forward(  # both policies' [rows, T, V] logits at a time
-          lambda pq, *c: _seq_kl_jit(policy.model, *pq, *c), (sample_params, other), *cols,
+          lambda pq, *c: _seq_kl_jit(policy.model, *pq, *c), (sample_params, other),
+          batch.tokens, batch.mask, batch.response_mask, batch.old_logp,
           num_chunks=B * samples // rows, mesh=policy.mesh)
       sampled.append(np.asarray(s))
       exact.append(np.asarray(e))

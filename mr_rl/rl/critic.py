@@ -1,10 +1,11 @@
-"""The PPO critic (METHODS.md section 3): a copy of the policy's trunk with a scalar head.
+"""The PPO critic (docs/methods.md §3): a copy of the policy's trunk with a scalar head.
 
 AMRP (Table 4) initialises the policy and the value model from the same checkpoint, so the
 critic's trunk starts as a copy (not a view) of the policy's initial parameters; the head is
 `Dense(1)` on the trunk's final hidden state. Values are aligned like log-probs:
 `values_NT[:, t]` is the head on the hidden state at `t - 1` (the state before token `t` is
-emitted); column 0 is 0. Shape letters: N rows (B*G responses), T token columns, D model dim.
+emitted); column 0 is 0. Shape letters (docs/shapes.md): N rows (B*G responses), T token
+columns, D model width.
 The value loss is `mr_rl.rl.losses.value_loss`; the critic's update is part of the PPO step
 (`mr_rl.rl.update.make_ppo_step`).
 """
@@ -36,7 +37,7 @@ def model_value_fn(model) -> ValueFn:
 
   def fn(value_params, tokens_NT, mask_NT):
     _, _, h_NTD = model.apply({'params': value_params['trunk']}, tokens_NT,
-                              models.positions_from_mask(mask_NT), kv_mask_BS=mask_NT,
+                              models.positions_from_mask(mask_NT), kv_mask_NC=mask_NT,
                               return_hidden=True)
     head = value_params['head']
     v_NT = (jnp.einsum('ntd,d->nt', h_NTD.astype(jnp.float32), head['kernel'][:, 0])

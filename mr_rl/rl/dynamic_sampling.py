@@ -20,7 +20,7 @@ update keeps its shapes and trains on the kept groups alone. Stateful aggregator
 Lagrangian) advance once per step, on the kept groups: the `scalar` decision of every round
 uses the aggregator applied with the step's starting state, without committing it.
 
-Shape letters: B prompts (groups), G responses per group, K reward channels.
+Shape letters (docs/shapes.md): B prompts (groups), G responses per group, K reward channels.
 """
 
 from __future__ import annotations

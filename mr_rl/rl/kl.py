@@ -1,7 +1,8 @@
-"""KL estimators (Schulman 2020; METHODS.md section 5).
+"""KL estimators (Schulman 2020; docs/methods.md §5).
 
-Shapes: ``N`` rows (sequences: a rollout batch of ``B`` prompts x ``G`` responses, flattened,
-or a micro-batch of them), ``T`` token positions, ``V`` vocabulary.
+Shape letters (docs/shapes.md): ``N`` rows (sequences: a rollout batch of ``B`` prompts x
+``G`` responses, flattened, or a micro-batch of them), ``T`` token positions, ``V``
+vocabulary.
 
 Sample-based estimators of ``KL(pi || pi_ref)`` evaluated per token on tokens sampled
 from ``pi``, with ``x = logp_ref - logp``:
@@ -60,7 +61,7 @@ def k3(logp_NT, logp_ref_NT) -> Array:
 def exact_kl(logits_NTV, ref_logits_NTV) -> Array:
   """Per-token ``KL(pi || pi_ref) = sum_v pi(v) (log pi(v) - log pi_ref(v))``.
 
-  Computed in float32 from ``log_softmax`` of both logits (METHODS.md section 5).
+  Computed in float32 from ``log_softmax`` of both logits (docs/methods.md §5).
 
   Returns:
     kl_NT, float32, non-negative up to rounding.
@@ -82,3 +83,14 @@ def get_kl_estimator(name: str) -> Callable[[Array, Array], Array]:
     UnknownNameError (a ValueError): unknown ``name``; the message lists the valid ones.
   """
   return KL_ESTIMATORS.get(name)
+
+
+@jax.jit
+def reference_kl(ref_logp_NT, logp_NT, response_mask_NT) -> dict:
+  """k1 and k3 of KL(pi || pi_0) per response token on tokens sampled from pi (pi: the
+  sampler's log-probs `logp_NT`, pi_0: `ref_logp_NT`); the trainer's `kl_ref/*` metrics."""
+  resp = response_mask_NT.astype(jnp.float32)
+  x = jnp.clip(ref_logp_NT - logp_NT, -K3_CLAMP, K3_CLAMP)  # log pi_ref - log pi
+  denom = jnp.maximum(resp.sum(), 1.0)
+  return {"kl_ref/k1": (-x * resp).sum() / denom,
+          "kl_ref/k3": ((jnp.exp(x) - 1 - x) * resp).sum() / denom}

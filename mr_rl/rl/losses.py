@@ -1,7 +1,8 @@
-"""Policy-gradient and value losses (METHODS.md sections 4 and 5).
+"""Policy-gradient and value losses (docs/methods.md §4 and §5).
 
-Shapes: ``N`` rows (sequences: a rollout batch of ``B`` prompts x ``G`` responses,
-flattened, or a micro-batch of them), ``T`` token positions, ``V`` vocabulary. Per-token
+Shape letters (docs/shapes.md): ``N`` rows (sequences: a rollout batch of ``B`` prompts x
+``G`` responses, flattened, or a micro-batch of them), ``T`` token positions, ``V``
+vocabulary. Per-token
 quantities are aligned with the tokens they score:
 ``logp_NT[n, t] = log pi(tokens[n, t] | tokens[n, :t])``; position 0 has no prediction and
 is never a response token.
@@ -65,7 +66,7 @@ LOSS_AGG_MODES = tuple(LOSS_AGGREGATIONS.aliases())
 
 @dataclasses.dataclass(frozen=True)
 class PolicyLossConfig:
-  """Clipped policy-gradient loss settings (METHODS.md section 4).
+  """Clipped policy-gradient loss settings (docs/methods.md §4).
 
   Attributes:
     eps_low: epsilon_low, lower clip ``1 - eps_low`` of the ratio rho.
@@ -73,7 +74,7 @@ class PolicyLossConfig:
     loss_agg: one of ``LOSS_AGG_MODES`` (or a registered name of ``LOSS_AGGREGATIONS``).
     norm_len: L of ``seq-mean-token-sum-norm`` (max response length); None -> T.
     kl_coef: beta, weight of the per-token KL penalty to the frozen reference (0 = off).
-    kl_estimator: 'k1' | 'k2' | 'k3' (METHODS.md section 5).
+    kl_estimator: 'k1' | 'k2' | 'k3' (docs/methods.md §5).
     entropy_coef: weight of the entropy bonus (subtracted from the loss; 0 = off).
     recompute_old_logp: pi_old is the training forward's own log-prob (stop-gradient) instead
       of the sampler's. Exact because the trainer makes one optimizer step per rollout (the
@@ -159,13 +160,6 @@ def token_logprobs_and_entropy(logits_NTV, tokens_NT):
   return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
 
 
-def entropy_from_logits(logits_NTV) -> jax.Array:
-  """Per-position entropy ``-sum_v p log p`` of the next-token distribution (float32)."""
-  logits = jnp.asarray(logits_NTV).astype(jnp.float32)
-  lse = jax.nn.logsumexp(logits, axis=-1)
-  return lse - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
-
-
 def _per_token_adv(advantages, shape) -> jax.Array:
   a = jnp.asarray(advantages, jnp.float32)
   if a.shape == shape[:1]:
@@ -178,7 +172,7 @@ def _per_token_adv(advantages, shape) -> jax.Array:
 
 def policy_loss(logp_NT, old_logp_NT, advantages, response_mask_NT, config: PolicyLossConfig, *,
                 weights_NT=None, metric_weights_NT=None, ref_logp_NT=None, entropy_NT=None):
-  """Clipped surrogate ``-min(rho A, clip(rho, 1-eps_low, 1+eps_high) A)`` (METHODS.md s. 4).
+  """Clipped surrogate ``-min(rho A, clip(rho, 1-eps_low, 1+eps_high) A)`` (docs/methods.md §4).
 
   ``rho = pi / pi_old``; pi_old is ``old_logp_NT`` (the sampler's log-probs), or with
   ``config.recompute_old_logp`` the stop-gradient of ``logp_NT`` itself (so rho = 1 in value

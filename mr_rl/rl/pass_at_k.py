@@ -1,4 +1,4 @@
-"""Unbiased pass@k (Chen et al. 2021; METHODS.md section 8).
+"""Unbiased pass@k (Chen et al. 2021; docs/methods.md §8).
 
 ``pass@k = 1 - C(n - c, k) / C(n, k) = 1 - prod_{i=n-c+1..n} (1 - k / i)``, and 1.0 when
 ``n - c < k``; ``n`` samples per problem of which ``c`` are correct.
@@ -80,19 +80,19 @@ def pass_at_k(n, c, k):
 
 
 def mean_pass_at_k(n, c, k):
-  """pass@k averaged over problems (METHODS.md section 8)."""
+  """pass@k averaged over problems (docs/methods.md §8)."""
   out = pass_at_k(n, c, k)
   return out.mean() if isinstance(out, jax.Array) else float(np.mean(out))
 
 
-def pass_at_k_from_correct(correct_PN, k):
-  """Mean pass@k from a ``[P, N]`` boolean table of per-sample correctness.
+def pass_at_k_from_correct(correct_BG, k):
+  """Mean pass@k from a ``[B, G]`` boolean table (B problems, G samples) of per-sample correctness.
 
-  Every problem has the same number ``N`` of samples; NaN-free booleans or 0/1.
+  Every problem has the same number G of samples; NaN-free booleans or 0/1.
   """
-  correct_PN = np.asarray(correct_PN)
-  if correct_PN.ndim != 2:
-    raise ValueError(f'correct_PN must be 2-D [problems, samples], got shape {correct_PN.shape}.')
-  n = np.full(correct_PN.shape[0], correct_PN.shape[1])
-  c = correct_PN.astype(bool).sum(1)
+  correct_BG = np.asarray(correct_BG)
+  if correct_BG.ndim != 2:
+    raise ValueError(f'correct_BG must be 2-D [problems, samples], got shape {correct_BG.shape}.')
+  n = np.full(correct_BG.shape[0], correct_BG.shape[1])
+  c = correct_BG.astype(bool).sum(1)
   return mean_pass_at_k(n, c, k)

@@ -1,29 +1,10 @@
-"""Jitted policy-update steps: GRPO-family and PPO (METHODS.md sections 3-5).
+"""Jitted policy-update steps: GRPO-family and PPO (docs/methods.md §3-5).
 
-One step signature (STYLE.md 5): ``step(state, batch, rng) -> (state, metrics)``, with
-``state`` a ``TrainState`` (flax.struct) and static settings bound by the factories
-``make_policy_step`` / ``make_ppo_step``; ``learner`` builds a run's optimizers, step and
-shardings in one call. Shape letters: B prompts, G responses per prompt, N = B * G rows,
-T token columns (prompt + response), V vocabulary, M micro-batches. ``batch`` is a dict over
-the N rows:
-
-* ``tokens_NT`` int32 prompt + response, prompts left-padded, responses right-padded;
-* ``mask_NT`` 1 on real (prompt or response) tokens;
-* ``response_mask_NT`` 1 on the response tokens that enter the loss (never column 0);
-* ``old_logp_NT`` the sampler's log-probs of ``tokens_NT[:, t]`` (reused as pi_old);
-* ``advantages_BG`` ``[B, G]`` with ``B * G = N`` (row ``b * G + g``), or
-  ``advantages_NT`` per token (PPO: whitened GAE, see gae.py);
-* ``ref_logp_NT`` reference-policy log-probs, when ``kl_coef > 0``;
-* PPO only: ``returns_NT`` and ``old_values_NT``;
-* packed batches (``UpdateConfig.pack``, built by ``mr_rl.rl.packing.pack``): several
-  sequences per row, ``segment_ids_NT`` (1, 2, ... per sequence, 0 on padding; positions
-  restart and attention stays inside each segment), ``advantages_NT`` and the aggregation
-  weights ``weights_NT`` / ``metric_weights_NT`` computed on the unpacked rows (a packed
-  row is not a sequence, so per-sequence normalisers cannot be recomputed from it).
-
-Columns: ``mr_rl.rollout.update_batch`` trims T to the columns in use (bucketed), so a run
-compiles the step for a few widths; nothing here depends on T except Dr.GRPO's ``norm_len``
-default (None -> T), which the trainer always sets to ``max_new_tokens``.
+One step signature (docs/style.md): ``step(state, batch, rng) -> (state, metrics)``, with
+``state`` a ``TrainState`` and ``batch`` a ``mr_rl.rl.batch.LearnerBatch`` (flax.struct
+dataclasses both); static settings are bound by the factories ``make_policy_step`` /
+``make_ppo_step``; ``learner`` builds a run's optimizers, step and shardings in one call.
+Shape letters: ``docs/shapes.md`` (N update rows, T columns, M micro-batches).
 
 Micro-batching: the batch is split into ``num_micro_batches`` strided micro-batches
 (row ``i`` goes to micro-batch ``i % M``, so each data shard feeds every micro-batch);
@@ -55,6 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mr_rl.models import sharding
 from mr_rl.rl import critic as critic_lib
+from mr_rl.rl.batch import LearnerBatch
 from mr_rl.rl.critic import ValueFn
 from mr_rl.rl.losses import (PolicyLossConfig, policy_loss, token_logprobs_and_entropy,
                              token_weights, value_loss)
@@ -154,41 +136,9 @@ def model_logits_fn(model) -> LogitsFn:
 
 
 # ------------------------------------------------------------------------------- steps
-_REQUIRED = ('tokens_NT', 'mask_NT', 'response_mask_NT', 'old_logp_NT')
-_PACKED = ('segment_ids_NT', 'weights_NT', 'metric_weights_NT')
-
-
-def _rows(batch, ppo: bool, packed: bool = False):
-  """Validates the batch and returns per-row arrays (advantages flattened to rows)."""
-  need = _REQUIRED + (('returns_NT', 'old_values_NT') if ppo else ()) + (_PACKED if packed else ())
-  missing = [k for k in need if k not in batch]
-  if missing:
-    raise ValueError(f'batch is missing {missing}; it has {sorted(batch)}.')
-  N, T = batch['tokens_NT'].shape
-  rows = {k: batch[k] for k in need}
-  for k in need:
-    if rows[k].shape != (N, T):
-      raise ValueError(f'batch[{k!r}] has shape {rows[k].shape}, expected {(N, T)}.')
-  if 'advantages_NT' in batch:
-    rows['adv'] = batch['advantages_NT']
-    if rows['adv'].shape != (N, T):
-      raise ValueError(f'batch["advantages_NT"] must be {(N, T)}, got {rows["adv"].shape}.')
-  elif 'advantages_BG' in batch and not ppo and not packed:
-    a = batch['advantages_BG']
-    if a.ndim != 2 or a.shape[0] * a.shape[1] != N:
-      raise ValueError(f'batch["advantages_BG"] must be [B, G] with B * G = {N}, got {a.shape}.')
-    rows['adv'] = a.reshape(N)
-  else:
-    raise ValueError('batch needs "advantages_NT"' + ('' if ppo or packed else
-                                                      ' or "advantages_BG"') + '.')
-  if 'ref_logp_NT' in batch:
-    rows['ref_logp_NT'] = batch['ref_logp_NT']
-  return rows
-
-
 def _accumulate(grad_fn, num_micro: int, rows, constrain):
   """Sums ``grad_fn(mb) -> (grads, metrics)`` over strided micro-batches."""
-  N = rows['tokens_NT'].shape[0]
+  N = rows.tokens.shape[0]
   if N % num_micro:
     raise ValueError(f'num_micro_batches={num_micro} must divide the batch rows N={N}.')
   if num_micro == 1:
@@ -209,13 +159,13 @@ def _accumulate(grad_fn, num_micro: int, rows, constrain):
 
 def _policy_grad_fn(logits_fn, cfg: PolicyLossConfig):
 
-  def loss_fn(params, mb):
-    seg = () if 'segment_ids_NT' not in mb else (mb['segment_ids_NT'],)
-    logits = logits_fn(params, mb['tokens_NT'], mb['mask_NT'], *seg)
-    logp, ent = token_logprobs_and_entropy(logits, mb['tokens_NT'])
-    loss, metrics = policy_loss(logp, mb['old_logp_NT'], mb['adv'], mb['response_mask_NT'], cfg,
-                                weights_NT=mb['w'], metric_weights_NT=mb['mw'],
-                                ref_logp_NT=mb.get('ref_logp_NT'), entropy_NT=ent)
+  def loss_fn(params, mb: LearnerBatch):
+    seg = () if mb.segment_ids is None else (mb.segment_ids,)
+    logits = logits_fn(params, mb.tokens, mb.mask, *seg)
+    logp, ent = token_logprobs_and_entropy(logits, mb.tokens)
+    loss, metrics = policy_loss(logp, mb.old_logp, mb.advantages, mb.response_mask, cfg,
+                                weights_NT=mb.weights, metric_weights_NT=mb.metric_weights,
+                                ref_logp_NT=mb.ref_logp, entropy_NT=ent)
     return loss, {**metrics, 'policy_loss': loss}
 
   return jax.value_and_grad(loss_fn, has_aux=True)
@@ -225,13 +175,10 @@ def _step_impl(state, batch, rng, *, logits_fn, tx, config, value_fn=None, value
                mesh=None, rules=None, batch_axes=()):
   del rng  # no stochastic layers yet; kept for the uniform step signature
   ppo = value_fn is not None
-  rows = _rows(batch, ppo, config.pack)
-  rmask = rows['response_mask_NT']
-  if config.pack:  # computed on the unpacked rows (mr_rl.rl.packing)
-    rows['w'], rows['mw'] = rows.pop('weights_NT'), rows.pop('metric_weights_NT')
-  else:
-    rows['w'] = token_weights(rmask, config.loss.loss_agg, config.loss.norm_len)
-    rows['mw'] = token_weights(rmask, 'token-mean')
+  rmask = batch.response_mask
+  if batch.weights is None:  # over the whole batch, before the micro-batch split
+    batch = batch.replace(weights=token_weights(rmask, config.loss.loss_agg, config.loss.norm_len),
+                          metric_weights=token_weights(rmask, 'token-mean'))
   if mesh is None:
     constrain = lambda mb: mb
   else:
@@ -244,12 +191,12 @@ def _step_impl(state, batch, rng, *, logits_fn, tx, config, value_fn=None, value
     if not ppo:
       return grads, metrics
     vg = jax.value_and_grad(
-        lambda vp: value_loss(value_fn(vp, mb['tokens_NT'], mb['mask_NT']), mb['old_values_NT'],
-                              mb['returns_NT'], mb['w'], config.vf_clip, mb['mw']), has_aux=True)
+        lambda vp: value_loss(value_fn(vp, mb.tokens, mb.mask), mb.old_values, mb.returns,
+                              mb.weights, config.vf_clip, mb.metric_weights), has_aux=True)
     (_, vmetrics), vgrads = vg(state.value_params)
     return (grads, vgrads), {**metrics, **vmetrics}
 
-  grads, metrics = _accumulate(grad_fn, config.num_micro_batches, rows, constrain)
+  grads, metrics = _accumulate(grad_fn, config.num_micro_batches, batch, constrain)
   if ppo:
     grads, vgrads = grads
   metrics['grad_norm'] = optax.global_norm(grads)
@@ -380,19 +327,27 @@ def chunked_forward(fn: Callable, params, *rows, num_chunks: int, mesh=None):
 
 
 # ------------------------------------------------------------------------------ learner
-def batch_keys(config: UpdateConfig, ppo: bool) -> tuple[str, ...]:
-  """The keys of the batch a run feeds its step (``mr_rl.rollout.update_batch`` plus the
-  reference log-probs when ``kl_coef > 0`` and, for PPO, the GAE targets)."""
-  keys = list(_REQUIRED)
+def batch_fields(config: UpdateConfig, ppo: bool) -> tuple[str, ...]:
+  """The `LearnerBatch` fields a run's step takes (`mr_rl.rl.batch.make_batch`'s output plus
+  the reference log-probs when ``kl_coef > 0``)."""
+  fields = ['tokens', 'mask', 'response_mask', 'old_logp', 'advantages']
   if ppo:
-    keys += ['advantages_NT', 'returns_NT', 'old_values_NT']
+    fields += ['returns', 'old_values']
   elif config.pack:
-    keys += ['advantages_NT', *_PACKED]
-  else:
-    keys += ['advantages_BG']
+    fields += ['weights', 'metric_weights', 'segment_ids']
   if config.loss.kl_coef > 0:
-    keys.append('ref_logp_NT')
-  return tuple(keys)
+    fields.append('ref_logp')
+  return tuple(fields)
+
+
+def example_batch(config: UpdateConfig, ppo: bool) -> LearnerBatch:
+  """A `LearnerBatch` of ShapeDtypeStructs with a run's fields and ranks (what the batch
+  shardings are built from; sizes do not matter)."""
+  x = jax.ShapeDtypeStruct((1, 1), jnp.float32)
+  per_row = not ppo and not config.pack  # group advantages [N]; per token [N, T] otherwise
+  return LearnerBatch(**{
+      f: jax.ShapeDtypeStruct((1,), jnp.float32) if f == 'advantages' and per_row else x
+      for f in batch_fields(config, ppo)})
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -405,6 +360,7 @@ class Learner:
     value_fn: the jitted critic forward ``(value_params, tokens_NT, mask_NT) -> values_NT``
       (PPO), else None.
     state_sharding, batch_sharding: the step's in/out shardings (None without a mesh).
+    fields: the `LearnerBatch` fields the step takes (`batch_fields`).
   """
   model: Any
   tx: optax.GradientTransformation
@@ -412,7 +368,8 @@ class Learner:
   step: Callable
   value_fn: Optional[Callable]
   state_sharding: Any
-  batch_sharding: Optional[dict]
+  batch_sharding: Optional[LearnerBatch]
+  fields: Optional[tuple[str, ...]] = None
 
   def init(self, params, rng) -> TrainState:
     """A fresh TrainState from ``params`` (a copy: the step donates its state), placed on
@@ -430,11 +387,18 @@ class Learner:
     """``state`` on the step's shardings (identity without a mesh)."""
     return state if self.state_sharding is None else jax.device_put(state, self.state_sharding)
 
-  def place_batch(self, batch: dict) -> dict:
-    """``batch`` on the step's shardings (identity without a mesh)."""
+  def place_batch(self, batch: LearnerBatch) -> LearnerBatch:
+    """``batch`` on the step's shardings (identity without a mesh).
+
+    Raises:
+      ValueError: the batch's fields are not those the step was built for (`batch_fields`).
+    """
+    if self.fields is not None and batch.fields() != self.fields:
+      raise ValueError(f'the step takes LearnerBatch fields {list(self.fields)}, got '
+                       f'{list(batch.fields())}')
     if self.batch_sharding is None:
       return batch
-    return jax.device_put(batch, {k: self.batch_sharding[k] for k in batch})
+    return jax.device_put(batch, self.batch_sharding)
 
 
 @functools.lru_cache(maxsize=16)
@@ -466,8 +430,7 @@ def learner(model, config: UpdateConfig, mesh=None, ppo: bool = False) -> Learne
 
     state_abs = jax.eval_shape(init_abstract, models.abstract_params(model))
     st_sh = sharding.train_state_shardings(state_abs, tx, p_sh, mesh, value_tx, v_sh)
-    x = jax.ShapeDtypeStruct((1, 1), jnp.float32)  # keys and ranks are what the shardings need
-    batch_example = {k: x for k in batch_keys(config, ppo)}
+    batch_example = example_batch(config, ppo)
     b_sh = sharding.batch_shardings(batch_example, mesh)
     mesh_kw = dict(mesh=mesh, rules=rules, state_sharding=st_sh, batch_example=batch_example)
   if ppo:
@@ -475,4 +438,4 @@ def learner(model, config: UpdateConfig, mesh=None, ppo: bool = False) -> Learne
   else:
     step = make_policy_step(logits_fn, config, tx, **mesh_kw)
   return Learner(model, tx, value_tx, step, None if value_fn is None else jax.jit(value_fn),
-                 st_sh, b_sh)
+                 st_sh, b_sh, batch_fields(config, ppo))

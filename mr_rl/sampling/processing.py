@@ -6,16 +6,14 @@ the filters follows transformers' `generate`: temperature first, then top-k, the
 Two log-probabilities exist for a sampled token:
   * the *policy* log-probability `log_softmax(logits)[token]` (temperature 1, no
     filtering) -- this is what the sampler returns, because the RL update reuses it as
-    `logp_old` and it must equal a fresh forward pass of the policy (METHODS.md §4);
+    `logp_old` and it must equal a fresh forward pass of the policy (docs/methods.md §4);
   * the log-probability under the filtered, tempered distribution actually sampled from
     (`filtered_log_probs`; public and tested against a numpy reference, but nothing in the
     trainer uses it).
 
-Shape letters in this module: R rows (any leading dims; the sampler passes one row per
-decoded sequence), V vocabulary, C candidates kept by the sort (the top_k best when top-k is
-on, else all V), and for the two-level inverse CDF M blocks of W tokens (M * W >= V) and I
-entries along the axis being inverted (M or W). B, G and K are not used: project-wide they are
-prompts, group size and reward channels.
+Shape letters (docs/shapes.md): N rows (any leading dims; the sampler passes one row per
+decoded sequence), V vocabulary. The candidates kept by the top-k sort (`top_k` of them, or all
+V) and the inverse CDF's blocks are named in words, not letters.
 """
 
 from __future__ import annotations
@@ -63,11 +61,11 @@ class SamplingParams:
     return self.temperature == 0
 
 
-def filtered_logits(logits_RV: jax.Array, params: SamplingParams) -> jax.Array:
+def filtered_logits(logits_NV: jax.Array, params: SamplingParams) -> jax.Array:
   """Tempered logits with top-k / top-p filtered tokens set to -inf.
 
   Args:
-    logits_RV: raw model logits (any leading shape, vocabulary last).
+    logits_NV: raw model logits (any leading shape, vocabulary last).
     params: sampling settings; must not be greedy.
 
   Returns:
@@ -75,72 +73,73 @@ def filtered_logits(logits_RV: jax.Array, params: SamplingParams) -> jax.Array:
   """
   if params.greedy:
     raise ValueError("filtered_logits is undefined for temperature=0 (greedy)")
-  x_RV = logits_RV.astype(jnp.float32) / params.temperature
-  vocab = x_RV.shape[-1]
+  x_NV = logits_NV.astype(jnp.float32) / params.temperature
+  vocab = x_NV.shape[-1]
   top_k = params.top_k if 0 < params.top_k < vocab else 0
   if top_k == 0 and params.top_p >= 1.0:
-    return x_RV
+    return x_NV
   if top_k:
     # Descending values of the k best tokens; threshold at the k-th (ties kept, as HF).
-    sorted_RC = jax.lax.top_k(x_RV, top_k)[0]
+    top_vals = jax.lax.top_k(x_NV, top_k)[0]  # [..., top_k], descending
   else:
-    sorted_RC = -jnp.sort(-x_RV, axis=-1)
+    top_vals = -jnp.sort(-x_NV, axis=-1)  # [..., V], descending
   if params.top_p < 1.0:
     # Nucleus over the (top-k) survivors: keep token i iff the mass strictly before it,
     # in descending order, is below top_p. The first token is always kept.
-    probs_RC = jax.nn.softmax(sorted_RC, axis=-1)
-    mass_before_RC = jnp.cumsum(probs_RC, axis=-1) - probs_RC
-    keep_RC = mass_before_RC < params.top_p
-    keep_RC = keep_RC.at[..., 0].set(True)
-    thresh_R1 = jnp.min(jnp.where(keep_RC, sorted_RC, jnp.inf), axis=-1, keepdims=True)
+    top_probs = jax.nn.softmax(top_vals, axis=-1)
+    mass_before = jnp.cumsum(top_probs, axis=-1) - top_probs
+    keep = mass_before < params.top_p
+    keep = keep.at[..., 0].set(True)
+    thresh_N1 = jnp.min(jnp.where(keep, top_vals, jnp.inf), axis=-1, keepdims=True)
   else:
-    thresh_R1 = sorted_RC[..., -1:]
-  return jnp.where(x_RV >= thresh_R1, x_RV, _NEG_INF)
+    thresh_N1 = top_vals[..., -1:]
+  return jnp.where(x_NV >= thresh_N1, x_NV, _NEG_INF)
 
 
-def filtered_log_probs(logits_RV: jax.Array, params: SamplingParams) -> jax.Array:
+def filtered_log_probs(logits_NV: jax.Array, params: SamplingParams) -> jax.Array:
   """Log-probabilities of the distribution actually sampled from (-inf if filtered)."""
-  return jax.nn.log_softmax(filtered_logits(logits_RV, params), axis=-1)
+  return jax.nn.log_softmax(filtered_logits(logits_NV, params), axis=-1)
 
 
-def sample_tokens(logits_RV: jax.Array, key: jax.Array, params: SamplingParams) -> jax.Array:
+def sample_tokens(logits_NV: jax.Array, key: jax.Array, params: SamplingParams) -> jax.Array:
   """Draws one token per row (argmax when greedy).
 
   Args:
-    logits_RV: raw model logits [..., V].
+    logits_NV: raw model logits [..., V].
     key: PRNG key (unused when greedy).
     params: sampling settings.
 
   Returns:
-    int32 token ids of shape logits_RV.shape[:-1].
+    int32 token ids of shape logits_NV.shape[:-1].
   """
   if params.greedy:
-    return jnp.argmax(logits_RV, axis=-1).astype(jnp.int32)
-  return inverse_cdf_sample(filtered_logits(logits_RV, params), key)
+    return jnp.argmax(logits_NV, axis=-1).astype(jnp.int32)
+  return inverse_cdf_sample(filtered_logits(logits_NV, params), key)
 
 
 def _block_size(vocab: int) -> int:
-  """Block width W of the two-level inverse CDF: a power of two near sqrt(V), at least 16."""
+  """Block width of the two-level inverse CDF: a power of two near sqrt(V), at least 16."""
   return max(16, 1 << (max(1, math.isqrt(vocab - 1) + 1) - 1).bit_length())
 
 
-def _last_positive(x_RI: jax.Array) -> jax.Array:
+def _last_positive(x: jax.Array) -> jax.Array:
   """Index of the last entry > 0 along the last axis (0 if none)."""
-  n = x_RI.shape[-1]
-  return (n - 1 - jnp.argmax(jnp.flip(x_RI > 0, axis=-1), axis=-1)).astype(jnp.int32)
+  n = x.shape[-1]
+  return (n - 1 - jnp.argmax(jnp.flip(x > 0, axis=-1), axis=-1)).astype(jnp.int32)
 
 
-def _invert(cdf_RI: jax.Array, u_R: jax.Array, weights_RI: jax.Array) -> jax.Array:
-  """Smallest i with cdf[i] > u, never past the last entry of positive weight."""
-  idx_R = jnp.sum(cdf_RI <= u_R[..., None], axis=-1, dtype=jnp.int32)
-  return jnp.minimum(idx_R, _last_positive(weights_RI))
+def _invert(cdf: jax.Array, u_N: jax.Array, weights: jax.Array) -> jax.Array:
+  """Smallest i with cdf[..., i] > u along the last axis, never past the last entry of
+  positive weight (`cdf` and `weights` share their shape)."""
+  idx_N = jnp.sum(cdf <= u_N[..., None], axis=-1, dtype=jnp.int32)
+  return jnp.minimum(idx_N, _last_positive(weights))
 
 
-def inverse_cdf_sample(x_RV: jax.Array, key: jax.Array) -> jax.Array:
+def inverse_cdf_sample(x_NV: jax.Array, key: jax.Array) -> jax.Array:
   """Draws token ~ softmax(x) per row by inverting the CDF with one uniform per row.
 
   Two levels, so no length-V cumulative sum is ever formed: the vocabulary is cut into
-  M blocks of W ~ sqrt(V) tokens; a block is drawn by inverting the CDF of the block masses,
+  blocks of about sqrt(V) tokens; a block is drawn by inverting the CDF of the block masses,
   then a token inside it by inverting the block's own CDF with the leftover of the same
   uniform. With e_i = exp(x_i - max x), block masses m_j and total mass Z,
   P(token i in block j) = (m_j / Z) (e_i / m_j) = e_i / Z: exact up to float32 rounding.
@@ -150,29 +149,31 @@ def inverse_cdf_sample(x_RV: jax.Array, key: jax.Array) -> jax.Array:
   drawn.
 
   Args:
-    x_RV: float32 logits [..., V] with at least one finite entry per row.
+    x_NV: float32 logits [..., V] with at least one finite entry per row.
     key: PRNG key.
 
   Returns:
     int32 token ids [...].
   """
-  lead, vocab = x_RV.shape[:-1], x_RV.shape[-1]
-  e_RV = jnp.exp(x_RV - jnp.max(x_RV, axis=-1, keepdims=True))
-  W = _block_size(vocab)
-  M = -(-vocab // W)
-  e_RMW = jnp.pad(e_RV, [(0, 0)] * len(lead) + [(0, M * W - vocab)]).reshape(lead + (M, W))
-  mass_RM = jnp.sum(e_RMW, axis=-1)
-  cdf_RM = jnp.cumsum(mass_RM, axis=-1)
-  u_R = jax.random.uniform(key, lead, jnp.float32) * cdf_RM[..., -1]
-  block_R = _invert(cdf_RM, u_R, mass_RM)
-  before_R = jnp.take_along_axis(cdf_RM - mass_RM, block_R[..., None], axis=-1)[..., 0]
-  inner_RW = jnp.take_along_axis(e_RMW, block_R[..., None, None], axis=-2)[..., 0, :]
-  offset_R = _invert(jnp.cumsum(inner_RW, axis=-1), u_R - before_R, inner_RW)
-  return block_R * W + offset_R
+  lead, vocab = x_NV.shape[:-1], x_NV.shape[-1]
+  e_NV = jnp.exp(x_NV - jnp.max(x_NV, axis=-1, keepdims=True))
+  width = _block_size(vocab)
+  n_blocks = -(-vocab // width)
+  e_blocks = jnp.pad(e_NV, [(0, 0)] * len(lead) + [(0, n_blocks * width - vocab)]).reshape(
+      lead + (n_blocks, width))  # [..., n_blocks, width]
+  block_mass = jnp.sum(e_blocks, axis=-1)  # [..., n_blocks]
+  block_cdf = jnp.cumsum(block_mass, axis=-1)
+  u_N = jax.random.uniform(key, lead, jnp.float32) * block_cdf[..., -1]
+  block_N = _invert(block_cdf, u_N, block_mass)
+  before_N = jnp.take_along_axis(block_cdf - block_mass, block_N[..., None], axis=-1)[..., 0]
+  # The drawn block's entries, [..., width].
+  inner = jnp.take_along_axis(e_blocks, block_N[..., None, None], axis=-2)[..., 0, :]
+  offset_N = _invert(jnp.cumsum(inner, axis=-1), u_N - before_N, inner)
+  return block_N * width + offset_N
 
 
-def token_log_probs(logits_RV: jax.Array, tokens_R: jax.Array) -> jax.Array:
+def token_log_probs(logits_NV: jax.Array, tokens_N: jax.Array) -> jax.Array:
   """Policy log-probability log_softmax(logits)[token] at temperature 1 (float32)."""
-  x_RV = logits_RV.astype(jnp.float32)
-  picked_R = jnp.take_along_axis(x_RV, tokens_R[..., None], axis=-1)[..., 0]
-  return picked_R - jax.nn.logsumexp(x_RV, axis=-1)
+  x_NV = logits_NV.astype(jnp.float32)
+  picked_N = jnp.take_along_axis(x_NV, tokens_N[..., None], axis=-1)[..., 0]
+  return picked_N - jax.nn.logsumexp(x_NV, axis=-1)

@@ -1,41 +1,39 @@
 """Jitted KV-cache sampler: bucketed prefill plus a `lax.while_loop` decode.
 
-Shape letters in this module:
-  R  rows decoded together, one prompt copy each. `generate_groups` decodes its B prompts
-     x G responses as R = B * G rows; `Sampler` and `generate` see only rows.
-  B  prompts and G responses per prompt (group size), as in METHODS.md (`generate_groups`,
-     `repeat_groups` only).
-  T  prompt width as given; P prompt bucket (the width after re-padding); N new tokens
-     (max_new_tokens); S key/value slots of the cache; V vocabulary.
+Shape letters (docs/shapes.md): N rows decoded together, one prompt copy each
+(`generate_groups` decodes its B prompts x G responses as N = B * G rows; `Sampler` and
+`generate` see only rows); P prompt columns (as given, then the prompt bucket the sampler
+re-pads to); S response columns (max_new_tokens); C key/value slots of the cache; V
+vocabulary. The decode step `s` (0 <= s < S) writes response column s.
 
 Layout of one call (all inside a single `jax.jit`):
 
-  * Prompts arrive left-padded, `[R, T]` with a mask (1 on real tokens). On the host they
-    are trimmed of all-padding columns and left-padded again to a *prompt bucket* `P`
-    (powers of two by default, or a configured list), so one compilation serves every
-    prompt length in the bucket. The compile key is (R, P, settings); the settings,
+  * Prompts arrive left-padded, `[N, P]` with a mask (1 on real tokens). On the host they
+    are trimmed of all-padding columns and left-padded again to a *prompt bucket* of `P`
+    columns (powers of two by default, or a configured list), so one compilation serves every
+    prompt length in the bucket. The compile key is (N, P, settings); the settings,
     `max_new_tokens` included, are fixed per `Sampler`.
   * Prefill runs the first `P - 1` prompt tokens through the model, writing slots
     `[0, P - 1)` of a KV cache of P slots (its attention covers the prompt's columns only;
     its logits are unused and compiled away); the cache then grows to the first segment.
-  * Decode step `t` (t = 0 .. N-1) feeds one token per row -- the last prompt token at
-    t = 0, the token sampled at step t-1 afterwards -- into slot `P - 1 + t`, at per-row
-    position `len_r - 1 + t` (`len_r` = real prompt length of row r), and samples token `t`.
+  * Decode step `s` (s = 0 .. S-1) feeds one token per row -- the last prompt token at
+    s = 0, the token sampled at step s-1 afterwards -- into slot `P - 1 + s`, at per-row
+    position `len_n - 1 + s` (`len_n` = real prompt length of row n), and samples token `s`.
   * The cache does not start at its full length: decoding runs in a few *segments*; each
     segment is its own `lax.while_loop` over a cache whose length is a static bucket just
     large enough for that segment (`P + end_of_segment`). Between segments the cache is
     padded once. Attention therefore never scans far past the filled slots, which is
-    where a fixed-length loop loses most of its time on CPU (FACTS.md, sampler
-    calibration).
+    where a fixed-length loop loses most of its time on CPU (BUILD_NOTES.md, "Sampler":
+    the first decode loop's calibration).
   * The loop stops when every row has produced EOS or after `max_new_tokens` tokens. The
     PRNG key travels in the loop state, as in gemma's `text/_sampler_loop.py` (which splits
     it every step); here the base key is carried unchanged from step to step and segment to
-    segment, and step `t` draws all rows' tokens with `fold_in(key, t)`, so a draw depends
-    only on (key, t), not on the segment layout (STYLE.md 6).
+    segment, and step `s` draws all rows' tokens with `fold_in(key, s)`, so a draw depends
+    only on (key, s), not on the segment layout (docs/style.md §6).
 
 Returned log-probabilities are those of the *policy* -- `log_softmax(logits)` at
 temperature 1 with no top-k/top-p filter -- at the sampled tokens, so the RL update can
-use them as `logp_old` (METHODS.md §4): they equal a fresh forward pass over the
+use them as `logp_old` (docs/methods.md §4): they equal a fresh forward pass over the
 generated sequence. Tokens after EOS are `pad_id` with log-prob 0 and mask 0; the EOS
 token itself is part of the response (mask 1).
 """
@@ -69,17 +67,17 @@ MAX_SEGMENTS = 8
 
 @flax.struct.dataclass
 class SampleOutput:
-  """Result of `generate` (leading dims `[R]`, or `[B, G]` from `generate_groups`).
+  """Result of `generate` (leading dims `[N]`, or `[B, G]` from `generate_groups`).
 
   Attributes:
-    tokens: int32 `[..., N]`, generated tokens; `pad_id` after EOS / after the stop.
-    logprobs: float32 `[..., N]`, policy log-prob `log_softmax(logits)[token]` at
+    tokens: int32 `[..., S]`, generated tokens; `pad_id` after EOS / after the stop.
+    logprobs: float32 `[..., S]`, policy log-prob `log_softmax(logits)[token]` at
       temperature 1 (unfiltered); 0 where `mask` is 0.
-    mask: int32 `[..., N]`, 1 on generated tokens (EOS included), 0 on padding.
+    mask: int32 `[..., S]`, 1 on generated tokens (EOS included), 0 on padding.
     lengths: int32 `[...]`, number of generated tokens including EOS (= `mask.sum(-1)`).
     truncated: bool `[...]`, True iff the row did not produce EOS within `max_new_tokens`
       (always True when `eos_id` is None).
-    steps: int32 scalar, decode steps actually run (< N when every row stopped early).
+    steps: int32 scalar, decode steps actually run (< S when every row stopped early).
   """
 
   tokens: jax.Array
@@ -103,7 +101,7 @@ def prompt_bucket(length: int, buckets: Optional[Sequence[int]] = None) -> int:
 
 
 def segment_ends(max_new_tokens: int, segment_tokens: int) -> tuple[int, ...]:
-  """End steps (exclusive) of the decode segments, e.g. N=256, 64 -> (64, 128, 192, 256).
+  """End steps (exclusive) of the decode segments, e.g. S=256, 64 -> (64, 128, 192, 256).
 
   The segment length is raised so that there are at most MAX_SEGMENTS segments.
   """
@@ -130,11 +128,11 @@ def _pad_seq_axis(x: jax.Array, extra: int) -> jax.Array:
 class Sampler:
   """A compiled sampler for one model and one set of decode settings.
 
-  Create once and reuse: each (rows R, prompt bucket P) pair compiles once.
+  Create once and reuse: each (rows N, prompt bucket P) pair compiles once.
 
   Args:
     model: an `mr_rl.models.Transformer`.
-    max_new_tokens: N, the cap on generated tokens per row.
+    max_new_tokens: S, the cap on generated tokens per row.
     temperature: 0 for greedy decoding.
     top_k: 0 disables the filter.
     top_p: 1.0 disables the filter.
@@ -184,26 +182,26 @@ class Sampler:
     self._jitted = jax.jit(fn)
 
   # ----------------------------------------------------------------------------- host side
-  def prepare(self, prompts_RT, prompt_mask_RT) -> tuple[np.ndarray, np.ndarray]:
+  def prepare(self, prompts_NP, prompt_mask_NP) -> tuple[np.ndarray, np.ndarray]:
     """Validates a left-padded batch and re-pads it to its prompt bucket (host numpy)."""
-    tokens = np.asarray(prompts_RT)
-    mask = np.asarray(prompt_mask_RT)
+    tokens = np.asarray(prompts_NP)
+    mask = np.asarray(prompt_mask_NP)
     if tokens.ndim != 2:
-      raise ValueError(f"prompts_RT must be [R, T] (rows, prompt width), got shape "
+      raise ValueError(f"prompts_NP must be [N, P] (rows, prompt columns), got shape "
                        f"{tokens.shape}")
     if mask.shape != tokens.shape:
-      raise ValueError(f"prompt_mask_RT shape {mask.shape} != prompts_RT shape {tokens.shape}")
+      raise ValueError(f"prompt_mask_NP shape {mask.shape} != prompts_NP shape {tokens.shape}")
     if not np.issubdtype(tokens.dtype, np.integer):
-      raise TypeError(f"prompts_RT must hold integer token ids, got dtype {tokens.dtype}")
+      raise TypeError(f"prompts_NP must hold integer token ids, got dtype {tokens.dtype}")
     mask = mask.astype(bool)
     lengths = mask.sum(axis=1)
     if (lengths == 0).any():
-      raise ValueError(f"prompt_mask_RT has empty rows: {np.flatnonzero(lengths == 0).tolist()}")
+      raise ValueError(f"prompt_mask_NP has empty rows: {np.flatnonzero(lengths == 0).tolist()}")
     if (np.diff(mask.astype(np.int8), axis=1) < 0).any():
-      raise ValueError("prompt_mask_RT must be left-padded (each row 0...0 1...1)")
+      raise ValueError("prompt_mask_NP must be left-padded (each row 0...0 1...1)")
     vocab = self.model.config.vocab_size
     if tokens[mask].min() < 0 or tokens[mask].max() >= vocab:
-      raise ValueError(f"prompts_RT holds token ids outside [0, {vocab})")
+      raise ValueError(f"prompts_NP holds token ids outside [0, {vocab})")
     longest = int(lengths.max())
     bucket = prompt_bucket(longest, self.prompt_buckets)
     batch = tokens.shape[0]
@@ -213,35 +211,35 @@ class Sampler:
     out_mask[:, bucket - longest:] = mask[:, -longest:]
     return out_tokens, out_mask
 
-  def __call__(self, params, prompts_RT, prompt_mask_RT, *, key: jax.Array) -> SampleOutput:
-    """Samples up to `max_new_tokens` tokens for each left-padded prompt row (`[R, T]`)."""
-    args, context = self._placed(params, prompts_RT, prompt_mask_RT, key)
+  def __call__(self, params, prompts_NP, prompt_mask_NP, *, key: jax.Array) -> SampleOutput:
+    """Samples up to `max_new_tokens` tokens for each left-padded prompt row (`[N, P]`)."""
+    args, context = self._placed(params, prompts_NP, prompt_mask_NP, key)
     with context:
       return self._jitted(*args)
 
-  def lower(self, params, prompts_RT, prompt_mask_RT, *, key: jax.Array):
+  def lower(self, params, prompts_NP, prompt_mask_NP, *, key: jax.Array):
     """The `jax.stages.Lowered` program a call with these arguments runs (for inspecting its
     HLO or cost analysis, e.g. `.compile().as_text()`)."""
-    args, context = self._placed(params, prompts_RT, prompt_mask_RT, key)
+    args, context = self._placed(params, prompts_NP, prompt_mask_NP, key)
     with context:
       return self._jitted.lower(*args)
 
-  def _placed(self, params, prompts_RT, prompt_mask_RT, key):
+  def _placed(self, params, prompts_NP, prompt_mask_NP, key):
     """Bucketed prompts placed for the jitted body (row-sharded on a mesh), and the context
     the body must be traced and run in (the mesh's logical activation rules)."""
-    tokens_RP, mask_RP = self.prepare(prompts_RT, prompt_mask_RT)
+    tokens_NP, mask_NP = self.prepare(prompts_NP, prompt_mask_NP)
     if self.mesh is None:
-      return (params, tokens_RP, mask_RP, key), contextlib.nullcontext()
+      return (params, tokens_NP, mask_NP, key), contextlib.nullcontext()
     from mr_rl.models import sharding as shd
-    batch_sh = shd.batch_sharding(self.mesh, tokens_RP.shape, self.rules)
-    tokens_RP, mask_RP = jax.device_put((tokens_RP, mask_RP), batch_sh)
-    return ((params, tokens_RP, mask_RP, key),
+    batch_sh = shd.batch_sharding(self.mesh, tokens_NP.shape, self.rules)
+    tokens_NP, mask_NP = jax.device_put((tokens_NP, mask_NP), batch_sh)
+    return ((params, tokens_NP, mask_NP, key),
             shd.activation_sharding(self.mesh, self.rules))
 
   # ------------------------------------------------------------------------------- device
-  def _apply(self, params, tokens, positions, kv_mask_RS, cache, cache_index):
-    """One model call on tokens / positions [R, n] (n = P - 1 at prefill, 1 per decode step)."""
-    return self.model.apply({"params": params}, tokens, positions, kv_mask_BS=kv_mask_RS,
+  def _apply(self, params, tokens, positions, kv_mask_NC, cache, cache_index):
+    """One model call on tokens / positions [N, T] (T = P - 1 at prefill, 1 per decode step)."""
+    return self.model.apply({"params": params}, tokens, positions, kv_mask_NC=kv_mask_NC,
                             cache=cache, cache_index=cache_index)
 
   def _constrain_cache(self, cache):
@@ -252,11 +250,11 @@ class Sampler:
     return jax.lax.with_sharding_constraint(
         cache, shd.cache_shardings(self.model.config, self.mesh, batch, length, self.rules))
 
-  def _sample(self, params, tokens_RP, mask_RP, key) -> SampleOutput:
-    rows, bucket = tokens_RP.shape
+  def _sample(self, params, tokens_NP, mask_NP, key) -> SampleOutput:
+    rows, bucket = tokens_NP.shape
     n_new = self.max_new_tokens
-    mask_RP = mask_RP.astype(jnp.bool_)
-    len_R = jnp.sum(mask_RP, axis=1, dtype=jnp.int32)
+    mask_NP = mask_NP.astype(jnp.bool_)
+    len_N = jnp.sum(mask_NP, axis=1, dtype=jnp.int32)
 
     # Prefill: slots [0, P-1) of a cache of the prompt's P slots, so its attention covers the
     # prompt's columns only; then the cache grows (one copy) to the first segment's window.
@@ -265,54 +263,54 @@ class Sampler:
     if bucket > 1:
       cache = self._constrain_cache(
           init_cache(self.model.config, rows, bucket, dtype=self.cache_dtype))
-      _, cache = self._apply(params, tokens_RP[:, :-1], positions_from_mask(mask_RP)[:, :-1],
-                             mask_RP, cache, jnp.int32(0))
+      _, cache = self._apply(params, tokens_NP[:, :-1], positions_from_mask(mask_NP)[:, :-1],
+                             mask_NP, cache, jnp.int32(0))
       cache = self._constrain_cache(grow_cache(cache, window - bucket))
     else:
       cache = self._constrain_cache(
           init_cache(self.model.config, rows, window, dtype=self.cache_dtype))
-    kv_mask_RS = _pad_seq_axis(mask_RP, window - bucket)
+    kv_mask_NC = _pad_seq_axis(mask_NP, window - bucket)
 
     state = dict(
-        t=jnp.int32(0),
+        s=jnp.int32(0),
         cache=cache,
-        kv_mask=kv_mask_RS,
-        x=tokens_RP[:, -1],  # token fed at the next step (last prompt token first)
+        kv_mask=kv_mask_NC,
+        x=tokens_NP[:, -1],  # token fed at the next step (last prompt token first)
         done=jnp.zeros((rows,), jnp.bool_),
         tokens=jnp.full((rows, n_new), self.pad_id, jnp.int32),
         logprobs=jnp.zeros((rows, n_new), jnp.float32),
         lengths=jnp.zeros((rows,), jnp.int32),
-        key=key,  # base key, carried unchanged: step t draws with fold_in(key, t)
+        key=key,  # base key, carried unchanged: step s draws with fold_in(key, s)
     )
 
-    def body(s):
-      t = s["t"]
-      slot = bucket - 1 + t
-      kv_mask = jax.lax.dynamic_update_slice(s["kv_mask"], jnp.ones((rows, 1), jnp.bool_),
+    def body(st):
+      s = st["s"]
+      slot = bucket - 1 + s
+      kv_mask = jax.lax.dynamic_update_slice(st["kv_mask"], jnp.ones((rows, 1), jnp.bool_),
                                              (jnp.int32(0), slot))
-      pos_R1 = (len_R - 1 + t)[:, None]
-      logits_R1V, cache = self._apply(params, s["x"][:, None], pos_R1, kv_mask, s["cache"], slot)
-      logits_RV = logits_R1V[:, 0]
-      tok_R = processing.sample_tokens(logits_RV, jax.random.fold_in(s["key"], t),
+      pos_N1 = (len_N - 1 + s)[:, None]
+      logits_N1V, cache = self._apply(params, st["x"][:, None], pos_N1, kv_mask, st["cache"], slot)
+      logits_NV = logits_N1V[:, 0]
+      tok_N = processing.sample_tokens(logits_NV, jax.random.fold_in(st["key"], s),
                                        self.sampling)
-      lp_R = processing.token_log_probs(logits_RV, tok_R)
-      live_R = ~s["done"]
-      tok_R = jnp.where(live_R, tok_R, self.pad_id)
-      lp_R = jnp.where(live_R, lp_R, 0.0)
-      done_R = s["done"]
+      lp_N = processing.token_log_probs(logits_NV, tok_N)
+      live_N = ~st["done"]
+      tok_N = jnp.where(live_N, tok_N, self.pad_id)
+      lp_N = jnp.where(live_N, lp_N, 0.0)
+      done_N = st["done"]
       for e in self.eos_ids:
-        done_R = done_R | (tok_R == e)
+        done_N = done_N | (tok_N == e)
       zero = jnp.int32(0)
       return dict(
-          t=t + 1,
+          s=s + 1,
           cache=cache,
           kv_mask=kv_mask,
-          x=tok_R,
-          done=done_R,
-          tokens=jax.lax.dynamic_update_slice(s["tokens"], tok_R[:, None], (zero, t)),
-          logprobs=jax.lax.dynamic_update_slice(s["logprobs"], lp_R[:, None], (zero, t)),
-          lengths=s["lengths"] + live_R.astype(jnp.int32),
-          key=s["key"],
+          x=tok_N,
+          done=done_N,
+          tokens=jax.lax.dynamic_update_slice(st["tokens"], tok_N[:, None], (zero, s)),
+          logprobs=jax.lax.dynamic_update_slice(st["logprobs"], lp_N[:, None], (zero, s)),
+          lengths=st["lengths"] + live_N.astype(jnp.int32),
+          key=st["key"],
       )
 
     prev_end = 0
@@ -324,13 +322,13 @@ class Sampler:
             grow_cache(state["cache"], extra))
         state["kv_mask"] = _pad_seq_axis(state["kv_mask"], extra)
       state = jax.lax.while_loop(
-          lambda s, end=end: (s["t"] < end) & ~jnp.all(s["done"]), body, state)
+          lambda st, end=end: (st["s"] < end) & ~jnp.all(st["done"]), body, state)
       prev_end = end
 
-    lengths_R = state["lengths"]
-    mask_RN = (jnp.arange(n_new)[None, :] < lengths_R[:, None]).astype(jnp.int32)
-    return SampleOutput(tokens=state["tokens"], logprobs=state["logprobs"], mask=mask_RN,
-                        lengths=lengths_R, truncated=~state["done"], steps=state["t"])
+    lengths_N = state["lengths"]
+    mask_NS = (jnp.arange(n_new)[None, :] < lengths_N[:, None]).astype(jnp.int32)
+    return SampleOutput(tokens=state["tokens"], logprobs=state["logprobs"], mask=mask_NS,
+                        lengths=lengths_N, truncated=~state["done"], steps=state["s"])
 
 
 @functools.lru_cache(maxsize=32)
@@ -341,7 +339,7 @@ def _cached_sampler(model, max_new_tokens, temperature, top_k, top_p, eos_ids, p
                  mesh=mesh, cache_dtype=cache_dtype)
 
 
-def generate(model, params, prompts_RT, prompt_mask_RT, *, key: jax.Array, max_new_tokens: int,
+def generate(model, params, prompts_NP, prompt_mask_NP, *, key: jax.Array, max_new_tokens: int,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, eos_id: EosIds = None,
              pad_id: int = 0, prompt_buckets: Optional[Sequence[int]] = None,
              mesh=None, cache_dtype: Optional[str] = None) -> SampleOutput:
@@ -350,10 +348,10 @@ def generate(model, params, prompts_RT, prompt_mask_RT, *, key: jax.Array, max_n
   Args:
     model: an `mr_rl.models.Transformer`.
     params: its parameters (the tree under "params").
-    prompts_RT: int `[R, T]` left-padded prompt tokens.
-    prompt_mask_RT: `[R, T]`, 1 on real tokens, 0 on left padding; no empty rows.
+    prompts_NP: int `[N, P]` left-padded prompt tokens.
+    prompt_mask_NP: `[N, P]`, 1 on real tokens, 0 on left padding; no empty rows.
     key: PRNG key (ignored when temperature == 0).
-    max_new_tokens: N.
+    max_new_tokens: S.
     temperature, top_k, top_p: see `processing.SamplingParams` (temperature 0 = greedy).
     eos_id: None, one id or several; rows stop after producing one of them.
     pad_id: token id written after EOS.
@@ -362,37 +360,37 @@ def generate(model, params, prompts_RT, prompt_mask_RT, *, key: jax.Array, max_n
     cache_dtype: KV-cache dtype name (None: the model's dtype).
 
   Returns:
-    SampleOutput with `[R, N]` tokens / logprobs / mask and `[R]` lengths / truncated.
+    SampleOutput with `[N, S]` tokens / logprobs / mask and `[N]` lengths / truncated.
     Compiled samplers are cached per (model, settings), so repeated calls do not retrace.
   """
   eos_ids = _normalize_eos(eos_id)
   buckets = None if prompt_buckets is None else tuple(int(b) for b in prompt_buckets)
   sampler = _cached_sampler(model, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id,
                             buckets, mesh, None if cache_dtype is None else str(cache_dtype))
-  return sampler(params, prompts_RT, prompt_mask_RT, key=key)
+  return sampler(params, prompts_NP, prompt_mask_NP, key=key)
 
 
-def repeat_groups(prompts_BT, prompt_mask_BT, group_size: int) -> tuple[np.ndarray, np.ndarray]:
-  """Repeats each prompt row `group_size` times: `[B, T] -> [B * G, T]` (row b*G + g)."""
+def repeat_groups(prompts_BP, prompt_mask_BP, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """Repeats each prompt row `group_size` times: `[B, P] -> [B * G, P]` (row b*G + g)."""
   if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
     raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
-  return (np.repeat(np.asarray(prompts_BT), group_size, axis=0),
-          np.repeat(np.asarray(prompt_mask_BT), group_size, axis=0))
+  return (np.repeat(np.asarray(prompts_BP), group_size, axis=0),
+          np.repeat(np.asarray(prompt_mask_BP), group_size, axis=0))
 
 
-def generate_groups(model, params, prompts_BT, prompt_mask_BT, *, group_size: int,
+def generate_groups(model, params, prompts_BP, prompt_mask_BP, *, group_size: int,
                     key: jax.Array, **kwargs) -> SampleOutput:
-  """GRPO group sampling: G independent samples per prompt (METHODS.md notation `[B, G]`).
+  """GRPO group sampling: G independent samples per prompt (leading dims `[B, G]`).
 
-  Each prompt is repeated G times and the R = B * G rows (row b*G + g) are decoded as one
+  Each prompt is repeated G times and the N = B * G rows (row b*G + g) are decoded as one
   batch; every row draws its own noise, so the G responses of a prompt are independent
   samples.
 
   Returns:
-    SampleOutput whose fields have leading dims `[B, G]` (e.g. tokens `[B, G, N]`).
+    SampleOutput whose fields have leading dims `[B, G]` (e.g. tokens `[B, G, S]`).
   """
-  batch = np.asarray(prompts_BT).shape[0]
-  rep_tokens, rep_mask = repeat_groups(prompts_BT, prompt_mask_BT, group_size)
+  batch = np.asarray(prompts_BP).shape[0]
+  rep_tokens, rep_mask = repeat_groups(prompts_BP, prompt_mask_BP, group_size)
   out = generate(model, params, rep_tokens, rep_mask, key=key, **kwargs)
   regroup = lambda a: a.reshape((batch, group_size) + a.shape[1:])
   return out.replace(tokens=regroup(out.tokens), logprobs=regroup(out.logprobs),

@@ -1,4 +1,4 @@
-"""Exact conditional-mean GRPO drift of the two-channel decision (METHODS.md section 9).
+"""Exact conditional-mean GRPO drift of the two-channel decision (docs/methods.md §9).
 
 The model (a project reconstruction of the TAG paper's two-channel MDP; the paper's
 proofs were not available):
@@ -17,8 +17,8 @@ Exact evaluation for finite G
 -----------------------------
 Outcome types are P00, P01, P10, P11 (action P with ``(r1, r2)``) and S.  S has the
 same reward vector ``(0, 1)`` as P01, so every group statistic (and hence every
-advantage) depends only on the counts ``c_v`` of the four reward vectors
-``v in {00, 01, 10, 11}``, which are multinomial with probabilities
+advantage) depends only on the counts ``c_y`` of the four reward vectors
+``y in {00, 01, 10, 11}``, which are multinomial with probabilities
 
     w_00 = p (1-rho)(1-eta),  w_01 = p (1-rho) eta + (1-p),
     w_10 = p rho (1-eta),     w_11 = p rho eta.
@@ -39,8 +39,8 @@ a brute-force sum over all ``5**G`` ordered outcome sequences and against Monte 
 
 The limit G -> inf
 ------------------
-Group mean and (Bessel) std converge to the population mean ``mu = sum_v w_v R_v``
-and std ``sigma`` of the reward mixture, so ``A_v = (R_v - mu) / (sigma + eps)`` and
+Group mean and (Bessel) std converge to the population mean ``mu = sum_y w_y R_y``
+and std ``sigma`` of the reward mixture, so ``A_y = (R_y - mu) / (sigma + eps)`` and
 ``(1/G) E[c_01 A_01] -> w_01 A_01``, giving the closed form
 
     drift_inf = -(1-p) (R_01 - mu) / (sigma + eps)
@@ -49,9 +49,12 @@ and std ``sigma`` of the reward mixture, so ``A_v = (R_v - mu) / (sigma + eps)``
 (use ``R(S) - mu = p (R(S) - E[R | P])``).  Without std normalisation (Dr.GRPO)
 the denominator is 1; at finite G Dr.GRPO's drift is exactly ``(1 - 1/G)`` times it.
 
+Shape letters (docs/shapes.md): Y the four outcomes 00, 01, 10, 11; Z the compositions of a
+group; K the two channels.
+
 Numerical conventions: advantages use the group deviation written as
-``d_v = sum_u (c_u/G) (R_v - R_u)``, which is exactly zero in every zero-variance
-group, so such groups get advantage exactly 0 (METHODS.md section 3), and square
+``d_y = sum_u (c_u/G) (R_y - R_u)``, which is exactly zero in every zero-variance
+group, so such groups get advantage exactly 0 (docs/methods.md §3), and square
 roots are guarded so gradients stay finite there.
 """
 
@@ -69,10 +72,10 @@ Array = jax.Array
 Aggregator = Callable[[Array], Array]
 
 # Reward vectors (r1, r2) of the four buckets, in the order 00, 01, 10, 11.
-REWARD_VECTORS_VK = np.array([[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]], np.float32)
+REWARD_VECTORS_YK = np.array([[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]], np.float32)
 SHORTCUT_BUCKET = 1  # S shares the reward vector (0, 1) with P01.
-GRPO_EPS = 1e-6  # METHODS.md section 3.
-GDPO_EPS = 1e-4  # METHODS.md section 3 (Liu et al. 2026).
+GRPO_EPS = 1e-6  # docs/methods.md §3.
+GDPO_EPS = 1e-4  # docs/methods.md §3 (Liu et al. 2026).
 
 
 # --------------------------------------------------------------------------- inputs
@@ -106,34 +109,34 @@ def _check_group_size(group_size) -> None:
 
 
 def aggregate_rewards(aggregator: Aggregator) -> Array:
-  """Scalar rewards ``R_V`` of the four reward vectors 00, 01, 10, 11.
+  """Scalar rewards ``R_Y`` of the four reward vectors 00, 01, 10, 11.
 
   Args:
-    aggregator: any callable ``r[..., K=2] -> R[...]`` (METHODS.md sections 1-2).
+    aggregator: any callable ``r[..., K=2] -> R[...]`` (docs/methods.md §1-2).
 
   Returns:
-    ``R_V`` of shape ``(4,)``.
+    ``R_Y`` of shape ``(4,)``.
   """
   if not callable(aggregator):
     raise TypeError(f"aggregator must be callable r[..., K] -> R[...], got {aggregator!r}")
-  R_V = jnp.asarray(aggregator(jnp.asarray(REWARD_VECTORS_VK)))
-  if R_V.shape != (4,):
+  R_Y = jnp.asarray(aggregator(jnp.asarray(REWARD_VECTORS_YK)))
+  if R_Y.shape != (4,):
     raise ValueError(
-        f"aggregator must map r[4, 2] to R[4] (reduce the last axis), got shape {R_V.shape}")
-  return R_V.astype(jnp.float32)
+        f"aggregator must map r[4, 2] to R[4] (reduce the last axis), got shape {R_Y.shape}")
+  return R_Y.astype(jnp.float32)
 
 
-def table_aggregator(R_V) -> Aggregator:
+def table_aggregator(R_Y) -> Aggregator:
   """The aggregator that reads ``R`` from a table over the binary reward vectors.
 
-  ``R_V[2 r1 + r2]`` for ``r`` in ``{0, 1}^2``, so ``aggregate_rewards(table_aggregator(
-  aggregate_rewards(agg)))`` equals ``aggregate_rewards(agg)``.  With ``R_V`` traced, one
+  ``R_Y[2 r1 + r2]`` for ``r`` in ``{0, 1}^2``, so ``aggregate_rewards(table_aggregator(
+  aggregate_rewards(agg)))`` equals ``aggregate_rewards(agg)``.  With ``R_Y`` traced, one
   compiled drift serves every aggregator (vmap over a stack of tables).
   """
-  R_V = jnp.asarray(R_V, jnp.float32)
-  if R_V.shape != (4,):
-    raise ValueError(f"R_V must have shape (4,) (rewards of 00, 01, 10, 11), got {R_V.shape}")
-  return lambda r: R_V[(2 * r[..., 0] + r[..., 1]).astype(jnp.int32)]
+  R_Y = jnp.asarray(R_Y, jnp.float32)
+  if R_Y.shape != (4,):
+    raise ValueError(f"R_Y must have shape (4,) (rewards of 00, 01, 10, 11), got {R_Y.shape}")
+  return lambda r: R_Y[(2 * r[..., 0] + r[..., 1]).astype(jnp.int32)]
 
 
 def bucket_probs(theta, rho, eta) -> tuple[Array, Array]:
@@ -145,7 +148,7 @@ def bucket_probs(theta, rho, eta) -> tuple[Array, Array]:
     eta: auxiliary success rate of P (channel compatibility).
 
   Returns:
-    ``(w_V, s_share)``: ``w_V`` (4,) the probabilities of 00, 01, 10, 11 and
+    ``(w_Y, s_share)``: ``w_Y`` (4,) the probabilities of 00, 01, 10, 11 and
     ``s_share = (1-p) / w_01 = P(S | 01)`` (0 where ``w_01 = 0``).
   """
   theta = jnp.asarray(theta, jnp.float32)
@@ -153,11 +156,11 @@ def bucket_probs(theta, rho, eta) -> tuple[Array, Array]:
   eta = jnp.asarray(eta, jnp.float32)
   p = jax.nn.sigmoid(theta)
   q = jax.nn.sigmoid(-theta)  # 1 - p without cancellation.
-  w_V = jnp.stack([p * (1 - rho) * (1 - eta), p * (1 - rho) * eta + q, p * rho * (1 - eta),
+  w_Y = jnp.stack([p * (1 - rho) * (1 - eta), p * (1 - rho) * eta + q, p * rho * (1 - eta),
                    p * rho * eta])
-  w01 = w_V[SHORTCUT_BUCKET]
+  w01 = w_Y[SHORTCUT_BUCKET]
   s_share = jnp.where(w01 > 0, q / jnp.where(w01 > 0, w01, 1.0), 0.0)
-  return w_V, s_share
+  return w_Y, s_share
 
 
 # ------------------------------------------------------------------ enumeration
@@ -171,8 +174,8 @@ def compositions(group_size: int) -> tuple[np.ndarray, np.ndarray]:
     group_size: G.
 
   Returns:
-    ``(counts_CV, log_coef_C)``: float32 counts (``C = binom(G+3, 3)`` rows) and the
-    log multinomial coefficients ``log G! - sum_v log c_v!`` (computed in float64).
+    ``(counts_ZY, log_coef_Z)``: float32 counts (``Z = binom(G+3, 3)`` rows) and the
+    log multinomial coefficients ``log G! - sum_y log c_y!`` (computed in float64).
   """
   _check_group_size(group_size)
   G = int(group_size)
@@ -188,16 +191,16 @@ def compositions(group_size: int) -> tuple[np.ndarray, np.ndarray]:
   return counts.astype(np.float32), log_coef.astype(np.float32)
 
 
-def composition_probs(w_V: Array, counts_CV: np.ndarray, log_coef_C: np.ndarray) -> Array:
-  """Multinomial probabilities of the compositions, safe where some ``w_v = 0``."""
-  # Guarded log: buckets with w_v = 0 contribute c_v log w_v = 0 when c_v = 0 (and -inf
+def composition_probs(w_Y: Array, counts_ZY: np.ndarray, log_coef_Z: np.ndarray) -> Array:
+  """Multinomial probabilities of the compositions, safe where some ``w_y = 0``."""
+  # Guarded log: buckets with w_y = 0 contribute c_y log w_y = 0 when c_y = 0 (and -inf
   # otherwise) without NaN gradients.  Masks are built in numpy so that jit does not
   # constant-fold large arrays.
-  c = jnp.asarray(counts_CV)
-  pos_V = w_V > 0
-  logw_V = jnp.where(pos_V, jnp.log(jnp.where(pos_V, w_V, 1.0)), -jnp.inf)
-  logp = jnp.asarray(log_coef_C) + jnp.sum(
-      jnp.where(jnp.asarray(counts_CV > 0), c * logw_V[None, :], 0.0), axis=1)
+  c = jnp.asarray(counts_ZY)
+  pos_Y = w_Y > 0
+  logw_Y = jnp.where(pos_Y, jnp.log(jnp.where(pos_Y, w_Y, 1.0)), -jnp.inf)
+  logp = jnp.asarray(log_coef_Z) + jnp.sum(
+      jnp.where(jnp.asarray(counts_ZY > 0), c * logw_Y[None, :], 0.0), axis=1)
   return jnp.exp(logp)
 
 
@@ -206,20 +209,20 @@ def _safe_sqrt(x: Array) -> Array:
   return jnp.where(pos, jnp.sqrt(jnp.where(pos, x, 1.0)), 0.0)
 
 
-def group_deviation(counts_CV: Array, R_V: Array, total) -> Array:
-  """``d_CV = sum_u (c_u / G) (R_v - R_u)``: deviation of bucket v from the group mean.
+def group_deviation(counts_ZY: Array, R_Y: Array, total) -> Array:
+  """``d_ZY = sum_u (c_u / G) (R_y - R_u)``: deviation of outcome y from the group mean.
 
   ``total = G = sum_u c_u``; the counts may also be population probabilities (then
   ``total = 1``: G -> inf).  Exactly zero for every present bucket of a zero-variance
   group.
   """
-  diff_VU = R_V[:, None] - R_V[None, :]
-  return jnp.einsum("cu,vu->cv", counts_CV, diff_VU) / total
+  diff_YY = R_Y[:, None] - R_Y[None, :]
+  return jnp.einsum("zu,yu->zy", counts_ZY, diff_YY) / total
 
 
-def _normalise(d_CV: Array, var_C: Array, eps: float) -> Array:
-  std_C = _safe_sqrt(var_C)
-  return jnp.where(std_C[:, None] > 0, d_CV / (std_C[:, None] + eps), 0.0)
+def _normalise(d_ZY: Array, var_Z: Array, eps: float) -> Array:
+  std_Z = _safe_sqrt(var_Z)
+  return jnp.where(std_Z[:, None] > 0, d_ZY / (std_Z[:, None] + eps), 0.0)
 
 
 # ---------------------------------------------------------------- GRPO/Dr.GRPO
@@ -227,7 +230,7 @@ def _normalise(d_CV: Array, var_C: Array, eps: float) -> Array:
 
 def expected_drift(theta, *, rho, eta, aggregator: Aggregator, group_size: int | None = 8,
                    normalize_std: bool = True, eps: float = GRPO_EPS) -> Array:
-  """Exact expected GRPO (or Dr.GRPO) update of the log-odds (METHODS.md section 9).
+  """Exact expected GRPO (or Dr.GRPO) update of the log-odds (docs/methods.md §9).
 
   Args:
     theta: log-odds of action P, scalar (vmap for batches).
@@ -237,7 +240,7 @@ def expected_drift(theta, *, rho, eta, aggregator: Aggregator, group_size: int |
       scalar reward (e.g. ``functools.partial(aggregators.tag, anchor=0, lam=1.0)``).
     group_size: G >= 2 (exact enumeration) or None for the G -> inf closed form.
     normalize_std: True for GRPO ``A = (R - mean) / (std + eps)`` (Bessel std),
-      False for Dr.GRPO ``A = R - mean`` (METHODS.md section 3).
+      False for Dr.GRPO ``A = R - mean`` (docs/methods.md §3).
     eps: the GRPO std epsilon.
 
   Returns:
@@ -247,26 +250,26 @@ def expected_drift(theta, *, rho, eta, aggregator: Aggregator, group_size: int |
   _check_prob("rho", rho)
   _check_prob("eta", eta)
   _check_group_size(group_size)
-  R_V = aggregate_rewards(aggregator)
-  w_V, s_share = bucket_probs(theta, rho, eta)
+  R_Y = aggregate_rewards(aggregator)
+  w_Y, s_share = bucket_probs(theta, rho, eta)
   q = jax.nn.sigmoid(-jnp.asarray(theta, jnp.float32))
   if group_size is None:
-    d_V = group_deviation(w_V[None, :], R_V, 1.0)[0]
+    d_Y = group_deviation(w_Y[None, :], R_Y, 1.0)[0]
     if not normalize_std:
-      return -q * d_V[SHORTCUT_BUCKET]
-    sigma = _safe_sqrt(jnp.sum(w_V * d_V**2))
-    a01 = jnp.where(sigma > 0, d_V[SHORTCUT_BUCKET] / (sigma + eps), 0.0)
+      return -q * d_Y[SHORTCUT_BUCKET]
+    sigma = _safe_sqrt(jnp.sum(w_Y * d_Y**2))
+    a01 = jnp.where(sigma > 0, d_Y[SHORTCUT_BUCKET] / (sigma + eps), 0.0)
     return -q * a01
   counts_np, log_coef = compositions(group_size)
   counts = jnp.asarray(counts_np)
-  probs_C = composition_probs(w_V, counts_np, log_coef)
-  d_CV = group_deviation(counts, R_V, float(group_size))
+  probs_Z = composition_probs(w_Y, counts_np, log_coef)
+  d_ZY = group_deviation(counts, R_Y, float(group_size))
   if normalize_std:
-    var_C = jnp.sum(counts * d_CV**2, axis=1) / (group_size - 1)
-    A_CV = _normalise(d_CV, var_C, eps)
+    var_Z = jnp.sum(counts * d_ZY**2, axis=1) / (group_size - 1)
+    A_ZY = _normalise(d_ZY, var_Z, eps)
   else:
-    A_CV = d_CV
-  mass = jnp.sum(probs_C * counts[:, SHORTCUT_BUCKET] * A_CV[:, SHORTCUT_BUCKET])
+    A_ZY = d_ZY
+  mass = jnp.sum(probs_Z * counts[:, SHORTCUT_BUCKET] * A_ZY[:, SHORTCUT_BUCKET])
   return -s_share * mass / group_size
 
 
@@ -280,16 +283,17 @@ def closed_form_drift_inf(theta, *, rho, eta, aggregator: Aggregator,
   _check_scalar("theta", theta)
   _check_prob("rho", rho)
   _check_prob("eta", eta)
-  R_V = aggregate_rewards(aggregator)
+  R_Y = aggregate_rewards(aggregator)
   theta = jnp.asarray(theta, jnp.float32)
   p, q = jax.nn.sigmoid(theta), jax.nn.sigmoid(-theta)
-  probs_P = jnp.stack([(1 - rho) * (1 - eta), (1 - rho) * eta, rho * (1 - eta), rho * eta])
-  mean_P = jnp.sum(probs_P * R_V)
-  R_S = R_V[SHORTCUT_BUCKET]
-  mu = p * mean_P + q * R_S
-  var = p * jnp.sum(probs_P * (R_V - mu)**2) + q * (R_S - mu)**2
+  probs_Y_given_P = jnp.stack([(1 - rho) * (1 - eta), (1 - rho) * eta, rho * (1 - eta),
+                               rho * eta])
+  mean_given_P = jnp.sum(probs_Y_given_P * R_Y)
+  R_shortcut = R_Y[SHORTCUT_BUCKET]
+  mu = p * mean_given_P + q * R_shortcut
+  var = p * jnp.sum(probs_Y_given_P * (R_Y - mu)**2) + q * (R_shortcut - mu)**2
   scale = _safe_sqrt(var) + eps if normalize_std else 1.0
-  return p * q * (mean_P - R_S) / scale
+  return p * q * (mean_given_P - R_shortcut) / scale
 
 
 # ------------------------------------------------------------------------- GDPO
@@ -297,7 +301,7 @@ def closed_form_drift_inf(theta, *, rho, eta, aggregator: Aggregator,
 
 def expected_drift_gdpo(theta, *, rho, eta, weights=(1.0, 1.0), group_size: int | None = 8,
                         batch_normalize: bool = True, eps: float = GDPO_EPS) -> Array:
-  """Exact expected GDPO update of the log-odds (METHODS.md sections 3 and 9).
+  """Exact expected GDPO update of the log-odds (docs/methods.md §3 and §9).
 
   Per channel ``A_k = (r_k - mean_g r_k) / (std_g r_k + eps)`` (Bessel std, zero-std
   channel groups give 0), ``S = sum_k w_k A_k``, then the batch normalisation
@@ -327,29 +331,29 @@ def expected_drift_gdpo(theta, *, rho, eta, weights=(1.0, 1.0), group_size: int 
   w_K = jnp.asarray(weights, jnp.float32)
   if w_K.shape != (2,):
     raise ValueError(f"weights must have shape (2,), got {w_K.shape}")
-  w_V, s_share = bucket_probs(theta, rho, eta)
-  r_VK = jnp.asarray(REWARD_VECTORS_VK)
+  w_Y, s_share = bucket_probs(theta, rho, eta)
+  r_YK = jnp.asarray(REWARD_VECTORS_YK)
   if group_size is None:
-    counts = w_V[None, :]
-    probs_C = jnp.ones((1,))
+    counts = w_Y[None, :]
+    probs_Z = jnp.ones((1,))
     G, ddof = 1.0, 0.0
   else:
     counts_np, log_coef = compositions(group_size)
     counts = jnp.asarray(counts_np)
-    probs_C = composition_probs(w_V, counts_np, log_coef)
+    probs_Z = composition_probs(w_Y, counts_np, log_coef)
     G, ddof = float(group_size), 1.0
-  S_CV = 0.0
+  S_ZY = 0.0
   for k in range(2):
-    d_CV = group_deviation(counts, r_VK[:, k], G)
-    var_C = jnp.sum(counts * d_CV**2, axis=1) / (G - ddof)
-    S_CV = S_CV + w_K[k] * _normalise(d_CV, var_C, eps)
+    d_ZY = group_deviation(counts, r_YK[:, k], G)
+    var_Z = jnp.sum(counts * d_ZY**2, axis=1) / (G - ddof)
+    S_ZY = S_ZY + w_K[k] * _normalise(d_ZY, var_Z, eps)
   if group_size is None:
-    mass = w_V[SHORTCUT_BUCKET] * S_CV[0, SHORTCUT_BUCKET]
+    mass = w_Y[SHORTCUT_BUCKET] * S_ZY[0, SHORTCUT_BUCKET]
   else:
-    mass = jnp.sum(probs_C * counts[:, SHORTCUT_BUCKET] * S_CV[:, SHORTCUT_BUCKET]) / G
+    mass = jnp.sum(probs_Z * counts[:, SHORTCUT_BUCKET] * S_ZY[:, SHORTCUT_BUCKET]) / G
   drift = -s_share * mass
   if not batch_normalize:
     return drift
-  second_moment = jnp.sum(probs_C * jnp.sum(counts * S_CV**2, axis=1)) / G
+  second_moment = jnp.sum(probs_Z * jnp.sum(counts * S_ZY**2, axis=1)) / G
   std_batch = _safe_sqrt(second_moment)
   return jnp.where(std_batch > 0, drift / (std_batch + eps), 0.0)

@@ -1,4 +1,4 @@
-"""Deterministic conditional-mean GRPO dynamics (METHODS.md section 9).
+"""Deterministic conditional-mean GRPO dynamics (docs/methods.md §9).
 
 ``theta_{t+1} = theta_t + lr * drift(theta_t)`` integrated with ``lax.scan``; phase
 diagrams over a ``(rho, eta)`` grid with ``jax.vmap``; AMRP trajectories whose weights
@@ -33,10 +33,10 @@ def integrate(drift_fn: DriftFn, theta0, *, lr: float, num_steps: int) -> Array:
     drift_fn: ``theta -> drift`` (scalar in, scalar out).
     theta0: initial log-odds (scalar; vmap for several starts).
     lr: step size (> 0).
-    num_steps: number of steps T (>= 1).
+    num_steps: number of Euler steps (>= 1).
 
   Returns:
-    ``theta_T1`` of shape ``(num_steps + 1,)``: theta_0 ... theta_T.
+    ``theta_traj`` of shape ``(num_steps + 1,)``: theta at steps 0 ... num_steps.
   """
   _check_steps(lr, num_steps)
 
@@ -55,21 +55,21 @@ def _check_steps(lr, num_steps) -> None:
     raise ValueError(f"lr must be > 0, got {lr!r}")
 
 
-def phase_diagram(fn: Callable[[Array, Array], Array], rho_R, eta_E) -> Array:
+def phase_diagram(fn: Callable[[Array, Array], Array], rho_grid, eta_grid) -> Array:
   """Evaluates ``fn(rho, eta)`` on the grid with two nested ``jax.vmap``.
 
   Args:
     fn: ``(rho, eta) -> scalar``, e.g. the drift at fixed theta.
-    rho_R: grid of rho values (R,).
-    eta_E: grid of eta values (E,).
+    rho_grid: 1-D grid of rho values.
+    eta_grid: 1-D grid of eta values.
 
   Returns:
-    ``out_ER`` of shape ``(E, R)`` (rows follow eta, columns rho, as in an image).
+    Shape ``(len(eta_grid), len(rho_grid))`` (rows follow eta, columns rho, as in an image).
   """
-  rho_R = jnp.asarray(rho_R, jnp.float32)
-  eta_E = jnp.asarray(eta_E, jnp.float32)
+  rho_grid = jnp.asarray(rho_grid, jnp.float32)
+  eta_grid = jnp.asarray(eta_grid, jnp.float32)
   over_rho = jax.vmap(fn, in_axes=(0, None))
-  return jax.vmap(over_rho, in_axes=(None, 0))(rho_R, eta_E)
+  return jax.vmap(over_rho, in_axes=(None, 0))(rho_grid, eta_grid)
 
 
 # -------------------------------------------------------------------------- AMRP
@@ -82,7 +82,7 @@ def expected_batch(theta, rho, eta) -> Array:
   ``m_2 = p eta + (1 - p)``; both channels are binary, so the population variances are
   ``m_k (1 - m_k)``.  The samples ``m_k -/+ sqrt(m_k (1 - m_k))`` have exactly this mean
   and population (ddof 0) variance, which is all AMRP's update reads from a batch
-  (METHODS.md section 2, step 2).
+  (docs/methods.md §2, step 2).
   """
   p = jax.nn.sigmoid(jnp.asarray(theta, jnp.float32))
   m_K = jnp.stack([p * rho, p * eta + (1 - p)])
@@ -93,7 +93,7 @@ def expected_batch(theta, rho, eta) -> Array:
 def amrp_trajectory(theta0, *, rho, eta, lr: float, num_steps: int,
                     group_size: int | None = 8, normalize_std: bool = True,
                     **amrp_hparams) -> tuple[Array, Array]:
-  """Log-odds trajectory under AMRP (seed 001, Algorithm 1; METHODS.md sections 2, 9).
+  """Log-odds trajectory under AMRP (seed 001, Algorithm 1; docs/methods.md §2, §9).
 
   At step t the scalar reward is ``R = sum_k w_k r_k`` with the weights in the state
   (the previous step's), the drift is the exact GRPO drift of that weighted sum, and
@@ -106,15 +106,16 @@ def amrp_trajectory(theta0, *, rho, eta, lr: float, num_steps: int,
     rho: primary success rate of P.
     eta: auxiliary success rate of P.
     lr: step size.
-    num_steps: T.
+    num_steps: number of Euler steps.
     group_size: G (None for G -> inf).
     normalize_std: GRPO (True) or Dr.GRPO (False) advantages.
     **amrp_hparams: forwarded to ``aggregators.amrp.init`` (rho is named ``ema_rho``
       here to avoid the clash with the success rate).
 
   Returns:
-    ``(theta_T1, weights_TK)``: log-odds theta_0..theta_T and the weights used at
-    steps 0..T-1.
+    ``(theta_traj, weights_traj)``: log-odds at steps 0 ... num_steps, shape
+    ``(num_steps + 1,)``, and the weights used at steps 0 ... num_steps - 1, shape
+    ``(num_steps, K)``.
   """
   _check_steps(lr, num_steps)
   if "rho" in amrp_hparams:

@@ -1,4 +1,4 @@
-"""Figures of the conditional-mean GRPO dynamics (METHODS.md section 9).
+"""Figures of the conditional-mean GRPO dynamics (docs/methods.md §9).
 
 ``compute_figures_data`` evaluates (in one jitted computation), for every method in ``METHOD_NAMES``, the drift
 sign over a ``(rho, eta)`` grid (finite G and G -> inf) and log-odds trajectories from
@@ -87,17 +87,18 @@ def _all_arrays(cfg: FigureConfig) -> dict[str, tuple[Array, ...]]:
   """Phase values (G, inf) and trajectories (G, inf) of every method (traceable).
 
   The scalar-reward methods share one drift evaluation, vmapped over their reward
-  tables ``R_MV`` (``drift.table_aggregator``), which keeps the compile small.
+  tables ``R_table`` (one row of ``Y`` outcomes per method; ``drift.table_aggregator``),
+  which keeps the compile small.
   """
-  rho_R = jnp.asarray(grid_values(cfg.grid), jnp.float32)
-  theta0_S = jnp.asarray(cfg.theta0s, jnp.float32)
-  R_MV = jnp.stack([drift_lib.aggregate_rewards(dynamics.aggregator_for(n, lam=cfg.lam))
+  rho_grid = jnp.asarray(grid_values(cfg.grid), jnp.float32)
+  theta0s = jnp.asarray(cfg.theta0s, jnp.float32)
+  R_table = jnp.stack([drift_lib.aggregate_rewards(dynamics.aggregator_for(n, lam=cfg.lam))
                     for n in SCALAR_METHODS])
 
   def scalar_drift(group_size):
-    def fn(R_V, theta, r, e):
+    def fn(R_Y, theta, r, e):
       return drift_lib.expected_drift(theta, rho=r, eta=e, group_size=group_size,
-                                      aggregator=drift_lib.table_aggregator(R_V))
+                                      aggregator=drift_lib.table_aggregator(R_Y))
     return fn
 
   def gdpo_drift(group_size):
@@ -106,35 +107,36 @@ def _all_arrays(cfg: FigureConfig) -> dict[str, tuple[Array, ...]]:
 
   def amrp_phase(group_size):
     def fn(r, e):
-      theta_T1 = dynamics.amrp_trajectory(cfg.theta, rho=r, eta=e, lr=cfg.lr,
-                                          num_steps=cfg.amrp_steps, group_size=group_size)[0]
-      return jnp.mean(theta_T1[cfg.amrp_steps // 2 + 1:]) - cfg.theta
-    return dynamics.phase_diagram(fn, rho_R, rho_R)
+      theta_traj = dynamics.amrp_trajectory(cfg.theta, rho=r, eta=e, lr=cfg.lr,
+                                            num_steps=cfg.amrp_steps, group_size=group_size)[0]
+      return jnp.mean(theta_traj[cfg.amrp_steps // 2 + 1:]) - cfg.theta
+    return dynamics.phase_diagram(fn, rho_grid, rho_grid)
 
   def traj(drift_fn):
     one = lambda t0: dynamics.integrate(  # pylint: disable=g-long-lambda
         lambda th: drift_fn(th, cfg.traj_rho, cfg.traj_eta), t0, lr=cfg.lr,
         num_steps=cfg.steps)
-    return jax.vmap(one)(theta0_S)
+    return jax.vmap(one)(theta0s)
 
   def amrp_traj(group_size):
     one = lambda t0: dynamics.amrp_trajectory(  # pylint: disable=g-long-lambda
         t0, rho=cfg.traj_rho, eta=cfg.traj_eta, lr=cfg.lr, num_steps=cfg.steps,
         group_size=group_size)[0]
-    return jax.vmap(one)(theta0_S)
+    return jax.vmap(one)(theta0s)
 
   out = {}
   per_g = []
   for g in (cfg.group_size, None):
     fn = scalar_drift(g)
-    phase_M = jax.vmap(lambda R_V, fn=fn: dynamics.phase_diagram(
-        lambda r, e: fn(R_V, cfg.theta, r, e), rho_R, rho_R))(R_MV)
-    traj_M = jax.vmap(lambda R_V, fn=fn: traj(
-        lambda th, r, e: fn(R_V, th, r, e)))(R_MV)
+    phase_by_method = jax.vmap(lambda R_Y, fn=fn: dynamics.phase_diagram(
+        lambda r, e: fn(R_Y, cfg.theta, r, e), rho_grid, rho_grid))(R_table)
+    traj_by_method = jax.vmap(lambda R_Y, fn=fn: traj(
+        lambda th, r, e: fn(R_Y, th, r, e)))(R_table)
     gd = gdpo_drift(g)
     per_g.append(dict(
-        scalar=(phase_M, traj_M),
-        gdpo=(dynamics.phase_diagram(lambda r, e, gd=gd: gd(cfg.theta, r, e), rho_R, rho_R),
+        scalar=(phase_by_method, traj_by_method),
+        gdpo=(dynamics.phase_diagram(lambda r, e, gd=gd: gd(cfg.theta, r, e), rho_grid,
+                                      rho_grid),
               traj(gd)),
         amrp=(amrp_phase(g), amrp_traj(g))))
   fin, inf = per_g
@@ -147,7 +149,8 @@ def _all_arrays(cfg: FigureConfig) -> dict[str, tuple[Array, ...]]:
 
 
 def compute_figures_data(cfg: FigureConfig) -> dict[str, tuple[np.ndarray, ...]]:
-  """``{method: (phase_G[E, R], phase_inf[E, R], traj_G[S, T+1], traj_inf[S, T+1])}``.
+  """``{method: (phase_G, phase_inf, traj_G, traj_inf)}``: phases of shape
+  ``(grid, grid)`` (rows eta, columns rho), trajectories ``(len(theta0s), steps + 1)``.
 
   Everything is one jitted computation.
   """

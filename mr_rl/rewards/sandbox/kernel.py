@@ -1,15 +1,14 @@
-"""Linux interfaces of the code sandbox: namespaces, mounts, cgroups, keyrings, seccomp.
+"""Linux interfaces of the code sandbox: namespaces, mounts, credentials, keyrings, seccomp.
 
 Stdlib only (ctypes). Part of the harness that runs inside the sandbox (the files of
-``_sandbox_process._HARNESS_FILES``, run in order in one namespace); the host imports it to
-find the memory cgroup hierarchy, and the tests to check the syscall tables.
+``host.HARNESS_FILES``, run in order in one namespace); the host imports it for the
+architecture's syscall table, and the tests to check the syscall tables.
 
 What each piece closes (BUILD_NOTES.md "Code sandbox: threat model"):
   * ``make_user_namespace`` (one per fork server) and ``setup_namespaces`` (per run: network,
     pid, mount, IPC and UTS namespaces; every host mount read-only, home directories,
     site-packages and ``/sys/fs/cgroup`` hidden, a private devpts, one private tmpfs
     writable).
-  * ``cgroup_enter``: a memory cgroup that bounds every process of a run together.
   * ``drop_privileges``: uid/gid drop, no capabilities, ``no_new_privs``, a fresh empty
     session keyring.
   * ``seccomp_filter`` / ``install_seccomp``: refuses what a test program never needs.
@@ -21,7 +20,6 @@ import os
 import resource
 import signal
 import struct
-import time
 
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x2000000, 0x4000000, 0x8000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
@@ -38,7 +36,6 @@ SECCOMP_MODE_FILTER = 2
 AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = -100, 0x8000, 0x1
 NR_MOUNT_SETATTR = 442  # the same on every architecture (syscalls numbered from 424 on)
 KEYCTL_JOIN_SESSION_KEYRING = 1
-CGROUP_PARENT = "mr_rl_sandbox"
 ARCH = os.uname().machine
 
 # Syscall numbers: arch/x86/entry/syscalls/syscall_64.tbl and include/uapi/asm-generic/unistd.h
@@ -88,7 +85,7 @@ F_NOTIFY = 1026  # fcntl: directory change (and access) notification
 _BPF_LD_ABS, _BPF_JEQ, _BPF_JGE, _BPF_JSET, _BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _RET_ALLOW, _RET_ERRNO, _X32_BIT = 0x7FFF0000, 0x00050000, 0x40000000
 
-_libc = ctypes.CDLL(None, use_errno=True)
+libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _check(ret, what):
@@ -104,12 +101,12 @@ def _write(path, text):
 
 def mount(src, target, fstype, flags, data=None):
   enc = lambda s: None if s is None else s.encode()
-  _check(_libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+  _check(libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
          f"mount {target}")
 
 
 def prctl(option, arg):
-  _check(_libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl {option}")
+  _check(libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl {option}")
 
 
 def close_fds_except(keep):
@@ -172,7 +169,7 @@ def install_seccomp(program):
   fprog = _SockFprog(len(program) // 8, ctypes.addressof(buf))
   prctl(PR_SET_NO_NEW_PRIVS, 1)
   mode = ctypes.c_ulong(SECCOMP_MODE_FILTER)
-  _check(_libc.prctl(PR_SET_SECCOMP, mode, ctypes.byref(fprog), 0, 0), "seccomp")
+  _check(libc.prctl(PR_SET_SECCOMP, mode, ctypes.byref(fprog), 0, 0), "seccomp")
 
 
 # ----------------------------------------------------------------------------- credentials
@@ -185,7 +182,7 @@ def join_fresh_session_keyring():
   nr = SYSCALLS.get(ARCH, {}).get("keyctl")
   if nr is None:
     raise OSError(errno.ENOSYS, f"no keyctl syscall number for {ARCH}")
-  if _libc.syscall(nr, KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+  if libc.syscall(nr, KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
     err = ctypes.get_errno()
     if err not in (errno.ENOSYS, errno.EPERM):
       raise OSError(err, f"keyctl(JOIN_SESSION_KEYRING): {os.strerror(err)}")
@@ -209,7 +206,7 @@ def capability_sets():
 
 def _effective_caps():
   data = (_CapData * 2)()
-  _check(_libc.capget(ctypes.byref(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)), data), "capget")
+  _check(libc.capget(ctypes.byref(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)), data), "capget")
   return data[0].effective | (data[1].effective << 32)
 
 
@@ -219,7 +216,7 @@ def _drop_bounding_set():
   (No /proc here: the supervisor shares its mount namespace with the zygote's new /proc.)"""
   if _effective_caps() & (1 << CAP_SETPCAP):
     cap = 0
-    while _libc.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) == 0:
+    while libc.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) == 0:
       cap += 1
     if ctypes.get_errno() != errno.EINVAL:  # EINVAL: past the last capability
       raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {cap})")
@@ -231,10 +228,10 @@ def drop_capabilities():
   Needed on top of the uid change: inside a user namespace whose root is unmapped, as here,
   ``setresuid`` keeps the capabilities the namespace gave its creator.
   """
-  _check(_libc.prctl(PR_CAP_AMBIENT, ctypes.c_ulong(PR_CAP_AMBIENT_CLEAR_ALL), 0, 0, 0),
+  _check(libc.prctl(PR_CAP_AMBIENT, ctypes.c_ulong(PR_CAP_AMBIENT_CLEAR_ALL), 0, 0, 0),
          "prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
   data = (_CapData * 2)()
-  _check(_libc.capset(ctypes.byref(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)), data), "capset")
+  _check(libc.capset(ctypes.byref(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)), data), "capset")
 
 
 def drop_privileges(cfg):
@@ -279,7 +276,7 @@ def make_user_namespace(uid, gid, privileged):
     try:
       os.close(up_r)
       os.close(down_w)
-      _check(_libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+      _check(libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
       if not privileged:
         _write("/proc/self/setgroups", "deny")
         for name, text in (("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
@@ -353,7 +350,7 @@ class _MountAttr(ctypes.Structure):
 def make_tree_read_only(path="/"):
   """Every mount under ``path`` (in this mount namespace) read-only, in one call."""
   attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
-  _check(_libc.syscall(NR_MOUNT_SETATTR, AT_FDCWD, path.encode(), AT_RECURSIVE, ctypes.byref(attr),
+  _check(libc.syscall(NR_MOUNT_SETATTR, AT_FDCWD, path.encode(), AT_RECURSIVE, ctypes.byref(attr),
                        ctypes.sizeof(attr)), "mount_setattr (needs Linux >= 5.12)")
 
 
@@ -374,17 +371,17 @@ def setup_namespaces(cfg, userns_fd=None):
   if not ns:
     return cfg["workdir"]
   covers, exposed, inner = _plan_covers(cfg)
-  _check(_libc.setns(userns_fd, CLONE_NEWUSER), "setns(user namespace)")
+  _check(libc.setns(userns_fd, CLONE_NEWUSER), "setns(user namespace)")
   os.close(userns_fd)  # nothing forked from here on holds it
-  _check(_libc.unshare(RUN_NAMESPACES), "unshare")
+  _check(libc.unshare(RUN_NAMESPACES), "unshare")
   mount("none", "/", None, MS_REC | MS_PRIVATE)
   # Cover each hidden directory with an empty tmpfs and bind the interpreter back into it
   # (from an fd opened before it was covered); then hide its site-packages.
   fds = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in exposed]
   owner = (cfg["uid"], cfg["gid"]) if ns == "root" else (os.getuid(), os.getgid())
   if exposed and ns == "root":  # kuid 0 is unmapped here, and an unmapped owner cannot create files
-    _libc.setfsgid(owner[1])
-    _libc.setfsuid(owner[0])
+    libc.setfsgid(owner[1])
+    libc.setfsuid(owner[0])
   for cover in covers:  # read-only below, like every mount
     mount("tmpfs", cover, "tmpfs", MS_NOSUID | MS_NODEV,
           f"mode=0755,size=1m,uid={owner[0]},gid={owner[1]}")
@@ -406,138 +403,3 @@ def setup_namespaces(cfg, userns_fd=None):
     if os.path.isdir(extra):
       mount("/tmp", extra, None, MS_BIND)
   return "/tmp"
-
-
-# ----------------------------------------------------------------------------- cgroups
-def _unescape(field):
-  """A mountinfo path field: octal escapes of space, tab, newline and backslash undone."""
-  for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-    field = field.replace(code, char)
-  return field
-
-
-def find_memory_cgroup(mountinfo="/proc/self/mountinfo", own="/proc/self/cgroup"):
-  """Where sandbox cgroups with a memory limit can go: ``(version, parent_dir)`` or ``(None, why)``.
-
-  cgroup v2 (preferred): ``<mount>/mr_rl_sandbox``, a child of the root cgroup (a cgroup
-  with processes cannot delegate controllers). cgroup v1: ``mr_rl_sandbox`` under this
-  process's own memory cgroup, so that sandboxes stay inside the limits imposed on it.
-  """
-  with open(own) as f:
-    own_lines = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
-  v1 = v2 = None
-  with open(mountinfo) as f:
-    for line in f:
-      fields = line.split()
-      sep = fields.index("-")
-      root, point, fstype, opts = fields[3], _unescape(fields[4]), fields[sep + 1], fields[sep + 3]
-      if fstype == "cgroup2" and v2 is None:
-        try:
-          with open(os.path.join(point, "cgroup.controllers")) as c:
-            if "memory" in c.read().split():
-              v2 = point
-        except OSError:
-          pass
-      elif fstype == "cgroup" and "memory" in opts.split(",") and v1 is None:
-        for _, controllers, path in own_lines:
-          if "memory" in controllers.split(","):
-            if root != "/" and path.startswith(root):
-              path = path[len(root):]
-            v1 = point + path.rstrip("/")
-  if v2:
-    return 2, os.path.join(v2, CGROUP_PARENT)
-  if v1:
-    return 1, os.path.join(v1, CGROUP_PARENT)
-  return None, "no cgroup v2 hierarchy with the memory controller and no cgroup v1 memory hierarchy"
-
-
-def _enable_memory(directory):
-  with open(os.path.join(directory, "cgroup.subtree_control")) as f:
-    if "memory" in f.read().split():
-      return
-  _write(os.path.join(directory, "cgroup.subtree_control"), "+memory")
-
-
-def cgroup_enter(spec, name):
-  """Creates ``<parent>/<name>`` limited to ``spec["limit"]`` bytes (swap included) and moves
-  this process (root) into it; children inherit it at fork, with no migration cost.
-
-  Returns ``(path, origin)``: ``origin`` is the cgroup left, for ``cgroup_leave``.
-  """
-  version, parent, limit = spec["version"], spec["parent"], int(spec["limit"])
-  if version == 2:
-    with open("/proc/self/cgroup") as f:
-      own = [line.strip()[3:] for line in f if line.startswith("0::")]
-    origin = os.path.dirname(parent) + (own[0] if own and own[0] != "/" else "")
-  else:
-    origin = os.path.dirname(parent)
-  try:
-    os.mkdir(parent)
-  except FileExistsError:
-    pass
-  if version == 2:
-    _enable_memory(os.path.dirname(parent))
-    _enable_memory(parent)
-  path = os.path.join(parent, name)
-  os.mkdir(path)
-  names = (("memory.max", "memory.swap.max") if version == 2
-           else ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"))
-  _write(os.path.join(path, names[0]), str(limit))  # must exist: it is the limit
-  if os.path.exists(os.path.join(path, names[1])):  # only with swap accounting
-    _write(os.path.join(path, names[1]), str(0 if version == 2 else limit))
-  _write(os.path.join(path, "cgroup.procs"), "0")
-  return path, origin
-
-
-def cgroup_pids(path):
-  with open(os.path.join(path, "cgroup.procs")) as f:
-    return [int(p) for p in f.read().split()]
-
-
-def cgroup_wait_empty(path, keep, timeout_s=5.0):
-  """Waits until only ``keep`` is left in the cgroup, killing stragglers after half the time."""
-  deadline = time.monotonic() + timeout_s
-  killed = False
-  while True:
-    others = [p for p in cgroup_pids(path) if p != keep]
-    if not others:
-      return True
-    if time.monotonic() > deadline:
-      return False
-    if not killed and time.monotonic() > deadline - timeout_s / 2:
-      for p in others:
-        try:
-          os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-          pass
-      killed = True
-    time.sleep(0.0005)
-
-
-def cgroup_leave(path, origin):
-  """Moves this process back to ``origin`` and removes ``path`` (which must be empty)."""
-  _write(os.path.join(origin, "cgroup.procs"), str(os.getpid()))
-  for _ in range(200):
-    try:
-      os.rmdir(path)
-      return
-    except OSError as e:
-      if e.errno != errno.EBUSY:
-        raise
-      time.sleep(0.005)
-  os.rmdir(path)
-
-
-def cgroup_sweep(parent):
-  """Removes cgroups ``<parent>/{srv,probe}_<pid>`` of processes that no longer exist."""
-  try:
-    names = os.listdir(parent)
-  except OSError:
-    return
-  for name in names:
-    kind, _, pid = name.partition("_")
-    if kind in ("srv", "probe") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-      try:
-        os.rmdir(os.path.join(parent, name))
-      except OSError:
-        pass

@@ -1,8 +1,8 @@
 """Capabilities of the code sandbox on this machine, and the per-run harness config (host side).
 
-Private to ``mr_rl.rewards.code`` (``SandboxCapabilities`` and ``sandbox_capabilities`` are
-re-exported there). The probe runs the real harness (``_sandbox_harness.probe``) once per
-config and mode; ``_plan`` turns a missing layer into a ``SandboxError`` unless the config
+Used by ``runs`` (``SandboxCapabilities`` and ``sandbox_capabilities`` are exported by the
+package). The probe runs the real harness (``harness.probe``) once per
+config and mode; ``plan`` turns a missing layer into a ``SandboxError`` unless the config
 relaxes it.
 """
 
@@ -18,8 +18,8 @@ import sys
 import sysconfig
 import tempfile
 
-from mr_rl.rewards import _sandbox_kernel
-from mr_rl.rewards._sandbox_process import SandboxError, _launch, _rmtree
+from mr_rl.rewards.sandbox import cgroups, kernel
+from mr_rl.rewards.sandbox.host import SandboxError, launch, rmtree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +67,7 @@ def _site_dirs():
   return sorted(os.path.realpath(p) for p in paths if p and os.path.isdir(p))
 
 
-def _harness_cfg(config, role, namespaces, drop, workdir, limits=None):
+def harness_cfg(config, role, namespaces, drop, workdir, limits=None):
   prefixes = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix,
                                                    os.path.dirname(os.path.realpath(config.python)))})
   hide = sorted({os.path.realpath(p) for p in config.hidden_paths} | set(_site_dirs()))
@@ -76,7 +76,7 @@ def _harness_cfg(config, role, namespaces, drop, workdir, limits=None):
           "limits": limits}
 
 
-def _make_workdir(config, drop):
+def make_workdir(config, drop):
   workdir = tempfile.mkdtemp(prefix="mr_rl_sandbox_")
   os.chmod(workdir, 0o700)
   if drop:
@@ -87,10 +87,10 @@ def _make_workdir(config, drop):
 # ----------------------------------------------------------------------------- capabilities
 @functools.lru_cache(maxsize=1)
 def _cgroup_parent():
-  return _sandbox_kernel.find_memory_cgroup()
+  return cgroups.find_memory_cgroup()
 
 
-def _cgroup_spec(config):
+def cgroup_spec(config):
   """The fork server's cgroup for ``config`` (``{"version", "parent", "limit"}``) or None."""
   version, parent = _cgroup_parent()
   if config.memory_limit != "cgroup" or version is None:
@@ -103,14 +103,14 @@ def _probe(config, namespaces, drop):
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
     listener.setblocking(False)
-    workdir = _make_workdir(config, drop)
+    workdir = make_workdir(config, drop)
     try:
-      cfg = _harness_cfg(config, "probe", namespaces, drop, workdir)
+      cfg = harness_cfg(config, "probe", namespaces, drop, workdir)
       cfg.update(probe_port=listener.getsockname()[1], host_ipc_ns=os.readlink("/proc/self/ns/ipc"),
-                 cgroup=_cgroup_spec(config))
-      out, err, timed_out, _ = _launch(config, cfg, b"", 30.0, workdir, "/tmp" if namespaces else workdir)
+                 cgroup=cgroup_spec(config))
+      out, err, timed_out, _ = launch(config, cfg, b"", 30.0, workdir, "/tmp" if namespaces else workdir)
     finally:
-      _rmtree(workdir)
+      rmtree(workdir)
     try:
       listener.accept()[0].close()
       reached_host = True
@@ -128,7 +128,7 @@ _WRITABLE_INSIDE = {"/tmp", "/var/tmp", "/dev/shm", "/proc", "/dev/pts", "/dev/p
 
 @functools.lru_cache(maxsize=8)
 def capabilities(config) -> SandboxCapabilities:
-  """``code.sandbox_capabilities`` for a given ``SandboxConfig`` (cached per config)."""
+  """``sandbox_capabilities`` for a given ``SandboxConfig`` (cached per config)."""
   is_root = os.geteuid() == 0
   attempts = [("root", True), (None, True)] if is_root else [("user", False), (None, False)]
   report, failed = None, []
@@ -163,8 +163,8 @@ def capabilities(config) -> SandboxCapabilities:
     notes.append(f"no memory cgroup ({why}): memory_bytes holds per process, so a run can hold "
                  "memory_bytes * max_processes plus tmpfs_bytes of files")
   if not caps["seccomp"]:
-    arch = _sandbox_kernel.ARCH
-    table = "supported" if arch in _sandbox_kernel.SYSCALLS else "no syscall table"
+    arch = kernel.ARCH
+    table = "supported" if arch in kernel.SYSCALLS else "no syscall table"
     notes.append(f"no syscall filter (arch {arch}: {table}; "
                  f"{report.get('child_error') or 'filter not active'}); without a table the "
                  "trainer's session keyring is not replaced either")
@@ -173,7 +173,7 @@ def capabilities(config) -> SandboxCapabilities:
   return SandboxCapabilities(notes=tuple(notes), **caps)
 
 
-def _plan(config):
+def plan(config):
   """The capabilities, or SandboxError for a layer ``config`` requires and the machine lacks."""
   caps = capabilities(config)
   if caps.capabilities_left:  # never expected: a bug or an unusual kernel, not a policy choice

@@ -1,4 +1,4 @@
-"""Reward worker processes: ``python -m mr_rl.rewards._worker FD`` (METHODS.md section 7).
+"""Reward worker processes: ``python -m mr_rl.rewards.process.worker FD`` (docs/methods.md §7).
 
 ``pool.HardTimeoutPool`` starts this module as a fresh interpreter (a *zygote*) with one end
 of a Unix socket pair as FD. The zygote never imports the caller's ``__main__``: it imports

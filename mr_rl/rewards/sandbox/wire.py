@@ -1,7 +1,7 @@
 """Wire format of the code sandbox: the value codec, message framing, a bounded repr.
 
 Stdlib only. Part of the harness that runs inside the sandbox (the files of
-``_sandbox_process._HARNESS_FILES``, run in order in one namespace); also importable on the
+``host.HARNESS_FILES``, run in order in one namespace); also importable on the
 host. Values cross from the worker (candidate code) to the supervisor as
 plain JSON data, so nothing the candidate defines (a rigged ``__eq__``, a subclass) arrives.
 """

@@ -2,11 +2,11 @@
 
 math-verify guards parse/verify with ``signal.alarm`` (main thread only) and sympy can hang
 inside C code where no signal helps, so reward code that may hang runs in worker processes
-that are killed when a call overruns (METHODS.md section 7; used by ``mr_rl.rewards.math``
+that are killed when a call overruns (docs/methods.md §7; used by ``mr_rl.rewards.math``
 and the "process" channels of ``mr_rl.rewards.runner``).
 
 The workers are our own processes, not ``multiprocessing``'s: a zygote started as
-``python -m mr_rl.rewards._worker`` (so they never import the caller's ``__main__``: reward
+``python -m mr_rl.rewards.process.worker`` (so they never import the caller's ``__main__``: reward
 functions work from unguarded scripts, stdin, ``python -c`` and notebooks) forks them on
 request and they talk to the pool over Unix sockets. The pool knows no client: a client
 module passes what its workers need (``preload`` modules, an ``initializer``) to
@@ -27,11 +27,11 @@ import types
 import weakref
 from typing import Any, Callable, Sequence
 
-from mr_rl.rewards import _worker
+from mr_rl.rewards.process import worker as _worker
 
 # Directory that holds the `mr_rl` package this module belongs to: the zygote starts there,
-# so `python -m mr_rl.rewards._worker` imports this very copy of the package.
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# so `python -m mr_rl.rewards.process.worker` imports this very copy of the package.
+_PACKAGE_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), *[os.pardir] * 3))
 
 
 class RewardTimeoutError(TimeoutError):
@@ -112,7 +112,7 @@ class _ZygoteDied(Exception):
 
 
 class _Zygote:
-  """The ``python -m mr_rl.rewards._worker`` process that forks the workers."""
+  """The ``python -m mr_rl.rewards.process.worker`` process that forks the workers."""
 
   def __init__(self, preload: Sequence[str], timeout_s: float):
     self.preload = tuple(preload)
@@ -120,7 +120,7 @@ class _Zygote:
     ours, theirs = socket.socketpair()
     try:
       self._proc = subprocess.Popen(
-          [sys.executable, "-m", "mr_rl.rewards._worker", str(theirs.fileno())],
+          [sys.executable, "-m", "mr_rl.rewards.process.worker", str(theirs.fileno())],
           cwd=_PACKAGE_ROOT, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),))
     except OSError as e:
       ours.close()

@@ -1,7 +1,7 @@
 """Process roles of the code sandbox (runs inside the sandbox, stdlib only).
 
-``_sandbox_process`` starts the harness with ``python -I -S -c``: the files of
-``_HARNESS_FILES`` (wire format, kernel interfaces, checker, this file) as marshalled code
+``host`` starts the harness with ``python -I -S -c``: the files of ``HARNESS_FILES``
+(wire format, kernel interfaces, memory cgroups, checker, this file) as marshalled code
 objects on the command line, run in order in one namespace, so no file on disk can be
 swapped under a run. It runs as a FORK SERVER (``fork_server``: one per concurrent run
 slot, in its own memory cgroup and user namespace, forking one supervisor per run) and
@@ -22,7 +22,7 @@ once per machine as a capability probe (``probe``). Three processes take part in
 
 Evidence of success is produced only in S, from plain data (JSON) sent by W: W can return
 values, never verdicts, so exits, monkeypatching, printed markers or objects with a rigged
-``__eq__`` cannot pass. See ``code.py`` for the API and BUILD_NOTES.md "Code sandbox: threat
+``__eq__`` cannot pass. See the package docstring (``__init__.py``) for the API and BUILD_NOTES.md "Code sandbox: threat
 model" for what each layer closes.
 """
 
@@ -35,10 +35,19 @@ import signal
 import sys
 import time
 
-# Defined by the files run before this one in the same namespace: send, recv (wire); mount,
-# setup_namespaces, make_user_namespace, drop_privileges, set_worker_limits, seccomp_filter,
-# install_seccomp, cgroup_*, _libc, MS_* (kernel); Channel, Abort, check_job (checker).
-SECCOMP = seccomp_filter()  # noqa: F821  (built once per fork server; None where unsupported)
+# In the sandbox, the files run before this one define these names in the same namespace; the
+# host (tools, an import of every module) imports them from the sibling modules.
+if __name__ != "__main__":
+  from mr_rl.rewards.sandbox.cgroups import (cgroup_enter, cgroup_leave, cgroup_sweep,
+                                             cgroup_wait_empty)
+  from mr_rl.rewards.sandbox.check import Abort, Channel, check_job
+  from mr_rl.rewards.sandbox.kernel import (MS_NODEV, MS_NOEXEC, MS_NOSUID, PR_SET_PDEATHSIG,
+                                            capability_sets, close_fds_except, drop_privileges,
+                                            install_seccomp, libc, make_user_namespace, mount,
+                                            prctl, seccomp_filter, set_worker_limits,
+                                            setup_namespaces)
+  from mr_rl.rewards.sandbox.wire import decode, encode, recv, send
+SECCOMP = seccomp_filter()  # (built once per fork server; None where unsupported)
 DEFAULT_INT_DIGITS = 4300  # CPython's default int/str conversion limit, kept in S and Z
 
 
@@ -72,7 +81,7 @@ def _set_int_digits(n):
 def _enter_candidate(lim):
   """Last step before candidate code runs in W (already under Z's syscall filter): hard
   rlimits, and no int/str digit limit (a program may print big numbers; S and Z keep it)."""
-  set_worker_limits(lim)  # noqa: F821
+  set_worker_limits(lim)
   _set_int_digits(0)
 
 
@@ -172,7 +181,7 @@ def zygote(cfg, r, w, workdir):
       pass  # reported by the capability probe as private_proc=False
   drop_privileges(cfg)
   if SECCOMP is not None:  # inherited by every worker; Z itself only forks, waits and kills
-    install_seccomp(SECCOMP)  # noqa: F821
+    install_seccomp(SECCOMP)
   os.chdir(workdir)
   import builtins
   builtins.exit = builtins.quit = sys.exit  # normally added by site, which -S skips
@@ -310,7 +319,7 @@ def _probe_child(cfg, report):
     out["network_blocked"] = True
   if SECCOMP is not None:
     install_seccomp(SECCOMP)
-    out["seccomp"] = _libc.unshare(0) == -1  # unshare(0) is a no-op unless filtered
+    out["seccomp"] = libc.unshare(0) == -1  # unshare(0) is a no-op unless filtered
   return out
 
 
@@ -348,7 +357,7 @@ def _probe_namespaces(cfg, w):
 
 
 def probe(cfg):
-  """Reports what this machine allows (run by ``code.sandbox_capabilities``).
+  """Reports what this machine allows (run by ``sandbox_capabilities``).
 
   This process joins the memory cgroup (when asked) and stays in the host's namespaces to
   remove it afterwards; a child sets up the run's namespaces and forks the checker (pid 1).

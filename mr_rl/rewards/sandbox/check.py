@@ -1,8 +1,8 @@
 """The supervisor's checker in the code sandbox: runs the tests against the worker.
 
 Stdlib only; part of the harness that runs inside the sandbox (the files of
-``_sandbox_process._HARNESS_FILES``, run in order in one namespace: ``encode``, ``decode``,
-``send``, ``recv`` and ``brief`` come from ``_sandbox_wire.py``). It executes in the
+``host.HARNESS_FILES``, run in order in one namespace: ``encode``, ``decode``,
+``send``, ``recv`` and ``brief`` come from ``wire.py``). It executes in the
 SUPERVISOR, which never runs candidate code: the candidate's functions are remote stubs
 (``Remote``) that call the WORKER over a pipe and get plain values back, so the verdict
 rests only on data the candidate cannot rig.
@@ -10,6 +10,9 @@ rests only on data the candidate cannot rig.
 
 import sys
 import time
+
+if __name__ != "__main__":  # on the host; in the sandbox wire.py ran first in this namespace
+  from mr_rl.rewards.sandbox.wire import brief, decode, encode, recv, send
 
 
 class Abort(BaseException):

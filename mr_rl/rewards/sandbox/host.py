@@ -1,7 +1,7 @@
 """Host side of the code sandbox: the fork server, one run's I/O, the probe launcher.
 
-Private to ``mr_rl.rewards.code`` (see its docstring for the design); the code
-that runs inside the sandbox is ``_sandbox_harness.py``.
+Used by ``runs`` and ``capabilities`` (see the package docstring for the design); the code
+that runs inside the sandbox is ``HARNESS_FILES``, ending with ``harness.py``.
 """
 
 from __future__ import annotations
@@ -21,29 +21,28 @@ import threading
 import time
 from pathlib import Path
 
-# The harness is four stdlib-only files run in order in one namespace (wire format, kernel
-# interfaces, the supervisor's checker, process roles). Each is compiled once here; the
-# sandbox gets the marshalled code objects on its command line (no file to swap, no 50 ms
+# The harness is five stdlib-only files run in order in one namespace (wire format, kernel
+# interfaces, memory cgroups, the supervisor's checker, process roles). Each is compiled once
+# here; the sandbox gets the marshalled code objects on its command line (no file to swap, no 50 ms
 # compile per run; one argument per file, as Linux caps one argument at 128 KiB).
-_HARNESS_FILES = tuple(Path(__file__).with_name(n) for n in (
-    "_sandbox_wire.py", "_sandbox_kernel.py", "_sandbox_check.py", "_sandbox_harness.py"))
-_HARNESS_PATH = _HARNESS_FILES[-1]
+HARNESS_FILES = tuple(Path(__file__).with_name(n) for n in (
+    "wire.py", "kernel.py", "cgroups.py", "check.py", "harness.py"))
 _HARNESS_CODE = tuple(marshal.dumps(compile(p.read_text(), str(p), "exec")).hex()
-                      for p in _HARNESS_FILES)
+                      for p in HARNESS_FILES)
 _BOOT = ("import marshal,sys\n"
          "for _c in [sys.argv.pop(1) for _ in range(%d)]: exec(marshal.loads(bytes.fromhex(_c)))"
-         % len(_HARNESS_FILES))
+         % len(HARNESS_FILES))
 _BOOT_SRC = ("import sys\n"
              "for _s in [sys.argv.pop(1) for _ in range(%d)]:\n"
              "  exec(compile(_s, '<sandbox>', 'exec'))"
-             % len(_HARNESS_FILES))
+             % len(HARNESS_FILES))
 
 
 class SandboxError(RuntimeError):
   """The sandbox could not be set up as required (not a verdict on a program)."""
 
 
-def _rmtree(path):
+def rmtree(path):
   def retry(func, p, _):
     os.chmod(os.path.dirname(p), stat.S_IRWXU)
     if os.path.isdir(p) and not os.path.islink(p):
@@ -56,20 +55,20 @@ def _boot_args(python):
   if os.path.realpath(python) == os.path.realpath(sys.executable):
     return [_BOOT, *_HARNESS_CODE]
   # Another interpreter cannot load this one's marshalled code: the sources instead.
-  return [_BOOT_SRC, *(p.read_text() for p in _HARNESS_FILES)]
+  return [_BOOT_SRC, *(p.read_text() for p in HARNESS_FILES)]
 
 
-def _env(home):
+def scrubbed_env(home):
   return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
           "HOME": home, "TMPDIR": home}
 
 
-def _launch(config, cfg, stdin_bytes, wall_s, workdir, home):
+def launch(config, cfg, stdin_bytes, wall_s, workdir, home):
   """Starts the harness directly (the capability probe); returns (stdout, stderr, timed_out, wall s)."""
   t0 = time.perf_counter()
   proc = subprocess.Popen([config.python, "-I", "-S", "-c", *_boot_args(config.python), json.dumps(cfg)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          cwd=workdir, env=_env(home), start_new_session=True, close_fds=True)
+                          cwd=workdir, env=scrubbed_env(home), start_new_session=True, close_fds=True)
   timed_out = False
   try:
     out, err = proc.communicate(stdin_bytes, timeout=wall_s)
@@ -86,7 +85,7 @@ def _launch(config, cfg, stdin_bytes, wall_s, workdir, home):
   return out, err, timed_out, time.perf_counter() - t0
 
 
-class _ForkServer:
+class ForkServer:
   """A harness process that forks one supervisor per run (``fork_server`` in the harness).
 
   Saves the interpreter start-up and imports of every run. It holds no job data: a run's
@@ -141,7 +140,7 @@ class _ForkServer:
     self.proc = subprocess.Popen([python, "-I", "-S", "-c", *_boot_args(python), json.dumps(cfg)],
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL, pass_fds=[theirs.fileno()], cwd="/",
-                                 env=_env("/"), start_new_session=True)
+                                 env=scrubbed_env("/"), start_new_session=True)
     theirs.close()
     self.sock = mine
 
@@ -166,7 +165,7 @@ class _ForkServer:
     return int(reply), in_w, out_r, err_r
 
 
-def _exchange(pid, in_w, out_r, err_r, data, wall_s, max_out=1 << 20):
+def exchange(pid, in_w, out_r, err_r, data, wall_s, max_out=1 << 20):
   """Writes ``data`` to the supervisor, reads its stdout/stderr to EOF or the deadline.
 
   Always kills the supervisor's process group (session) before returning.

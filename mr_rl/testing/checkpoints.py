@@ -1,0 +1,102 @@
+"""Tiny random checkpoints (one layer, d = 32) of the paper models' families."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+
+from mr_rl.testing.assets import FAMILIES, asset_dir, build_once
+from mr_rl.testing.tokenizer import make_tokenizer
+
+
+def tiny_model_config(family: str, vocab_size: int, *, d_model: int = 32, n_layers: int = 1,
+                      max_seq_len: int = 4096):
+  """A `ModelConfig` of the family's layout at toy size (1 layer, d=32 by default)."""
+  from mr_rl import models
+  if family not in FAMILIES:
+    raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+  common = dict(family=family, vocab_size=vocab_size, d_model=d_model, n_layers=n_layers,
+                n_heads=2, n_kv_heads=1, head_dim=16, d_ff=2 * d_model, max_seq_len=max_seq_len)
+  if family == "llama":
+    from mr_rl.models.config import freeze_rope_scaling
+    return models.ModelConfig(
+        rope_theta=500_000.0, norm_eps=1e-5, qk_norm=False, tie_embeddings=False,
+        rope_scaling=freeze_rope_scaling(dict(rope_type="llama3", factor=8.0,
+                                              low_freq_factor=1.0, high_freq_factor=4.0,
+                                              original_max_position_embeddings=256)),
+        **common)
+  if family == "qwen3_moe":
+    return models.ModelConfig(rope_theta=1_000_000.0, qk_norm=True, tie_embeddings=False,
+                              num_experts=4, num_experts_per_tok=2, moe_d_ff=d_model,
+                              norm_topk_prob=True, **common)
+  return models.ModelConfig(rope_theta=1_000_000.0, qk_norm=True, tie_embeddings=True, **common)
+
+
+def numpy_init(model, seed: int = 0, std: float = 0.02):
+  """Random params without compiling anything: N(0, std) weights, RMSNorm scales 1.
+
+  Shapes come from `jax.eval_shape` (`models.abstract_params`); drawing them with numpy
+  avoids a jitted `model.init`, which costs seconds of compile time per family on a CPU.
+  """
+  import jax
+  from mr_rl import models
+  rng = np.random.default_rng(seed)
+  shapes = models.abstract_params(model)
+
+  def draw(path, x):
+    if jax.tree_util.keystr(path).endswith("['scale']"):
+      return np.ones(x.shape, np.float32)
+    return (std * rng.standard_normal(x.shape)).astype(np.float32)
+
+  return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+def make_tiny_checkpoint(directory: str, family: str = "qwen3", *, d_model: int = 32,
+                         n_layers: int = 1, vocab_size: int = 2048, seed: int = 0) -> str:
+  """Writes a tiny random `family` checkpoint with its tokenizer to `directory` (idempotent).
+
+  Args:
+    directory: output directory (reused if it already holds a finished checkpoint).
+    family: 'qwen3' | 'llama' | 'qwen3_moe'.
+    d_model, n_layers: model size (defaults: 1 layer, d=32).
+    vocab_size: BPE vocabulary cap; the built-in corpus yields ~1,300 tokens, enough for
+      whole-word tokens of the prompt instructions (the tiny ALCE prompts stay under 512).
+      The model's vocabulary is the tokenizer's actual size.
+    seed: initialisation seed.
+
+  Returns:
+    The absolute directory path.
+  """
+  if family not in FAMILIES:
+    raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+
+  def build(tmp):
+    from mr_rl import models
+    tokenizer = make_tokenizer(tmp, family, vocab_size)
+    cfg = tiny_model_config(family, len(tokenizer), d_model=d_model, n_layers=n_layers)
+    model = models.Transformer(cfg)
+    models.save_pretrained(model, numpy_init(model, seed), tmp)
+    with open(os.path.join(tmp, "config.json")) as f:
+      hf = json.load(f)
+    for name in ("bos", "eos", "pad"):
+      hf[f"{name}_token_id"] = getattr(tokenizer, f"{name}_token_id")
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+      json.dump(hf, f, indent=2)
+
+  return build_once(directory, build)
+
+
+def tiny_checkpoint_for(model_name: str, family: str, root: str | None = None) -> str:
+  """A tiny `family` checkpoint in a directory named `model_name` (e.g. 'Qwen3-4B-Instruct-2507').
+
+  The trainer picks the prompt template style from the checkpoint directory's name
+  (`mr_rl.data.style_for_model`), so the stand-in carries the name of the model it replaces.
+  All names of one family get byte-identical copies of one checkpoint.
+  """
+  root = asset_dir(root)
+  source = make_tiny_checkpoint(os.path.join(root, "families", family), family)
+  return build_once(os.path.join(root, "models", family, model_name),
+                     lambda tmp: shutil.copytree(source, tmp, dirs_exist_ok=True))

@@ -1,0 +1,127 @@
+"""The package's shape: no import circles among mr_rl's modules (function-level imports
+included), no private name imported from another module, small modules where they must be."""
+
+import ast
+import os
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _modules() -> dict[str, str]:
+  out = {}
+  for dirpath, _, files in os.walk(os.path.join(REPO, "mr_rl")):
+    for f in files:
+      if f.endswith(".py"):
+        path = os.path.join(dirpath, f)
+        name = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+        out[name[:-len(".__init__")] if name.endswith(".__init__") else name] = path
+  return out
+
+
+def _imports(name: str, path: str, modules) -> list[tuple[str, str | None, int]]:
+  """(imported module, imported name or None, line) for every import in the file, at any depth."""
+  package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+  out = []
+  for node in ast.walk(ast.parse(open(path).read(), path)):
+    if isinstance(node, ast.Import):
+      out += [(a.name, None, node.lineno) for a in node.names if a.name.startswith("mr_rl")]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join(parts + ([base] if base else []))
+      if not base.startswith("mr_rl"):
+        continue
+      for a in node.names:
+        full = f"{base}.{a.name}"
+        out.append((full, None, node.lineno) if full in modules else (base, a.name, node.lineno))
+  return out
+
+
+def _graph():
+  modules = _modules()
+  edges = {m: set() for m in modules}
+  for m, path in modules.items():
+    for target, _, _ in _imports(m, path, modules):
+      if target in modules and target != m:
+        edges[m].add(target)
+        # Importing a module runs its packages' __init__ first (those outside m's own package).
+        parts = target.split(".")
+        for i in range(2, len(parts)):
+          pkg = ".".join(parts[:i])
+          if pkg in modules and not m.startswith(pkg + ".") and pkg != m:
+            edges[m].add(pkg)
+  return edges
+
+
+def _cycle(edges):
+  """One import cycle as a list of modules, or None."""
+  color, stack = {}, []
+
+  def visit(v):
+    color[v] = 1
+    stack.append(v)
+    for w in sorted(edges[v]):
+      if color.get(w) == 1:
+        return stack[stack.index(w):] + [w]
+      if w not in color:
+        found = visit(w)
+        if found:
+          return found
+    color[v] = 2
+    stack.pop()
+    return None
+
+  for v in sorted(edges):
+    if v not in color:
+      found = visit(v)
+      if found:
+        return found
+  return None
+
+
+def test_no_import_circles():
+  assert _cycle(_graph()) is None, " -> ".join(_cycle(_graph()))
+
+
+def test_the_cycle_finder_finds_a_cycle():
+  assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+  assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_private_names_imported_across_modules():
+  """`from mr_rl.x import _name` only inside the package that defines it (a package's own
+  private helper modules, such as aggregators/_common, are its business)."""
+  modules = _modules()
+  bad = []
+  for m, path in modules.items():
+    for target, name, line in _imports(m, path, modules):
+      private = name.startswith("_") if name else target.rpartition(".")[2].startswith("_")
+      owner = target if name else target.rpartition(".")[0]
+      if private and not (m == owner or m.startswith(owner + ".")):
+        bad.append(f"{path}:{line}: {target}{'.' + name if name else ''}")
+  assert not bad, bad
+
+
+@pytest.mark.parametrize("package", ["mr_rl/rewards", "mr_rl/rl", "mr_rl/testing"])
+def test_modules_stay_small(package):
+  long = {}
+  for dirpath, _, files in os.walk(os.path.join(REPO, package)):
+    for f in files:
+      if f.endswith(".py"):
+        n = sum(1 for _ in open(os.path.join(dirpath, f)))
+        if n >= 500:
+          long[os.path.join(dirpath, f)] = n
+  assert not long, long
+
+
+def test_core_does_not_import_the_test_helpers():
+  """Only the demo and `config_lib.local` (`:runlocal`) may import mr_rl.testing."""
+  modules = _modules()
+  allowed = ("mr_rl.testing", "mr_rl.demo", "mr_rl.config_lib.local")
+  bad = [m for m, path in modules.items() if not m.startswith(allowed)
+         and any(t == "mr_rl.testing" or t.startswith("mr_rl.testing.")
+                 for t, _, _ in _imports(m, path, modules))]
+  assert not bad, bad

@@ -1,6 +1,6 @@
 r"""A trained policy out of a run's workdir as a Hugging Face checkpoint (transformers, vLLM).
 
-    python -m mr_rl.export --workdir=W [--step=N] --out=DIR [--base=BASE_DIR]
+    python -m mr_rl.export --workdir=W [--step=N] --out=DIR [--base=BASE_DIR] [--overwrite]
 
 reads the policy parameters of checkpoint step N (default: the latest) from
 `W/checkpoints/<N>/state` and writes DIR: safetensors in transformers' layout, config.json,
@@ -14,6 +14,20 @@ load it, and transformers' greedy `generate` on DIR gives mr_rl's greedy samples
 `config.export.hf_at_end = True` writes the same to `W/hf/` at the end of training
 (`mr_rl.pipelines.run_train`).
 
+`--out` must be a new or empty directory: the export refuses to write into one that holds
+files unless `--overwrite` is given (it then replaces config.json, the tokenizer files and
+every `model*.safetensors*` there). `config.export.hf_at_end` always rewrites the run's own
+`W/hf/` (a resumed run re-exports its final policy there). Files are written readable by
+other users as the umask allows (like transformers), so a server running as another user
+can load them.
+
+The export's tokenizer carries the chat template that writes prompts the way the run wrote
+them (`mr_rl.data.templates.chat_template_of_run`): for a run without a prompt template
+(`data.template = ''`, e.g. the demo) BOS then the single user message; for a plain-style
+template its `User:` / `Assistant:` text with the task's system preamble and suffix; for a
+chat-style template the base tokenizer's own. So `tok.apply_chat_template(messages,
+add_generation_prompt=True)` gives the policy the prompts it was trained on.
+
 Export works from the workdir alone: the architecture and tokenizer come from the run's base
 checkpoint (`model.path` of `W/settings.json`, which every training run writes; `--base`
 overrides it, e.g. when the base was a hub id and this machine is offline), and only the
@@ -24,6 +38,7 @@ state, so exporting needs memory for the parameters only.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
 import os
@@ -131,21 +146,57 @@ def _model_for(base_dir: str, dtype) -> models.Transformer:
   return models.Transformer(hf_io.config_from_hf(hf, param_dtype=dtype, dtype=dtype))
 
 
-def write_hf(model, params, out: str, base_dir: str) -> str:
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+def _write_chat_template(out: str, settings) -> None:
+  """Writes the run's prompt format as the export's chat template (module docstring); a
+  chat-style run keeps the base tokenizer's."""
+  from mr_rl.data import templates
+  if dataclasses.is_dataclass(settings):
+    settings = metrics_lib.settings_dict(settings)
+  jinja = templates.chat_template_of_run(settings["data"]["template"],
+                                         settings["model"]["path"])
+  if jinja is None:
+    return
+  for fn in ("chat_template.json", CHAT_TEMPLATE_FILE):  # the base's, replaced
+    if os.path.exists(os.path.join(out, fn)):
+      os.remove(os.path.join(out, fn))
+  cfg_path = os.path.join(out, "tokenizer_config.json")
+  if os.path.exists(cfg_path):
+    with open(cfg_path) as f:
+      tok_cfg = json.load(f)
+    if tok_cfg.pop("chat_template", None) is not None:
+      with open(cfg_path, "w") as f:
+        json.dump(tok_cfg, f, indent=2)
+  with open(os.path.join(out, CHAT_TEMPLATE_FILE), "w") as f:
+    f.write(jinja)
+
+
+def _check_not_base(out: str, base_dir: str) -> None:
+  if os.path.realpath(out) == os.path.realpath(base_dir):
+    raise ValueError(f"the export directory {out!r} is the base checkpoint itself; choose "
+                     "another --out (the base's weights would be replaced)")
+
+
+def write_hf(model, params, out: str, base_dir: str, settings=None) -> str:
   """Writes `params` as a transformers checkpoint to `out` with the base's tokenizer files.
 
   `models.save_pretrained` writes the weights and config.json and copies the tokenizer, chat
   template and generation config of `base_dir`; where the base names no BOS / EOS / PAD ids
   (in config.json or a generation_config.json) they are taken from its tokenizer, the ids
   mr_rl's sampler stops and pads with, so `generate` and vLLM stop where mr_rl does. Weight
-  files of an earlier export in `out` are removed first.
+  files of an earlier export in `out` are removed first: this function overwrites (it is
+  what `config.export.hf_at_end` rewrites `W/hf/` with); `export` refuses a non-empty `out`.
+
+  Args:
+    settings: the run's `RunSettings` or its settings.json dict: the export's chat template
+      then writes prompts as the run did (module docstring); None keeps the base's.
 
   Returns:
     `out`.
   """
-  if os.path.realpath(out) == os.path.realpath(base_dir):
-    raise ValueError(f"the export directory {out!r} is the base checkpoint itself; choose "
-                     "another --out (the base's weights would be replaced)")
+  _check_not_base(out, base_dir)
   os.makedirs(out, exist_ok=True)
   is_writer = jax.process_index() == 0
   if is_writer:
@@ -168,11 +219,28 @@ def write_hf(model, params, out: str, base_dir: str) -> str:
   if not os.path.exists(os.path.join(out, "generation_config.json")):
     from transformers import GenerationConfig
     GenerationConfig(**{k: cfg[k] for k in ids}).save_pretrained(out)
+  if settings is not None:
+    _write_chat_template(out, settings)
+  hf_io.make_readable(out)
   return out
 
 
+def check_out_dir(out: str, overwrite: bool) -> None:
+  """Refuses an `out` that holds files unless `overwrite` (FileExistsError naming them)."""
+  if os.path.isdir(out):
+    present = sorted(os.listdir(out))
+    if present and not overwrite:
+      raise FileExistsError(
+          f"--out {out!r} is not empty ({len(present)} entries: "
+          f"{', '.join(present[:8])}{', ...' if len(present) > 8 else ''}); the export would "
+          f"replace config.json, tokenizer files and every model*.safetensors* there. Choose a "
+          f"new directory or pass --overwrite")
+  elif os.path.exists(out):
+    raise FileExistsError(f"--out {out!r} exists and is not a directory")
+
+
 def export(workdir: str, out: str, *, step: int | None = None, base: str | None = None,
-           mesh=None, log=print) -> str:
+           mesh=None, log=print, overwrite: bool = False) -> str:
   """Writes checkpoint `step` (default: the latest) of the run in `workdir` to `out`.
 
   Args:
@@ -182,8 +250,10 @@ def export(workdir: str, out: str, *, step: int | None = None, base: str | None 
     base: the base checkpoint directory (default: the run's `model.path`).
     mesh: optional mesh to restore the params onto (sharded), see `restore_params`.
     log: callable for a one-line summary, or None.
+    overwrite: write into a non-empty `out` (replacing an earlier export's files).
 
   Raises:
+    FileExistsError: `out` holds files and not `overwrite`.
     FileNotFoundError: no checkpoints, or `step` is not one of them (the message lists them).
   """
   steps = checkpoint_steps(workdir)
@@ -194,12 +264,18 @@ def export(workdir: str, out: str, *, step: int | None = None, base: str | None 
   if step not in steps:
     raise FileNotFoundError(f"no checkpoint step {step} in {workdir!r}; saved steps: {steps}")
   base_dir = base_checkpoint(workdir, base)
+  _check_not_base(out, base_dir)
+  check_out_dir(out, overwrite)
   dtype = jax.tree.leaves(params_metadata(workdir, step))[0].dtype
   model = _model_for(base_dir, dtype)
   params = restore_params(workdir, step, model, mesh)
-  write_hf(model, params, out, base_dir)
+  has_settings = os.path.exists(os.path.join(workdir, metrics_lib.SETTINGS_FILE))
+  write_hf(model, params, out, base_dir, settings=saved_settings(workdir) if has_settings
+           else None)
   if log:
-    log(f"exported step {step} of {workdir} to {out} (base {base_dir})")
+    log(f"exported step {step} of {workdir} to {out} (base {base_dir})"
+        + ("" if has_settings else f"; no {metrics_lib.SETTINGS_FILE} in the workdir: the "
+           "chat template is the base's"))
   return out
 
 
@@ -211,8 +287,13 @@ def main(argv: Sequence[str] | None = None) -> str:
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
   p.add_argument("--base", default=None,
                  help="base checkpoint directory (default: the run's config.model.path)")
+  p.add_argument("--overwrite", action="store_true",
+                 help="write into a non-empty --out (replaces an earlier export's files)")
   a = p.parse_args(argv)
-  return export(a.workdir, a.out, step=a.step, base=a.base)
+  try:
+    return export(a.workdir, a.out, step=a.step, base=a.base, overwrite=a.overwrite)
+  except FileExistsError as e:
+    p.error(str(e))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ anchor by per-token reverse KL, then train TAG from pi_0), 'demo' (the CPU compa
 (`mr_rl.config_lib.dry_run`) without loading weights or data; it needs no `--workdir`.
 """
 
+import sys
+
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -37,6 +39,41 @@ flags.register_validator("workdir", lambda v: v is not None or _DRY_RUN.value,
                          message="--workdir is required (except with --dry_run)")
 
 
+def _config_overrides(argv) -> tuple[str | None, list[str]]:
+  """The `--config` file argument and the dotted paths of the `--config.<path>` overrides."""
+  config_arg, paths = None, []
+  for i, a in enumerate(argv):
+    if a.startswith("--config="):
+      config_arg = a.split("=", 1)[1]
+    elif a == "--config" and i + 1 < len(argv):
+      config_arg = argv[i + 1]
+    elif a.startswith("--config."):
+      paths.append(a[len("--config."):].split("=", 1)[0])
+  return config_arg, paths
+
+
+def parse_flags(argv):
+  """absl's flag parsing, where a `--config.<path>` override naming no field of the config
+  (ml_collections raises a bare AttributeError / KeyError for it) fails naming the field and
+  the valid fields of its section."""
+  try:
+    return app.parse_flags_with_usage(argv)
+  except (AttributeError, KeyError):
+    config_arg, paths = _config_overrides(argv)
+    if config_arg is None:
+      raise
+    from ml_collections.config_flags import config_flags as config_file
+    from mr_rl import settings
+    config = config_file.ConfigFileFlagParser(name="config").parse(config_arg)
+    for path in paths:
+      try:
+        settings.check_field_path(config, path)
+      except ValueError as e:
+        print(f"FATAL Flags parsing error: --{e}", file=sys.stderr)
+        sys.exit(1)
+    raise
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -55,4 +92,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

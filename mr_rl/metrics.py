@@ -14,12 +14,15 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import logging
 import math
 import os
 import time
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+
+_LOG = logging.getLogger(__name__)
 
 
 def channel_summaries(r_BGK: np.ndarray, names: Sequence[str]) -> dict[str, float]:
@@ -239,8 +242,46 @@ class MetricsWriter:
 
 
 def read_jsonl(path: str) -> list[dict]:
+  """The records of a JSON-lines file (blank lines skipped). A last line that does not parse
+  is a record torn by a killed writer: skipped with a warning. Any other line that does not
+  parse is a ValueError naming the file and the line."""
   with open(path) as f:
-    return [json.loads(l) for l in f if l.strip()]
+    lines = [(i, l) for i, l in enumerate(f, 1) if l.strip()]
+  out = []
+  for n, (i, line) in enumerate(lines):
+    try:
+      out.append(json.loads(line))
+    except json.JSONDecodeError as e:
+      if n == len(lines) - 1:
+        _LOG.warning("%s: skipped its last line %d, which is truncated (%s): %.80r", path, i,
+                     e.msg, line)
+        break
+      raise ValueError(f"{path} line {i} is not valid JSON (column {e.colno}: {e.msg}): "
+                       f"{line[:120]!r}") from e
+  return out
+
+
+def finite_json(x: Any) -> Any:
+  """`x` (nested dicts / lists / tuples of numbers, numpy scalars and arrays, str, None) with
+  every non-finite float as None, so `json.dump(..., allow_nan=False)` writes strict JSON
+  (Python's default writes NaN / Infinity, which other JSON readers reject)."""
+  if isinstance(x, Mapping):
+    return {k: finite_json(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [finite_json(v) for v in x]
+  if isinstance(x, np.ndarray):
+    return finite_json(x.tolist())
+  if isinstance(x, np.generic):
+    x = x.item()
+  if isinstance(x, float) and not math.isfinite(x):
+    return None
+  return x
+
+
+def write_json(path: str, obj: Any, indent: int = 1) -> None:
+  """Writes `obj` to `path` as strict JSON (non-finite floats as null, `finite_json`)."""
+  with open(path, "w") as f:
+    json.dump(finite_json(obj), f, indent=indent, allow_nan=False)
 
 
 class ETA:

@@ -21,7 +21,8 @@ import os
 
 import jax
 
-from mr_rl import evaluation
+from mr_rl import distributed, evaluation
+from mr_rl import metrics as metrics_lib
 from mr_rl import settings as settings_lib
 from mr_rl import train as train_lib
 from mr_rl.registry import PIPELINES, import_plugins
@@ -54,12 +55,13 @@ def run_train(s, workdir: str, comp=None):
     from mr_rl import export as export_lib
     from mr_rl.models import hf_io
     out = export_lib.write_hf(comp.model, res.params, os.path.join(workdir, "hf"),
-                              hf_io.resolve_path(s.model.path))
-    print(f"wrote the trained policy to {out} (transformers / vLLM checkpoint)")
+                              hf_io.resolve_path(s.model.path), settings=s)
+    if distributed.is_primary():
+      print(f"wrote the trained policy to {out} (transformers / vLLM checkpoint)")
   ev = evaluation.final_eval(comp.policy, comp.runner, s, comp.eval_data, res.params)
-  with open(os.path.join(workdir, "eval.json"), "w") as f:
-    json.dump(ev, f, indent=1)
-  print(json.dumps(ev, indent=1))
+  if distributed.is_primary():  # every process holds the same evaluation; one writes it
+    metrics_lib.write_json(os.path.join(workdir, "eval.json"), ev)
+    print(json.dumps(metrics_lib.finite_json(ev), indent=1))
   return res, ev
 
 
@@ -101,7 +103,7 @@ def elect_anchor(s, comp, directory: str | None, log=print) -> tuple[int, list]:
           f"(exact {d['rev_kl_exact_per_token']:.4g}), KLfwd/token {d['fwd_kl_per_token']:.4g}, "
           f"probe reward {table[-1].probe_reward:.3f}")
   a = anchor_lib.elect(table)
-  if directory:
+  if directory and distributed.is_primary():
     anchor_lib.write_table(table, a, directory)
   if log:
     log(f"elected anchor: {s.rewards.channels[a]}")

@@ -15,6 +15,8 @@ are imported, so a plugin's names validate like the built-in ones.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from typing import Any, Mapping
 
 from mr_rl import aggregators
@@ -45,16 +47,111 @@ def _positive(field: str, value, allow_zero: bool = False):
   return value
 
 
-def _share(field: str, value: float) -> float:
-  if not 0.0 <= value <= 1.0:
-    raise ValueError(f"config.{field} must be in [0, 1], got {value!r}")
-  return value
-
-
 def _int(field: str, value) -> int:
   if isinstance(value, bool) or not isinstance(value, int):
     raise ValueError(f"config.{field} must be an int, got {value!r}")
   return value
+
+
+def _float(field: str, value) -> float:
+  """A finite number (ints accepted) as a float."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    raise ValueError(f"config.{field} must be a finite number, got {value!r}")
+  return float(value)
+
+
+def _count(field: str, value, allow_zero: bool = False) -> int:
+  """An int > 0 (>= 0 with `allow_zero`)."""
+  return _positive(field, _int(field, value), allow_zero)
+
+
+def _in(field: str, value: float, lo: float, hi: float, lo_open: bool = False,
+        hi_open: bool = False) -> float:
+  """A finite number in [lo, hi] (open ends where asked)."""
+  value = _float(field, value)
+  if (value < lo or (lo_open and value == lo)) or (value > hi or (hi_open and value == hi)):
+    raise ValueError(f"config.{field} must be in {'(' if lo_open else '['}{lo:g}, {hi:g}"
+                     f"{')' if hi_open else ']'}, got {value!r}")
+  return value
+
+
+def _optional_positive(field: str, value) -> float | None:
+  return None if value is None else _positive(field, _float(field, value))
+
+
+# Sections whose keys are free-form (loader options, per-channel parameters, aggregator and
+# estimator hyperparameters): checked by what consumes them, not against `default_config()`.
+FREE_FORM = ("data.options", "data.eval_set_options", "rewards.params", "aggregator.hp",
+             "advantage")
+
+
+def _is_section(x) -> bool:
+  return hasattr(x, "items") and not isinstance(x, str)
+
+
+def check_field_path(config, path: str) -> None:
+  """Raises ValueError when the dotted `path` (e.g. 'loss.cliprange') is not a field of
+  `config`, naming the missing part and the valid fields of its section."""
+  node, done, free = config, [], None
+  for part in path.split("."):
+    free = free or next((f for f in FREE_FORM if ".".join(done) == f), None)
+    if not _is_section(node) or part not in node:
+      where = "config." + ".".join(done) if done else "config"
+      if not _is_section(node):
+        raise ValueError(f"config.{path}: {where} is a value, not a section")
+      if free:
+        raise ValueError(f"config.{path}: {where} has no key {part!r} (keys: "
+                         f"{sorted(node.keys())}); a key the config file lacks cannot be set "
+                         f"one dot at a time: give the whole section, "
+                         f"--config.{free}=\"{{...}}\"")
+      raise ValueError(f"config.{path}: {where} has no field {part!r}; its fields are "
+                       f"{sorted(node.keys())}")
+    node = node[part]
+    done.append(part)
+
+
+def _check_strings(c) -> None:
+  for field in ("plugins", "model.path", "model.preset", "data.name", "data.path", "data.split",
+                "data.eval_split", "data.template", "data.eval_sets", "logging.wandb_project",
+                "logging.wandb_entity", "logging.wandb_name", "logging.wandb_mode"):
+    node = c
+    for part in field.split("."):
+      node = node[part]
+    if not isinstance(node, str):
+      raise ValueError(f"config.{field} must be a str, got {node!r}")
+
+
+def _check_known_fields(c) -> None:
+  """Every field of `c` must be a field of `default_config()` (free-form sections aside); a
+  plugin may add top-level sections of its own (the demo's `config.demo`)."""
+  ref = default_config()
+
+  def walk(node, ref_node, prefix):
+    for key in node.keys():
+      path = f"{prefix}{key}"
+      if path in FREE_FORM:
+        continue
+      if key not in ref_node:
+        if not prefix and _is_section(node[key]):
+          continue  # a plugin's own section
+        where = f"config.{prefix[:-1]}" if prefix else "config"
+        raise ValueError(f"config.{path} is not a field: {where} has the fields "
+                         f"{sorted(ref_node.keys())}")
+      if _is_section(ref_node[key]):
+        if not _is_section(node[key]):
+          raise ValueError(f"config.{path} must be a section with the fields "
+                           f"{sorted(ref_node[key].keys())}, got {node[key]!r}")
+        walk(node[key], ref_node[key], path + ".")
+
+  walk(c, ref, "")
+
+
+def _mesh(m) -> dict[str, int]:
+  mesh = {k: _int(f"mesh.{k}", m[k]) for k in ("data", "fsdp", "tensor", "expert")}
+  if any(v == 0 or v < -1 for v in mesh.values()) or list(mesh.values()).count(-1) > 1:
+    raise ValueError(f"config.mesh sizes must be positive ints, one of them may be -1 (fills "
+                     f"the remaining devices), got {mesh}")
+  return mesh
 
 
 def _eval_sets(d) -> tuple[tuple[str, ...], dict]:
@@ -142,6 +239,8 @@ class RewardSettings:
   max_failure_share: float                 # the failure-rate guard: a channel failing on more
   failure_patience: int                    # than this share of a batch this many runner calls
                                            # in a row stops the run
+  not_applicable_patience: int             # a channel NaN on every response this many runner
+                                           # calls in a row stops the run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,7 +384,9 @@ def default_config():
                                   # kind ('thread' | 'process'), on_failure, batched
       timeout_s=10.0,             # per-call reward timeout (a timeout scores on_failure)
       max_failure_share=0.5,      # failure-rate guard: a channel failing on more than this
-      failure_patience=3))        # share of a batch for this many calls in a row stops the run
+      failure_patience=3,         # share of a batch for this many calls in a row stops the run
+      not_applicable_patience=10))  # a channel that applies to no prompt (None / NaN on every
+                                  # response) this many runner calls in a row stops the run
   c.aggregator = ml_collections.ConfigDict(dict(
       name="additive",            # a mr_rl.aggregators registry name or alias
       hp=ml_collections.ConfigDict()))  # its hyperparameters (lam, k_s, k_p, ...)
@@ -343,6 +444,8 @@ def from_config(cfg) -> RunSettings:
   from mr_rl.rewards import runner as reward_runner
 
   c = cfg
+  _check_known_fields(c)
+  _check_strings(c)
   import_plugins(c.get("plugins", ""))
   pipeline = _choice("pipeline", c.pipeline, _registered(PIPELINES))
   specs = tuple(s.strip() for s in str(c.rewards.channels).split(",") if s.strip())
@@ -356,7 +459,7 @@ def from_config(cfg) -> RunSettings:
                    else spec for spec in specs)
   if len(set(channels)) != len(channels):
     raise ValueError(f"config.rewards.channels has duplicate channel names: {channels}")
-  primary = int(c.rewards.primary)
+  primary = _int("rewards.primary", c.rewards.primary)
   if not 0 <= primary < len(channels):
     raise ValueError(f"config.rewards.primary={primary} is out of range for {len(channels)} "
                      "channels")
@@ -377,6 +480,8 @@ def from_config(cfg) -> RunSettings:
     bad = set(adv_hp) - {"gamma", "lam"}
     if bad:
       raise ValueError(f"config.advantage: PPO takes gamma and lam (GAE), got {sorted(bad)}")
+    for k in adv_hp:
+      adv_hp[k] = _in(f"advantage.{k}", adv_hp[k], 0.0, 1.0)
   else:
     adv_lib.get_advantage(advantage, **adv_hp)  # unknown hyperparameters fail here
 
@@ -384,7 +489,7 @@ def from_config(cfg) -> RunSettings:
   sample_dtype = _choice("rollout.dtype", c.rollout.dtype, ("", "float32", "bfloat16"))
   cache_dtype = _choice("rollout.cache_dtype", c.rollout.cache_dtype, ("", "float32", "bfloat16"))
   recompute = _choice("loss.recompute_old_logp", c.loss.recompute_old_logp, ("auto", "on", "off"))
-  tis_cap = float(c.loss.tis_cap)
+  tis_cap = _float("loss.tis_cap", c.loss.tis_cap)
   if tis_cap != 0.0 and tis_cap < 1.0:
     raise ValueError(f"config.loss.tis_cap must be 0 (off) or >= 1, got {tis_cap}")
   if tis_cap and recompute == "off":
@@ -394,12 +499,19 @@ def from_config(cfg) -> RunSettings:
     sampler_dtype = sample_dtype or model_dtype
     differs = sampler_dtype != model_dtype or (cache_dtype or sampler_dtype) != model_dtype
     recompute = "on" if differs or tis_cap else "off"
+  from mr_rl.rl import kl as kl_lib, losses as losses_lib
+  _choice("loss.loss_agg", c.loss.loss_agg, _registered(losses_lib.LOSS_AGGREGATIONS))
+  _choice("loss.kl_estimator", c.loss.kl_estimator, _registered(kl_lib.KL_ESTIMATORS))
   loss = PolicyLossConfig(
-      eps_low=float(c.loss.eps_low), eps_high=float(c.loss.eps_high), loss_agg=c.loss.loss_agg,
+      eps_low=_in("loss.eps_low", c.loss.eps_low, 0.0, 1.0, hi_open=True),
+      eps_high=_positive("loss.eps_high", _float("loss.eps_high", c.loss.eps_high), True),
+      loss_agg=c.loss.loss_agg,
       norm_len=int(c.rollout.max_new_tokens) if c.loss.loss_agg == "seq-mean-token-sum-norm"
       else None,
-      kl_coef=float(c.loss.kl_coef), kl_estimator=c.loss.kl_estimator,
-      entropy_coef=float(c.loss.entropy_coef),
+      kl_coef=_positive("loss.kl_coef", _float("loss.kl_coef", c.loss.kl_coef), True),
+      kl_estimator=c.loss.kl_estimator,
+      entropy_coef=_positive("loss.entropy_coef", _float("loss.entropy_coef",
+                                                         c.loss.entropy_coef), True),
       recompute_old_logp=recompute == "on", tis_cap=tis_cap or None)
   for field in ("update_batch.trim_columns", "update_batch.pack", "update_batch.mask_truncated"):
     section, name = field.split(".")
@@ -408,13 +520,19 @@ def from_config(cfg) -> RunSettings:
   if c.update_batch.pack and advantage == "ppo":
     raise ValueError("config.update_batch.pack is for the GRPO family; PPO's critic and GAE run "
                      "on unpacked rows")
-  optional = lambda v: None if v is None else float(v)
+  o = c.optim
   update = UpdateConfig(
-      loss=loss, num_micro_batches=int(c.optim.num_micro_batches), lr=float(c.optim.lr),
-      warmup_steps=int(c.optim.warmup_steps), weight_decay=float(c.optim.weight_decay),
-      b1=float(c.optim.b1), b2=float(c.optim.b2), adam_eps=float(c.optim.adam_eps),
-      value_lr=float(c.optim.value_lr), max_grad_norm=optional(c.optim.max_grad_norm),
-      vf_clip=optional(c.optim.vf_clip), pack=c.update_batch.pack)
+      loss=loss, num_micro_batches=_count("optim.num_micro_batches", o.num_micro_batches),
+      lr=_positive("optim.lr", _float("optim.lr", o.lr)),
+      warmup_steps=_count("optim.warmup_steps", o.warmup_steps, True),
+      weight_decay=_positive("optim.weight_decay", _float("optim.weight_decay", o.weight_decay),
+                             True),
+      b1=_in("optim.b1", o.b1, 0.0, 1.0, hi_open=True),
+      b2=_in("optim.b2", o.b2, 0.0, 1.0, hi_open=True),
+      adam_eps=_positive("optim.adam_eps", _float("optim.adam_eps", o.adam_eps)),
+      value_lr=_positive("optim.value_lr", _float("optim.value_lr", o.value_lr)),
+      max_grad_norm=_optional_positive("optim.max_grad_norm", o.max_grad_norm),
+      vf_clip=_optional_positive("optim.vf_clip", o.vf_clip), pack=c.update_batch.pack)
 
   model = ModelSettings(path=c.model.path, preset=c.model.preset, dtype=model_dtype)
   if bool(model.path) == bool(model.preset):
@@ -424,25 +542,39 @@ def from_config(cfg) -> RunSettings:
     from mr_rl import models
     _choice("model.preset", model.preset, models.PRESETS)
 
-  mesh = {k: int(c.mesh[k]) for k in ("data", "fsdp", "tensor", "expert")}
+  mesh = _mesh(c.mesh)
   eval_sets, eval_set_options = _eval_sets(c.data)
   if not isinstance(c.data.skip_long_prompts, bool):
     raise ValueError("config.data.skip_long_prompts must be True or False, got "
                      f"{c.data.skip_long_prompts!r}")
+  if c.data.template:
+    from mr_rl.data import templates
+    _choice("data.template", c.data.template, ("",) + tuple(templates.TASK_INSTRUCTIONS))
+    if model.path:  # the style comes from the model (a preset has no tokenizer: build refuses)
+      try:
+        templates.make_template(c.data.template, model=model.path)
+      except ValueError as e:
+        raise ValueError(f"config.data.template={c.data.template!r}: {e}") from e
   data = DataSettings(
       name=_choice("data.name", c.data.name, _registered(data_lib.DATASETS)), path=c.data.path,
       split=c.data.split, eval_split=c.data.eval_split,
-      batch_prompts=_positive("data.batch_prompts", int(c.data.batch_prompts)),
-      max_prompt_len=_positive("data.max_prompt_len", int(c.data.max_prompt_len)),
+      batch_prompts=_count("data.batch_prompts", c.data.batch_prompts),
+      max_prompt_len=_count("data.max_prompt_len", c.data.max_prompt_len),
       template=c.data.template, options=_as_dict(c.data.get("options")),
       eval_sets=eval_sets, eval_set_options=eval_set_options,
       skip_long_prompts=c.data.skip_long_prompts)
   rollout = SamplingSettings(
-      group_size=_positive("rollout.group_size", int(c.rollout.group_size)),
-      max_new_tokens=_positive("rollout.max_new_tokens", int(c.rollout.max_new_tokens)),
-      temperature=_positive("rollout.temperature", float(c.rollout.temperature), True),
-      top_k=int(c.rollout.top_k), top_p=float(c.rollout.top_p), dtype=sample_dtype,
+      group_size=_count("rollout.group_size", c.rollout.group_size),
+      max_new_tokens=_count("rollout.max_new_tokens", c.rollout.max_new_tokens),
+      temperature=_positive("rollout.temperature", _float("rollout.temperature",
+                                                          c.rollout.temperature), True),
+      top_k=_count("rollout.top_k", c.rollout.top_k, True),
+      top_p=_in("rollout.top_p", c.rollout.top_p, 0.0, 1.0, lo_open=True), dtype=sample_dtype,
       cache_dtype=cache_dtype)
+  rows = data.batch_prompts * rollout.group_size
+  if rows % update.num_micro_batches:
+    raise ValueError(f"config.optim.num_micro_batches={update.num_micro_batches} must divide "
+                     f"the rollout rows data.batch_prompts x rollout.group_size = {rows}")
   if rollout.group_size < 2 and advantage in ("grpo", "dr_grpo", "rloo", "gdpo", "mo_grpo"):
     raise ValueError(f"config.rollout.group_size must be >= 2 for group-relative advantages "
                      f"({advantage}), got {rollout.group_size}")
@@ -457,31 +589,38 @@ def from_config(cfg) -> RunSettings:
           signal, advantage != "ppo" and adv_lib.uses_channels(advantage)),
       max_rounds=_positive("dynamic_sampling.max_rounds",
                            _int("dynamic_sampling.max_rounds", dyn.max_rounds), True))
+  a, e = c.anchor, c.eval
+  anchor = AnchorSettings(
+      probe_steps=_count("anchor.probe_steps", a.probe_steps),
+      probe_batch_prompts=_count("anchor.probe_batch_prompts", a.probe_batch_prompts),
+      held_out_prompts=_count("anchor.held_out_prompts", a.held_out_prompts),
+      samples_per_prompt=_count("anchor.samples_per_prompt", a.samples_per_prompt),
+      lam=_positive("anchor.lam", _float("anchor.lam", a.lam), True))
+  evals = EvalSettings(
+      every=_count("eval.every", e.every, True), num_prompts=_count("eval.num_prompts",
+                                                                  e.num_prompts),
+      samples_per_prompt=_count("eval.samples_per_prompt", e.samples_per_prompt),
+      temperature=_positive("eval.temperature", _float("eval.temperature", e.temperature), True))
   settings = RunSettings(
-      seed=int(c.seed), pipeline=pipeline,
-      total_steps=_positive("total_steps", int(c.total_steps), True),
-      checkpoint_every=_positive("checkpoint_every", int(c.checkpoint_every), True),
-      log_every=_positive("log_every", int(c.log_every)),
-      alarm_window=_positive("alarm_window", int(c.alarm_window)),
-      kl_ref_every=_positive("kl_ref_every", _int("kl_ref_every", c.kl_ref_every), True),
+      seed=_int("seed", c.seed), pipeline=pipeline,
+      total_steps=_count("total_steps", c.total_steps, True),
+      checkpoint_every=_count("checkpoint_every", c.checkpoint_every, True),
+      log_every=_count("log_every", c.log_every),
+      alarm_window=_count("alarm_window", c.alarm_window),
+      kl_ref_every=_count("kl_ref_every", c.kl_ref_every, True),
       model=model, mesh=mesh, data=data, rollout=rollout,
       rewards=RewardSettings(
           channels=channels, specs=specs, primary=primary, params=reward_params,
-          timeout_s=_positive("rewards.timeout_s", float(c.rewards.timeout_s)),
-          max_failure_share=_share("rewards.max_failure_share",
-                                   float(c.rewards.max_failure_share)),
-          failure_patience=_positive("rewards.failure_patience",
-                                     _int("rewards.failure_patience", c.rewards.failure_patience))),
+          timeout_s=_positive("rewards.timeout_s", _float("rewards.timeout_s",
+                                                          c.rewards.timeout_s)),
+          max_failure_share=_in("rewards.max_failure_share", c.rewards.max_failure_share,
+                                0.0, 1.0),
+          failure_patience=_count("rewards.failure_patience", c.rewards.failure_patience),
+          not_applicable_patience=_count("rewards.not_applicable_patience",
+                                         c.rewards.not_applicable_patience)),
       aggregator=AggregatorSettings(name=agg_name, hp=agg_hp),
       advantage=advantage, advantage_hp=adv_hp, update=update,
-      anchor=AnchorSettings(
-          probe_steps=int(c.anchor.probe_steps),
-          probe_batch_prompts=int(c.anchor.probe_batch_prompts),
-          held_out_prompts=int(c.anchor.held_out_prompts),
-          samples_per_prompt=int(c.anchor.samples_per_prompt), lam=float(c.anchor.lam)),
-      eval=EvalSettings(every=int(c.eval.every), num_prompts=int(c.eval.num_prompts),
-                        samples_per_prompt=int(c.eval.samples_per_prompt),
-                        temperature=float(c.eval.temperature)),
+      anchor=anchor, eval=evals,
       logging=_logging(c.logging), export=_export(c.export),
       batch=BatchSettings(trim_columns=c.update_batch.trim_columns,
                           mask_truncated=c.update_batch.mask_truncated),

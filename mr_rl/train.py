@@ -147,7 +147,8 @@ def build_runner(settings: RunSettings) -> RewardRunner:
   channels = [get_reward(spec, **r.params.get(name, {}))
               for spec, name in zip(r.specs, r.channels)]
   return RewardRunner(channels, timeout_s=r.timeout_s, max_failure_share=r.max_failure_share,
-                      failure_patience=r.failure_patience)
+                      failure_patience=r.failure_patience,
+                      not_applicable_patience=r.not_applicable_patience)
 
 
 def drop_long_prompts(policy: rollout_lib.Policy, examples, what: str) -> list:
@@ -417,7 +418,7 @@ def draw_groups(comp: Components, params, agg_state, data_iter, signal, k_roll,
   dyn_m = {"dynamic/dropped_frac": len(dropped) / (B * len(rounds)),
            "dynamic/rounds": float(len(rounds)), "dynamic/kept_frac": n_kept / B}
   # Counts and durations add up over the rounds; other runner metrics (means) are averaged.
-  counts = ("errors", "timeouts", "seconds")
+  counts = ("errors", "timeouts", "unscorable", "not_applicable", "seconds")
   reward_m = {k: float(np.sum(v) if k.endswith(counts) else np.mean(v))
               for k, v in reward_m.items()}
   return Draw(ro, r_BGK, n_kept, reward_m, dyn_m, t_roll, t_reward)

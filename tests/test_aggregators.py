@@ -287,6 +287,17 @@ def test_errors_name_the_argument():
     A.get("weighted", w=None)
 
 
+def test_static_weights_must_be_finite_nonnegative_and_not_all_zero():
+  r = jnp.asarray(R)
+  for w in ([1.0, -0.5, 1.0], [0.0, 0.0, 0.0], 0.0, -1.0, [1.0, np.nan, 1.0], [np.inf, 1, 1]):
+    msg = r"`w` must be finite, non-negative and not all zero"
+    with pytest.raises(ValueError, match=msg):
+      A.weighted_sum(r, w)
+    with pytest.raises(ValueError, match=msg):
+      A.get("weighted", w=w).init(K)
+  A.get("weighted", w=[0.0, 1.0, 0.0]).init(K)  # zero weights on some channels are fine
+
+
 def test_traced_hyperparameters_skip_checks():
   # Checks run on concrete values only; traced ones pass through jit.
   r = jnp.asarray(R)

@@ -149,6 +149,37 @@ def test_plain_template_for_base_models():
       "User: Hi\nAssistant: Hello\nUser: Joke?\nAssistant:")
 
 
+@pytest.mark.parametrize("task", ["amrp_math", "tag_math", "tag_code", "alce", "helpsteer2"])
+def test_a_plain_template_as_a_chat_template_writes_the_same_prompt(tiny_tokenizer, task):
+  """The Jinja an export carries (`PromptTemplate.jinja`) renders what `render` does."""
+  tpl = data.make_template(task, style="plain")
+  for ex in (data.Example.single_turn("m/1", "math500", "What is 2+2?", "4"),
+             data.Example("h/1", "helpsteer2", ({"role": "user", "content": "Hi"},
+                                                {"role": "assistant", "content": "Hello"},
+                                                {"role": "user", "content": "Joke?"}))):
+    got = tiny_tokenizer.apply_chat_template([dict(m) for m in ex.messages],
+                                             chat_template=tpl.jinja(), tokenize=False,
+                                             add_generation_prompt=True)
+    assert got == tpl.render(ex)
+  assert templates.chat_template_of_run(task, "Qwen3-1.7B-Base") == tpl.jinja()
+  assert templates.chat_template_of_run(task, "Qwen/Qwen3-4B-Instruct-2507") is None  # chat
+  with pytest.raises(ValueError, match="only plain-style templates"):
+    data.make_template(task, style="chat").jinja()
+
+
+def test_an_untemplated_run_as_a_chat_template(tiny_tokenizer):
+  jinja = templates.chat_template_of_run("", "any/model")
+  assert jinja == templates.UNTEMPLATED_JINJA
+  text = tiny_tokenizer.apply_chat_template([{"role": "user", "content": "what is 2"}],
+                                            chat_template=jinja, tokenize=False,
+                                            add_generation_prompt=True)
+  assert text == "what is 2"  # (this tokenizer has no BOS; the demo's writes it first)
+  with pytest.raises(Exception, match="give exactly one user message"):
+    tiny_tokenizer.apply_chat_template([{"role": "system", "content": "s"},
+                                        {"role": "user", "content": "q"}],
+                                       chat_template=jinja, tokenize=False)
+
+
 def test_template_errors():
   ex = data.Example.single_turn("m/1", "math500", "q", "4")
   tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(

@@ -157,6 +157,44 @@ def test_amc_aime_replication(tmp_path):
                                cache_dir=str(tmp_path))) == 6
 
 
+def test_a_row_without_answer_names_set_file_and_row(tmp_path):
+  rows = [{"problem": f"What is {i}?", "solution": "s", "answer": None if i == 3 else str(i),
+           "subject": "Algebra", "level": 1, "unique_id": f"test/algebra/{i}.json"}
+          for i in range(5)]
+  path = _write_jsonl(tmp_path / "m.jsonl", rows)
+  with pytest.raises(ValueError, match=rf"^data set 'math500' \(file '{path}'\) row 3: answer "
+                                       r"is None$"):
+    data.load_dataset("math500", path=path, cache_dir=str(tmp_path))
+  amc = [{"id": i, "problem": f"AMC {i}", "answer": float("nan") if i == 1 else 2.0}
+         for i in range(3)]
+  path = _write_jsonl(tmp_path / "amc.jsonl", amc)
+  with pytest.raises(ValueError, match=rf"^data set 'amc' \(file '{path}'\) row 1: answer nan "
+                                       r"is not finite$"):
+    data.load_dataset("amc", path=path, cache_dir=str(tmp_path))
+
+
+# ------------------------------------------------------------------ unreadable local files
+@pytest.mark.parametrize("content, needle", [
+    ("", r"data file '{path}' is empty"),
+    ("\n  \n", r"data file '{path}' is empty"),
+    ('{"problem": "a", "answer": "1"}\n{"problem": "b", "answer": \n{"problem": "c"}\n',
+     r"data file '{path}' could not be read: line 2 is not valid JSON \(column \d+: "),
+])
+def test_an_unreadable_jsonl_file_is_named_with_its_line(tmp_path, content, needle):
+  path = tmp_path / "bad.jsonl"
+  path.write_text(content)
+  with pytest.raises(ValueError, match=needle.format(path=path)):
+    data.load_dataset("math500", path=str(path), cache_dir=str(tmp_path))
+
+
+def test_an_invalid_json_array_file_is_named_with_its_line(tmp_path):
+  path = tmp_path / "bad.json"
+  path.write_text('[{"problem": "a"},\n {"problem": "b"\n]')
+  with pytest.raises(ValueError, match=rf"data file '{path}' could not be read: invalid JSON at "
+                                       r"line 3, column 1"):
+    data.load_dataset("math500", path=str(path), cache_dir=str(tmp_path))
+
+
 # ------------------------------------------------------------------------- DeepCoder
 
 PI_STDIO = [{"type": "stdin_stdout", "input": "1 2\n", "output": "3\n"},

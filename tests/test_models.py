@@ -330,3 +330,26 @@ def test_load_tokenizer_and_source_files_copied(ckpts, loaded, tmp_path):
   tok = M.load_tokenizer(str(tmp_path / "out"))
   assert tok("two plus two is four")["input_ids"] == [2, 3, 2, 4, 5]
   assert tok.eos_token == "<eos>"
+
+
+def test_a_corrupt_config_json_is_named(tmp_path):
+  """A checkpoint whose config.json does not parse fails naming the file, in loading and in
+  `python -m mr_rl.main --dry_run` (which reads only the config)."""
+  import shutil
+  from mr_rl import settings as settings_lib
+  from mr_rl.config_lib.dry_run import dry_run
+  base = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mr_rl",
+                      "demo", "assets", "base_policy")
+  ckpt = tmp_path / "ckpt"
+  shutil.copytree(base, ckpt)
+  (ckpt / "config.json").write_text('{"model_type": "qwen3", "hidden_size": 64,\n')
+  needle = rf"^{ckpt}/config.json is not valid JSON \(line 2, column 1: "
+  with pytest.raises(ValueError, match=needle):
+    M.load_pretrained(str(ckpt))
+  c = settings_lib.default_config()
+  c.plugins = "mr_rl.demo"
+  c.data.name = "arithmetic"
+  c.model.path = str(ckpt)
+  c.rewards.channels = "arith_acc"
+  with pytest.raises(ValueError, match=needle):
+    dry_run(c)

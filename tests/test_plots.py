@@ -109,6 +109,32 @@ def test_missing_run_fails_naming_the_workdir(tmp_path):
     plots.plot_run(str(tmp_path))
 
 
+def test_a_truncated_last_line_is_skipped_with_a_warning(tmp_path, caplog):
+  wd = str(tmp_path / "run")
+  _write_run(wd, _history(steps=5))
+  with open(os.path.join(wd, "metrics.jsonl"), "a") as f:
+    f.write('{"step": 5, "reward/acc/me')  # the writer was killed mid-line
+  with caplog.at_level("WARNING"):
+    history = plots.load_history(wd)
+  assert [h["step"] for h in history] == [0, 1, 2, 3, 4]
+  assert "metrics.jsonl: skipped its last line 6, which is truncated" in caplog.text
+  assert plots.plot_run(wd, str(tmp_path / "f"), log=None)  # and plots it
+  out = subprocess.run([sys.executable, "-m", "mr_rl.plots", wd, "--out", str(tmp_path / "g")],
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert out.returncode == 0, out.stderr
+
+
+def test_a_corrupt_line_inside_names_file_and_line(tmp_path):
+  wd = str(tmp_path / "run")
+  _write_run(wd, _history(steps=3))
+  path = os.path.join(wd, "metrics.jsonl")
+  lines = open(path).read().splitlines()
+  lines[1] = lines[1][:20]
+  open(path, "w").write("\n".join(lines) + "\n")
+  with pytest.raises(ValueError, match=rf"^{path} line 2 is not valid JSON"):
+    plots.load_history(wd)
+
+
 def test_cli(tmp_path):
   wd = str(tmp_path / "run")
   _write_run(wd, _history())

@@ -90,10 +90,24 @@ def test_per_sample_import_path_channels(mod, kind):
   assert metrics["rewards/only_math/errors"] == 0
 
 
+def test_value_range_of_an_import_path_channel(mod):
+  assert rr.get_reward(f"{mod}:concise").value_range == rr.DEFAULT_VALUE_RANGE == (-1e6, 1e6)
+  unit = rr.get_reward(f"{mod}:relative_length", batched=True, scale=4.0, value_range=[0, 1])
+  assert unit.value_range == (0.0, 1.0)
+  with pytest.raises(rr.RewardConfigError, match=r"reward channel 'relative_length' .*returned "
+                                                 r"2.0, outside the channel's value_range"):
+    rr.RewardRunner([unit], timeout_s=30)(RESPONSES, EXAMPLES, TOKENS)
+  with pytest.raises(rr.RewardConfigError, match=r"reward channel 'concise' .*value_range"):
+    rr.get_reward(f"{mod}:concise", value_range=(1, 0))
+
+
 def test_process_kind_runs_in_a_worker(mod):
-  runner = rr.RewardRunner([f"{mod}:worker_pid"], timeout_s=30)  # default kind: thread
+  pids = (0, 2**22)  # Linux's largest pid_max: a pid is out of the default range [-1e6, 1e6]
+  runner = rr.RewardRunner([rr.get_reward(f"{mod}:worker_pid", value_range=pids)],
+                           timeout_s=30)  # default kind: thread
   assert (runner(RESPONSES, EXAMPLES, TOKENS)[0] == os.getpid()).all()
-  runner = rr.RewardRunner([rr.get_reward(f"{mod}:worker_pid", kind="process")], timeout_s=30)
+  runner = rr.RewardRunner([rr.get_reward(f"{mod}:worker_pid", kind="process",
+                                          value_range=pids)], timeout_s=30)
   pids = runner(RESPONSES, EXAMPLES, TOKENS)[0]
   zygote = rr.shared_pool()._zygote._proc.pid  # pylint: disable=protected-access
   for pid in np.unique(pids).astype(int):

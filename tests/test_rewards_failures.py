@@ -90,13 +90,105 @@ ODD = TOKENS % 2 == 1
 
 
 @pytest.mark.parametrize("kind", ["thread", "process"])
-def test_none_and_nan_mean_does_not_apply(kind):
-  runner = rr.RewardRunner([rr.RewardChannel("even", _applies_to_even, kind)], timeout_s=30)
-  r_BGK, metrics = runner(RESPONSES, EXAMPLES, TOKENS)
-  expect = np.where(ODD | (TOKENS == 4), np.nan, 1.0)
-  np.testing.assert_array_equal(r_BGK[..., 0], expect)
-  assert metrics["rewards/even/not_applicable"] == 4 and metrics["rewards/even/errors"] == 0
+def test_none_and_nan_mean_does_not_apply_to_a_prompt_only_on_its_whole_group(kind):
+  # Groups 0 and 1 have a scored response: their None / NaN responses score on_failure.
+  # Group 2 is None throughout: the channel does not apply to that prompt (NaN).
+  tokens = np.array([[1, 2, 3], [4, 5, 6], [1, 3, 5]])
+  responses = [["a", "b", "c"]] * 3
+  runner = rr.RewardRunner([rr.RewardChannel("even", _applies_to_even, kind, on_failure=-0.5)],
+                           timeout_s=30)
+  r_BGK, metrics = runner(responses, [{}] * 3, tokens)
+  nan = np.nan
+  np.testing.assert_array_equal(r_BGK[..., 0], [[-0.5, 1, -0.5], [-0.5, -0.5, 1], [nan] * 3])
+  assert metrics["rewards/even/not_applicable"] == 3 and metrics["rewards/even/unscorable"] == 4
+  assert metrics["rewards/even/errors"] == 0
   assert runner.error_counts["even"] == 0 and "even" not in runner.last_errors
+
+
+def _parsed(response, example, num_tokens):
+  """1 / 0 for a parseable answer, None for one it cannot read (the attack of issue 24)."""
+  del example, num_tokens
+  return {"good": 1.0, "bad": 0.0}.get(response)
+
+
+def _always_one(response, example, num_tokens):
+  del response, example, num_tokens
+  return 1.0
+
+
+@pytest.mark.parametrize("name", aggregators.NAMES)
+def test_an_unparseable_response_earns_no_more_than_a_bad_one_under_every_aggregator(name):
+  # The primary channel (first: rp_only and TAG's anchor read it) cannot read 'garbage'.
+  runner = rr.RewardRunner([rr.RewardChannel("parsed", _parsed),
+                            rr.RewardChannel("acc", _always_one)], timeout_s=30)
+  r_BGK, metrics = runner([["good", "bad", "garbage"]], [{}], np.array([[5, 5, 5]]))
+  np.testing.assert_array_equal(r_BGK[0], [[1, 1], [0, 1], [0, 1]])
+  assert metrics["rewards/parsed/unscorable"] == 1
+  assert metrics["rewards/parsed/not_applicable"] == 0
+  agg = aggregators.get(name, **AGG_HP.get(aggregators.AGGREGATORS.canonical(name), {}))
+  state = agg.init(2)
+  key = jax.random.PRNGKey(0)
+  R = np.asarray(agg.apply(state, np.asarray(r_BGK), key)[0])
+  assert R[0, 2] == R[0, 1], R
+  if name != "rubric_dropout":  # a random per-sample mask
+    assert R[0, 1] < R[0, 0], R
+
+
+def test_a_channel_that_applies_to_no_prompt_stops_the_run_after_its_patience():
+  runner = rr.RewardRunner(["format", rr.RewardChannel("parsed", _parsed)], timeout_s=30,
+                           not_applicable_patience=2)
+  nt = np.array([[1, 1]])
+  never = [["x", "y"]]  # 'parsed' is None on every response: applies to no prompt
+  runner(never, [{}], nt)                   # streak 1
+  runner([["good", "y"]], [{}], nt)         # applies: resets the streak
+  r_BGK, _ = runner(never, [{}], nt)        # streak 1 again
+  assert np.isnan(r_BGK[..., 1]).all()
+  with pytest.raises(rr.RewardFailureError,
+                     match=r"^reward channel 'parsed' applied to no prompt .* for 2 consecutive "
+                           r"batches \(not_applicable_patience=2\)"):
+    runner(never, [{}], nt)
+  for bad in (0, 1.5, True):
+    with pytest.raises(ValueError, match="not_applicable_patience must be a positive int"):
+      rr.RewardRunner(["format"], not_applicable_patience=bad)
+
+
+# ------------------------------------------------------------------------ value ranges
+def _huge(response, example, num_tokens):
+  del response, example, num_tokens
+  return 1e30
+
+
+def _one_and_a_half(response, example, num_tokens):
+  del response, example, num_tokens
+  return 1.5
+
+
+def test_a_score_outside_the_channel_range_stops_the_run_naming_channel_and_value():
+  with pytest.raises(rr.RewardConfigError, match=r"reward channel 'huge' .*returned 1e\+30, "
+                                                 r"outside the channel's value_range \[-1e\+06, 1e\+06\]"):
+    rr.RewardRunner([rr.RewardChannel("huge", _huge)])([["a"]], [{}], np.array([[1]]))
+  unit = rr.RewardChannel("unit", _one_and_a_half, value_range=(0, 1))
+  with pytest.raises(rr.RewardConfigError, match=r"'unit' .*returned 1.5, outside .*\[0, 1\]"):
+    rr.RewardRunner([unit])([["a"]], [{}], np.array([[1]]))
+  assert rr.RewardRunner([rr.RewardChannel("wide", _huge, value_range=(0, 1e31))])(
+      [["a"]], [{}], np.array([[1]]))[0][0, 0, 0] == np.float32(1e30)
+
+
+def test_value_range_and_on_failure_are_checked_when_built():
+  for bad in ((1, 0), (0, float("inf")), (0,), "01", (None, 1)):
+    with pytest.raises(ValueError, match="value_range of channel 'c' must be finite"):
+      rr.RewardChannel("c", _huge, value_range=bad)
+  with pytest.raises(ValueError, match=r"on_failure=-1 of channel 'c' is outside its value_range"):
+    rr.RewardChannel("c", _huge, on_failure=-1, value_range=(0, 1))
+
+
+@pytest.mark.parametrize("name, params, lo, hi", [
+    ("accuracy", {}, 0, 1), ("format", {}, 0, 1), ("length", {}, 0, 1), ("brief", {}, 0, 1),
+    ("negative", {}, 0, 1), ("code_correct", {}, 0, 1), ("code_fast", {}, 0, 1),
+    ("code_noop", {}, 0, 1), ("alce_correctness", {}, 0, 1), ("alce_citation", {}, 0, 1),
+    ("overlong", {"max_len": 10, "cache_len": 5}, -1, 0)])
+def test_builtin_channels_declare_their_range(name, params, lo, hi):
+  assert rr.get_reward(name, **params).value_range == (lo, hi)
 
 
 @pytest.mark.parametrize("fn, kind, err", [

@@ -18,6 +18,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import textwrap
 
 if __name__ == "__main__":
   os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
@@ -242,6 +243,71 @@ def test_export_errors(dense_run, tmp_path):
   assert os.path.exists(os.path.join(base_copy, "model.safetensors"))
   out = export_lib.export(str(bare), str(tmp_path / "x"), base=BASE, log=None)  # --base works
   _assert_same_tree(models.load_pretrained(out)[1], dense_run["final"])
+
+
+def test_export_refuses_a_non_empty_out_unless_overwrite(dense_run, tmp_path, capsys):
+  wd = dense_run["wd"]
+  out = tmp_path / "taken"
+  out.mkdir()
+  (out / "notes.txt").write_text("mine")
+  (out / "model-00002-of-00002.safetensors").write_bytes(b"a shard of something else")
+  before = {p.name: p.read_bytes() for p in out.iterdir()}
+  with pytest.raises(SystemExit):
+    export_lib.main(["--workdir", wd, "--out", str(out)])
+  err = capsys.readouterr().err
+  assert "is not empty (2 entries: model-00002-of-00002.safetensors, notes.txt)" in err
+  assert "pass --overwrite" in err
+  with pytest.raises(FileExistsError, match=r"is not empty .*pass --overwrite"):
+    export_lib.export(wd, str(out), log=None)
+  assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing touched
+  assert export_lib.main(["--workdir", wd, "--out", str(out), "--overwrite"]) == str(out)
+  assert (out / "notes.txt").read_text() == "mine"
+  assert not (out / "model-00002-of-00002.safetensors").exists()  # the other export's shard
+  _assert_same_tree(models.load_pretrained(str(out))[1], dense_run["final"])
+  (tmp_path / "empty").mkdir()  # an existing empty directory is fine
+  export_lib.export(wd, str(tmp_path / "empty"), log=None)
+
+
+def _readme_serving_snippet() -> str:
+  readme = open(os.path.join(REPO, "README.md")).read()
+  step = readme[readme.index("5. **Serve**"):]
+  m = re.search(r"```python\n(.*?)```", step, re.S)
+  return textwrap.dedent(m.group(1))
+
+
+def test_readme_serving_snippet_on_an_export_of_the_demo_base_policy(tmp_path, capsys):
+  """What README "Workflow" step 5 runs, on `W/hf` as `config.export.hf_at_end` writes it for
+  the demo (whose base tokenizer has no chat template): the export's chat template writes the
+  prompt the run trained on, and every file is readable by other users."""
+  from mr_rl import rollout as rollout_lib
+  from mr_rl.data import Example
+  from ml_collections.config_flags import config_flags as config_file
+  c = config_file.ConfigFileFlagParser(name="config").parse(
+      os.path.join(REPO, "configs", "demo.py") + ":smoke")
+  s = settings_lib.from_config(c)
+  assert s.data.template == "" and s.model.path == BASE
+  model, params = models.load_pretrained(BASE)
+  tok = models.load_tokenizer(BASE)
+  assert not getattr(tok, "chat_template", None)  # the base has none
+  W = str(tmp_path / "run")
+  old = os.umask(0o022)
+  try:
+    for _ in range(2):  # a resumed run rewrites its own W/hf
+      export_lib.write_hf(model, params, os.path.join(W, "hf"), BASE, settings=s)
+  finally:
+    os.umask(old)
+  for fn in os.listdir(os.path.join(W, "hf")):
+    assert os.stat(os.path.join(W, "hf", fn)).st_mode & 0o777 == 0o644, fn
+  ns = {"W": W}
+  snippet, n = re.subn(r'(?m)^question = "[^"]*"', 'question = "Q:7+5-3="',
+                       _readme_serving_snippet())  # the demo's notation, as the comment says
+  assert n == 1, snippet
+  exec(snippet, ns)  # pylint: disable=exec-used
+  assert capsys.readouterr().out  # it printed the decoded answer (a newline at least)
+  policy = rollout_lib.Policy(model, tok, lambda ex: ex.prompt, 64, add_bos=True)
+  want = policy.prompt_ids(Example.single_turn("u", "arithmetic", "Q:7+5-3=", "9"))
+  assert ns["inputs"]["input_ids"][0].tolist() == want  # the prompt as the run wrote it
+  assert ns["out"].shape[1] > len(want)
 
 
 def _sharded_worker(jobs: list[dict]) -> list[dict]:

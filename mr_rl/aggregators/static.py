@@ -26,6 +26,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from mr_rl.aggregators import _common as C
 from mr_rl.aggregators.registry import stateless
@@ -76,18 +77,29 @@ def weighted_sum(r: Any, w: Any) -> Array:
     `R[...]`.
 
   Raises:
-    ValueError: `w` is neither a scalar nor of shape `[K]`.
+    ValueError: `w` is neither a scalar nor of shape `[K]`, or (concrete) has a negative or
+      non-finite entry or is all zero.
   """
   r = C.check_rewards(r)
-  w = C.check_vector(w, r.shape[-1], "w")
+  w = _check_weights(w, r.shape[-1])
   return _weighted(r, w)
+
+
+def _check_weights(w: Any, num_channels: int) -> Array:
+  """`w` as a `[K]` vector; concrete weights must be finite, >= 0 and not all zero (a negative
+  weight pays for lowering a channel, all-zero weights train on nothing)."""
+  w = C.check_vector(w, num_channels, "w")
+  v = C.concrete(w)
+  if v is not None and (not np.all(np.isfinite(v)) or np.any(v < 0) or not np.any(v > 0)):
+    raise ValueError(f"`w` must be finite, non-negative and not all zero; got {v.tolist()}.")
+  return w
 
 
 _weighted = jax.jit(C.weighted_nansum)
 
 
 @stateless(weighted_sum, aliases=("weighted",), linear=True,
-           arrays=lambda k, w: {"w": C.check_vector(w, k, "w")})
+           arrays=lambda k, w: {"w": _check_weights(w, k)})
 def _weighted_sum_rule(h, r, key):
   del key
   return weighted_sum(r, h["w"]), {"weights": h["w"]}

@@ -46,6 +46,14 @@ def format_answer(value) -> str:
   return str(value).strip()
 
 
+def _row_answer(row, i: int, name: str, hub_id: str, path: str | None) -> str:
+  """`format_answer(row["answer"])`; a bad answer names the data set, its file and the row."""
+  try:
+    return format_answer(row["answer"])
+  except ValueError as e:
+    raise ValueError(f"data set {name!r} ({sources.describe(hub_id, path)}) row {i}: {e}") from e
+
+
 def load_big_math(*, subset: str, split: str = "train", path: str | None = None,
                   cache_dir: str | None = None, min_solve_rate: float | None = None,
                   max_solve_rate: float | None = None, test_size: int = 1500,
@@ -198,9 +206,9 @@ def load_math500(*, split: str = "test", path: str | None = None,
   cols = ("problem", "solution", "answer", "subject", "level", "unique_id")
   sources.require_columns(ds, cols, name)
   return [Example.single_turn(f"{name}/{r['unique_id']}", name, r["problem"],
-                              format_answer(r["answer"]), subject=r["subject"],
+                              _row_answer(r, i, name, MATH500_HUB, path), subject=r["subject"],
                               level=r["level"], unique_id=r["unique_id"], solution=r["solution"])
-          for r in ds]
+          for i, r in enumerate(ds)]
 
 
 _AIME_YEAR = re.compile(r"(\d{4})_AIME")
@@ -221,7 +229,7 @@ def load_aimo_validation(which: str, *, split: str = "train", path: str | None =
   hub = AMC_HUB if which == "amc" else AIME_HUB
   ds = sources.read_rows(which, hub, path=path, split=split, cache_dir=cache_dir)
   sources.require_columns(ds, ("id", "problem", "answer"), which)
-  rows = list(ds)
+  rows = [dict(r, _row=i) for i, r in enumerate(ds)]
   if years is not None:
     sources.require_columns(ds, ("url",), which)
     keep = {int(y) for y in years}
@@ -232,6 +240,6 @@ def load_aimo_validation(which: str, *, split: str = "train", path: str | None =
       return int(m.group(1))
     rows = [r for r in rows if year(r["url"]) in keep]
   base = [Example.single_turn(f"{which}/{r['id']}", which, r["problem"],
-                              format_answer(r["answer"]), url=r.get("url"))
+                              _row_answer(r, r["_row"], which, hub, path), url=r.get("url"))
           for r in rows]
   return replicate(base, replicas)

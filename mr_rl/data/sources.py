@@ -52,8 +52,17 @@ def _load_local(path: str, split: str, config_name: str | None, cache_dir: str |
     if ext not in _FILE_BUILDERS:
       raise ValueError(f"path {path!r}: unsupported file type {ext!r}; expected one of "
                        f"{sorted(_FILE_BUILDERS)}")
-    return datasets.load_dataset(_FILE_BUILDERS[ext], data_files=path, split="train",
+    if ext in (".json", ".jsonl", ".csv") and _blank(path):
+      raise ValueError(f"data file {path!r} is empty")
+    try:
+      ds = datasets.load_dataset(_FILE_BUILDERS[ext], data_files=path, split="train",
                                  cache_dir=cache_dir)
+    except Exception as e:  # pylint: disable=broad-except  (datasets / pyarrow errors)
+      raise ValueError(f"data file {path!r} could not be read: {_file_problem(path, ext, e)}") \
+          from e
+    if len(ds) == 0:
+      raise ValueError(f"data file {path!r} has no rows")
+    return ds
   if any(os.path.exists(os.path.join(path, f))
          for f in ("dataset_info.json", "state.json", "dataset_dict.json")):
     ds = datasets.load_from_disk(path)
@@ -64,6 +73,39 @@ def _load_local(path: str, split: str, config_name: str | None, cache_dir: str |
       ds = ds[split]
     return ds
   return datasets.load_dataset(path, name=config_name, split=split, cache_dir=cache_dir)
+
+
+def _blank(path: str) -> bool:
+  """Whether a text file holds nothing but whitespace."""
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 16), b""):
+      if chunk.strip():
+        return False
+  return True
+
+
+def _file_problem(path: str, ext: str, error: BaseException) -> str:
+  """What is wrong with a local data file `datasets` failed on: for JSON, the first line
+  (row) that does not parse; else the error (and its cause) as `datasets` reported it."""
+  if ext in (".json", ".jsonl"):
+    import json
+    with open(path, encoding="utf-8", errors="replace") as f:
+      text = f.read()
+    try:
+      json.loads(text)
+      return f"{type(error).__name__}: {error}"  # one JSON document: not a parse problem
+    except json.JSONDecodeError as whole:
+      if ext == ".json" and text.lstrip().startswith("["):
+        return f"invalid JSON at line {whole.lineno}, column {whole.colno}: {whole.msg}"
+    for i, line in enumerate(text.splitlines(), 1):
+      if line.strip():
+        try:
+          json.loads(line)
+        except json.JSONDecodeError as e:
+          return f"line {i} is not valid JSON (column {e.colno}: {e.msg}): {line[:120]!r}"
+  cause = error.__cause__ or error.__context__
+  return f"{type(error).__name__}: {error}" + (f" ({type(cause).__name__}: {cause})"
+                                               if cause is not None else "")
 
 
 def read_rows(name: str, hub_id: str, *, path: str | None = None, split: str = "train",
@@ -94,6 +136,11 @@ def read_rows(name: str, hub_id: str, *, path: str | None = None, split: str = "
     return datasets.load_dataset(hub_id, name=config_name, split=split, cache_dir=cache_dir)
   except (OSError, datasets.exceptions.DatasetsError) as e:  # ConnectionError is an OSError.
     raise DatasetUnavailableError(hub_failure_message(name, hub_id, e)) from e
+
+
+def describe(hub_id: str, path: str | None) -> str:
+  """Where a data set's rows came from, for messages: its local path or its hub id."""
+  return f"file {path!r}" if path is not None else f"hub {hub_id!r}"
 
 
 def require_columns(ds, columns: Iterable[str], name: str) -> None:

@@ -22,6 +22,7 @@ Task instructions:
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from typing import Any, Sequence
 
@@ -94,6 +95,46 @@ class PromptTemplate:
 
   def render_batch(self, examples: Sequence[Example], tokenizer: Any = None) -> list[str]:
     return [self.render(ex, tokenizer) for ex in examples]
+
+  def jinja(self) -> str:
+    """A transformers chat template (Jinja) that writes a plain-style prompt as `render` does
+    (this template's system preamble unless the messages bring their own, its suffix on the
+    last turn; "Assistant:" with ``add_generation_prompt``), for exports of policies trained
+    on plain prompts. Chat style has none: the tokenizer's own template is the format."""
+    if self.style != "plain":
+      raise ValueError("jinja(): only plain-style templates have one (chat style uses the "
+                       "tokenizer's own chat template)")
+    lit = json.dumps  # a JSON string is a Jinja string literal
+    return (
+        f"{{%- set ns = namespace(system={lit(self.system or '')}, start=0) -%}}"
+        "{%- if messages and messages[0]['role'] == 'system' -%}"
+        "{%- set ns.system = messages[0]['content'] -%}{%- set ns.start = 1 -%}{%- endif -%}"
+        "{%- if ns.system -%}{{ ns.system }}{{ '\n\n' }}{%- endif -%}"
+        "{%- for m in messages[ns.start:] -%}"
+        "{{ 'User' if m['role'] == 'user' else 'Assistant' }}: {{ m['content'] }}"
+        + (f"{{%- if loop.last -%}}{{{{ '\n\n' }}}}{{{{ {lit(self.suffix)} }}}}{{%- endif -%}}"
+           if self.suffix else "")
+        + "{{ '\n' }}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}Assistant:{%- endif -%}")
+
+
+# The prompt of a run without a template (config.data.template ''): BOS, then the example's
+# prompt as it is (`mr_rl.rollout.Policy` with add_bos), so one user message.
+UNTEMPLATED_JINJA = (
+    "{%- if messages | length != 1 or messages[0]['role'] != 'user' -%}"
+    "{{ raise_exception('this policy was trained on bare prompts (mr_rl config.data.template "
+    "is empty): give exactly one user message, its prompt') }}{%- endif -%}"
+    "{{ bos_token }}{{ messages[0]['content'] }}")
+
+
+def chat_template_of_run(template_task: str, model: str) -> str | None:
+  """The chat template (Jinja) that writes prompts the way a run with `config.data.template =
+  template_task` and `config.model.path = model` wrote them, or None where that is the
+  tokenizer's own chat template (chat style)."""
+  if not template_task:
+    return UNTEMPLATED_JINJA
+  template = make_template(template_task, model=model)
+  return None if template.style == "chat" else template.jinja()
 
 
 TASK_INSTRUCTIONS = {

@@ -27,13 +27,13 @@ Methods (`parse_method`): a base rule, optionally with modifiers joined by '_':
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 
 import numpy as np
 
-from mr_rl import evaluation, pipelines, plots, settings as settings_lib, train as train_lib
+from mr_rl import distributed, evaluation, pipelines, plots, settings as settings_lib, train as train_lib
+from mr_rl import metrics as metrics_lib
 from mr_rl.registry import PIPELINES
 
 TASKS = {
@@ -201,6 +201,7 @@ def task_methods(demo_cfg, task: str) -> list[str]:
 @PIPELINES.register
 def demo(config, workdir: str, log=print) -> dict:
   """The `demo` pipeline (`config.pipeline = "demo"`): every task x method, then the report."""
+  log = log if distributed.is_primary() else (lambda *_: None)
   from mr_rl.demo import summary
   base = settings_lib.from_config(config)
   demo_cfg = config.demo
@@ -255,15 +256,16 @@ def demo(config, workdir: str, log=print) -> dict:
       histories[method] = res.history
       log(f"[demo] {task:14s} {method:16s} acc {r['accuracy']:.3f} aux {r['aux_rate']:.3f} "
           f"joint {r['joint_rate']:.3f} len {r['mean_length']:.1f} ({r['seconds']:.0f}s)")
-    figures(histories, workdir, task)
+    if distributed.is_primary():
+      figures(histories, workdir, task)
   report["_meta"] = {"seed": base.seed, "total_steps": base.total_steps,
                      "seconds": time.time() - t_start, "variant": demo_cfg.get("variant", "")}
   report["_targets"] = summary.target_rows(report)
-  with open(os.path.join(workdir, "report.json"), "w") as f:
-    json.dump(report, f, indent=1)
-  with open(os.path.join(workdir, "report.md"), "w") as f:
-    f.write(markdown(report, drift_tables))
-  log(f"[demo] wrote {workdir}/report.json and report.md in {time.time() - t_start:.0f}s")
+  if distributed.is_primary():  # every process holds the same report; one writes it
+    metrics_lib.write_json(os.path.join(workdir, "report.json"), report)  # strict: NaN as null
+    with open(os.path.join(workdir, "report.md"), "w") as f:
+      f.write(markdown(report, drift_tables))
+    log(f"[demo] wrote {workdir}/report.json and report.md in {time.time() - t_start:.0f}s")
   return report
 
 

@@ -32,7 +32,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from mr_rl import data as data_lib
-from mr_rl.rewards.channels import REWARDS, RewardChannel
+from mr_rl.rewards.channels import REWARDS, UNIT_RANGE, RewardChannel
 
 SPECIAL = ("<pad>", "<bos>", "<eos>")
 TAGS = ("<r>", "</r>", "<a>", "</a>")
@@ -205,24 +205,29 @@ def load_arithmetic(*, split: str, path: str | None = None, num_train: int = 200
 # Reward channels of the demo (`arith_*` names): light rules, run on the runner's threads.
 @REWARDS.register
 def arith_acc() -> RewardChannel:
-  return RewardChannel("arith_acc", lambda resp, ex, n: accuracy(resp, int(ex["answer"])))
+  return RewardChannel("arith_acc", lambda resp, ex, n: accuracy(resp, int(ex["answer"])),
+                       value_range=UNIT_RANGE)
 
 
 @REWARDS.register
 def arith_negative() -> RewardChannel:
-  return RewardChannel("arith_negative", lambda resp, ex, n: negative(resp))
+  return RewardChannel("arith_negative", lambda resp, ex, n: negative(resp),
+                       value_range=UNIT_RANGE)
 
 
 @REWARDS.register
 def arith_fmt() -> RewardChannel:
-  return RewardChannel("arith_fmt", lambda resp, ex, n: fmt(resp))
+  return RewardChannel("arith_fmt", lambda resp, ex, n: fmt(resp),
+                       value_range=UNIT_RANGE)
 
 
 @REWARDS.register
 def arith_brief(threshold: int = 14) -> RewardChannel:
-  return RewardChannel("arith_brief", lambda resp, ex, n: brief(n, threshold))
+  return RewardChannel("arith_brief", lambda resp, ex, n: brief(n, threshold),
+                       value_range=UNIT_RANGE)
 
 
 @REWARDS.register
 def arith_len(full_until: int = 12, zero_at: int = 24) -> RewardChannel:
-  return RewardChannel("arith_len", lambda resp, ex, n: soft_length(n, full_until, zero_at))
+  return RewardChannel("arith_len", lambda resp, ex, n: soft_length(n, full_until, zero_at),
+                       value_range=UNIT_RANGE)

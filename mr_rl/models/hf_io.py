@@ -245,7 +245,11 @@ def read_config(path: str) -> dict:
   if not os.path.exists(cfg_path):
     raise FileNotFoundError(f"no config.json in {path}")
   with open(cfg_path) as f:
-    return json.load(f)
+    try:
+      return json.load(f)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{cfg_path} is not valid JSON (line {e.lineno}, column {e.colno}: "
+                       f"{e.msg}); the model checkpoint's config is corrupt") from e
 
 
 def load_pretrained(path_or_hub_id: str, *, dtype=jnp.float32, mesh=None, rules=None,
@@ -419,6 +423,18 @@ def save_pretrained(model: Transformer, params, path: str, *, source: str | None
       if fn.startswith(("tokenizer", "special_tokens", "added_tokens", "vocab", "merges",
                         "generation_config", "chat_template")):
         shutil.copy(os.path.join(source, fn), os.path.join(path, fn))
+  make_readable(path)
+
+
+def make_readable(path: str) -> None:
+  """Gives the files directly in `path` the mode a plain `open` would (0666 less the umask):
+  safetensors writes its files 0600, which a server running as another user cannot read."""
+  umask = os.umask(0)
+  os.umask(umask)
+  for fn in os.listdir(path):
+    full = os.path.join(path, fn)
+    if os.path.isfile(full) and not os.path.islink(full):
+      os.chmod(full, 0o666 & ~umask)
 
 
 def load_tokenizer(path_or_hub_id: str):

@@ -25,7 +25,8 @@ in place of a name (``config.rewards.channels = "accuracy,my_pkg.rewards:concise
   import paths whose functions share a name need distinct function names.
 * The parameters are bound as keyword arguments, except the reserved ``kind`` ("thread",
   the default, or "process": the worker imports the module by name), ``on_failure``
-  (default 0.0) and ``batched``.
+  (default 0.0), ``batched`` and ``value_range`` (``[lo, hi]``, default
+  ``DEFAULT_VALUE_RANGE`` = [-1e6, 1e6]).
 * Per-sample ``fn(response, example, num_tokens, **params) -> float | None``, or batched
   ``fn(responses, examples, num_tokens, **params) -> list[float | None]`` over the flattened
   batch (TRL's ``reward_funcs`` convention). Batched is never guessed from the signature:
@@ -34,8 +35,11 @@ in place of a name (``config.rewards.channels = "accuracy,my_pkg.rewards:concise
   cannot take the three arguments plus the parameters raises ``RewardConfigError``, naming
   the channel, when the channel is built.
 
-Return values (TRL's ``reward_funcs`` convention): a real number, or ``None`` / NaN when the
-channel does not apply to this sample on purpose. A *failure* (the scorer raised, timed out
+Return values (TRL's ``reward_funcs`` convention): a real number in the channel's
+``value_range`` (built-in channels declare theirs; a value outside it stops the run naming the
+channel and the value), or ``None`` / NaN when the channel does not apply on purpose. Whether
+a channel applies is decided per prompt: where it scores some of a prompt's responses, its
+``None`` / NaN on the others score ``on_failure`` (see ``mr_rl.rewards.runner``). A *failure* (the scorer raised, timed out
 or its worker died on this response) is never "does not apply": it scores the channel's
 ``on_failure`` value (0.0 by default). A ``RewardConfigError`` says the scorer cannot run
 here at all (see ``mr_rl.rewards.runner`` for where the line is drawn).
@@ -55,12 +59,14 @@ from typing import Any, Callable, Mapping
 
 from mr_rl.registry import Registry
 
-__all__ = ["KINDS", "RESERVED_PARAMS", "REWARDS", "ExampleFields", "MissingFieldError",
+__all__ = ["DEFAULT_VALUE_RANGE", "KINDS", "RESERVED_PARAMS", "REWARDS", "UNIT_RANGE", "ExampleFields", "MissingFieldError",
            "RewardChannel", "RewardConfigError", "available_rewards", "batched_reward",
            "channel_name", "get_reward", "is_import_path", "register_reward"]
 
 KINDS = ("thread", "process")
-RESERVED_PARAMS = ("kind", "on_failure", "batched")  # of import-path channels
+RESERVED_PARAMS = ("kind", "on_failure", "batched", "value_range")  # of import-path channels
+DEFAULT_VALUE_RANGE = (-1e6, 1e6)  # of channels that declare none (user channels)
+UNIT_RANGE = (0.0, 1.0)            # of indicator and [0, 1]-scaled built-in channels
 _BATCHED_ATTR = "__batched_reward__"
 _IMPORT_PATH_RE = re.compile(r"^(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):"
                              r"(?P<attr>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
@@ -112,14 +118,18 @@ class RewardChannel:
       ``fn(responses, examples, num_tokens) -> list[float | None]`` over the flattened
       batch (B*G entries, each example repeated G times; TRL's convention).
     kind: "thread" (light rule) or "process" (heavy / untrusted; fn importable by name).
-    on_failure: the score of a failed call (raised, timed out, worker died): finite.
+    on_failure: the score of a failed call (raised, timed out, worker died), and of a
+      None / NaN response of a prompt the channel applies to: finite, in ``value_range``.
     batched: fn takes the whole batch at once.
+    value_range: ``(lo, hi)``, the scores fn can return (inclusive); a score outside it is a
+      ``RewardConfigError`` in the runner. Built-in channels declare theirs.
   """
   name: str
   fn: RewardFn
   kind: str = "thread"
   on_failure: float = 0.0
   batched: bool = False
+  value_range: tuple[float, float] = DEFAULT_VALUE_RANGE
 
   def __post_init__(self):
     if not isinstance(self.name, str) or not self.name:
@@ -133,6 +143,16 @@ class RewardChannel:
       raise ValueError(f"on_failure of channel {self.name!r} must be a finite number (a failure "
                        f"is never 'does not apply'), got {value!r}")
     object.__setattr__(self, "on_failure", float(value))
+    vr = self.value_range
+    if (not isinstance(vr, (tuple, list)) or len(vr) != 2
+        or any(isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)
+               for v in vr) or not vr[0] < vr[1]):
+      raise ValueError(f"value_range of channel {self.name!r} must be finite (lo, hi) with "
+                       f"lo < hi, got {vr!r}")
+    object.__setattr__(self, "value_range", (float(vr[0]), float(vr[1])))
+    if not vr[0] <= self.on_failure <= vr[1]:
+      raise ValueError(f"on_failure={self.on_failure:g} of channel {self.name!r} is outside its "
+                       f"value_range [{vr[0]:g}, {vr[1]:g}]")
     if not isinstance(self.batched, bool):
       raise TypeError(f"batched of channel {self.name!r} must be a bool, got {self.batched!r}")
     if self.kind == "process":
@@ -219,10 +239,13 @@ def _from_import_path(spec: str, params: Mapping[str, Any]) -> RewardChannel:
   kind = params.pop("kind", "thread")
   on_failure = params.pop("on_failure", 0.0)
   batched = params.pop("batched", bool(getattr(obj, _BATCHED_ATTR, False)))
+  value_range = params.pop("value_range", DEFAULT_VALUE_RANGE)
   _check_signature(name, spec, obj, params, bool(batched))
   fn = functools.partial(obj, **params) if params else obj
   try:
-    return RewardChannel(name, fn, kind, on_failure=on_failure, batched=batched)
+    return RewardChannel(name, fn, kind, on_failure=on_failure, batched=batched,
+                         value_range=tuple(value_range) if isinstance(value_range, list)
+                         else value_range)
   except (TypeError, ValueError) as e:
     raise RewardConfigError(f"reward channel {name!r} ({spec!r}): {e}") from e
 

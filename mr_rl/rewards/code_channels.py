@@ -51,7 +51,7 @@ from typing import Any, Callable, Mapping
 
 from mr_rl.data.code import CodeTestSpec
 from mr_rl.rewards import sandbox as code_sandbox
-from mr_rl.rewards.channels import REWARDS, MissingFieldError, RewardChannel
+from mr_rl.rewards.channels import REWARDS, UNIT_RANGE, MissingFieldError, RewardChannel
 
 FAST_THRESHOLD_MS = 60.0  # TAG "Correct & fast": T < 60 ms
 NOOP_THRESHOLD_MS = 3.0  # TAG "Correct & no-op": T < 3 ms
@@ -369,7 +369,7 @@ def code_channel(which: str, *, name: str | None = None, threshold_ms: float | N
   fn = functools.partial(_channel_fn, which=which, threshold_ms=threshold_ms,
                          timeout_s=float(timeout_s), config=sandbox,
                          prepend_prompt=prepend_prompt, cache=cache)
-  return RewardChannel(name or f"code_{which}", fn, "thread")
+  return RewardChannel(name or f"code_{which}", fn, "thread", value_range=UNIT_RANGE)
 
 
 # Registered channels (kind "thread": the host side only waits on the sandbox's pipes); each

@@ -17,7 +17,8 @@ from __future__ import annotations
 import functools
 
 from mr_rl.rewards import math as math_rewards
-from mr_rl.rewards.channels import REWARDS, MissingFieldError, RewardChannel, RewardConfigError
+from mr_rl.rewards.channels import (REWARDS, UNIT_RANGE, MissingFieldError, RewardChannel,
+                                    RewardConfigError)
 from mr_rl.rewards.process.pool import shared_pool
 
 # The process channels' functions unpickle from this module: have the zygote load it once.
@@ -62,13 +63,14 @@ def _negative_channel(response, example, num_tokens):
 def accuracy(reference_key: str = "reference") -> RewardChannel:
   """Math accuracy: math-verify equivalence of the final answer with example[reference_key]."""
   return RewardChannel(
-      "accuracy", functools.partial(_accuracy_channel, reference_key=reference_key), "process")
+      "accuracy", functools.partial(_accuracy_channel, reference_key=reference_key), "process",
+      value_range=UNIT_RANGE)
 
 
 @REWARDS.register
 def format() -> RewardChannel:
   """AMRP format rule on the response text."""
-  return RewardChannel("format", _format_channel)
+  return RewardChannel("format", _format_channel, value_range=UNIT_RANGE)
 
 
 @REWARDS.register
@@ -76,17 +78,19 @@ def length(max_full: int = 2800, zero_at: int = 3000) -> RewardChannel:
   """AMRP soft length rule on the generated-token count."""
   math_rewards.length_reward(0, max_full=max_full, zero_at=zero_at)  # validates
   return RewardChannel(
-      "length", functools.partial(_length_channel, max_full=max_full, zero_at=zero_at))
+      "length", functools.partial(_length_channel, max_full=max_full, zero_at=zero_at),
+      value_range=UNIT_RANGE)
 
 
 @REWARDS.register
 def brief(threshold: int = 200) -> RewardChannel:
   """TAG brief rule: 1 iff fewer than `threshold` generated tokens."""
   math_rewards.brief(0, threshold)  # validates
-  return RewardChannel("brief", functools.partial(_brief_channel, threshold=threshold))
+  return RewardChannel("brief", functools.partial(_brief_channel, threshold=threshold),
+                       value_range=UNIT_RANGE)
 
 
 @REWARDS.register
 def negative() -> RewardChannel:
   """TAG negative rule: 1 iff the final answer is a real number < 0."""
-  return RewardChannel("negative", _negative_channel, "process")
+  return RewardChannel("negative", _negative_channel, "process", value_range=UNIT_RANGE)

@@ -55,5 +55,6 @@ def overlong(max_len: int | None = None, cache_len: int | None = None) -> Reward
   if cache_len > max_len:
     raise ValueError(f"reward 'overlong': cache_len={cache_len} must be <= max_len={max_len}")
   return RewardChannel("overlong", functools.partial(_overlong_channel, max_len=max_len,
-                                                     cache_len=cache_len))
+                                                     cache_len=cache_len),
+                       value_range=(-1.0, 0.0))
 

@@ -9,8 +9,19 @@ of four ways, and the line between them is drawn here:
 
 * **a score**: a real number (bools count as 0 / 1).
 * **does not apply**: the function returned ``None`` or NaN on purpose -> NaN, which every
-  aggregator reads as "this channel does not apply to this sample"; counted in
-  ``rewards/<name>/not_applicable``.
+  aggregator reads as "this channel does not apply to this sample" (it renormalises over the
+  other channels). Applicability is a property of the *prompt*, not of the response: a
+  channel applies to a group (the G responses of one prompt) when it scored any of them (a
+  score or a failure value), and then every ``None`` / NaN of that group scores the channel's
+  ``on_failure`` value (counted in ``rewards/<name>/unscorable``), so a policy earns nothing
+  by writing responses a channel cannot parse. Only a channel that is ``None`` / NaN on the
+  whole group does not apply to it (NaN, counted per response in
+  ``rewards/<name>/not_applicable``). A channel that applies to no group of a batch for
+  ``not_applicable_patience`` consecutive runner calls stops the run
+  (``RewardFailureError``, naming it): a channel that never applies is a set-up error.
+* **out of range**: a score outside the channel's ``value_range`` (built-in channels declare
+  theirs, e.g. [0, 1]; other channels default to [-1e6, 1e6]) is a configuration error
+  (below), naming the channel and the value: a scorer returning 1e30 is broken.
 * **failure** (the response broke the scorer): the function raised anything but a
   ``RewardConfigError``, overran ``timeout_s``, or its worker process died -> the channel's
   ``on_failure`` value (0.0 by default), never NaN, so a policy cannot earn reward by making
@@ -57,21 +68,22 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from mr_rl.rewards.channels import (KINDS, REWARDS, ExampleFields, MissingFieldError,
-                                    RewardChannel, RewardConfigError, available_rewards,
-                                    batched_reward, channel_name, get_reward, is_import_path,
-                                    register_reward)
+from mr_rl.rewards.channels import (DEFAULT_VALUE_RANGE, KINDS, REWARDS, ExampleFields,
+                                    MissingFieldError, RewardChannel, RewardConfigError,
+                                    available_rewards, batched_reward, channel_name, get_reward,
+                                    is_import_path, register_reward)
 from mr_rl.rewards.process.pool import (HardTimeoutPool, RewardTimeoutError, RewardWorkerError,
                                         WorkerSetupError, shared_pool)
 
-__all__ = ["KINDS", "REWARDS", "ExampleFields", "HardTimeoutPool", "MissingFieldError",
-           "RewardChannel", "RewardConfigError", "RewardFailureError", "RewardRunner",
-           "RewardTimeoutError", "RewardWorkerError", "WorkerSetupError", "available_rewards",
+__all__ = ["DEFAULT_VALUE_RANGE", "KINDS", "REWARDS", "ExampleFields", "HardTimeoutPool",
+           "MissingFieldError", "RewardChannel", "RewardConfigError", "RewardFailureError",
+           "RewardRunner", "RewardTimeoutError", "RewardWorkerError", "WorkerSetupError", "available_rewards",
            "batched_reward", "channel_name", "get_reward", "is_import_path", "register_reward",
            "shared_pool"]
 
 _LOG = logging.getLogger(__name__)
 _FATAL = (RewardConfigError, WorkerSetupError)
+_COUNTS = ("errors", "timeouts", "not_applicable", "unscorable")  # per-channel counts per call
 
 
 class RewardFailureError(RuntimeError):
@@ -178,6 +190,10 @@ def _as_score(value: Any, channel: RewardChannel) -> float:
     if math.isinf(score):
       raise RewardConfigError(f"returned {score}: a reward is a finite number, or None / NaN "
                               f"for 'does not apply'")
+    lo, hi = channel.value_range
+    if not (lo <= score <= hi or math.isnan(score)):
+      raise RewardConfigError(f"returned {score!r}, outside the channel's value_range "
+                              f"[{lo:g}, {hi:g}]")
     return score
   hint = ""
   if isinstance(value, (list, tuple, np.ndarray)) and not channel.batched:
@@ -219,11 +235,14 @@ class RewardRunner:
     max_failure_share: the guard's limit on the share of a channel's calls in one batch that
       fail (raise, time out, worker died); 1.0 never trips.
     failure_patience: consecutive runner calls over the limit that stop the run.
+    not_applicable_patience: consecutive runner calls in which a channel applies to no
+      prompt (NaN on every response) that stop the run.
   """
 
   def __init__(self, channels: Sequence[str | RewardChannel], timeout_s: float = 10.0,
                num_threads: int = 8, pool: HardTimeoutPool | None = None,
-               max_failure_share: float = 0.5, failure_patience: int = 3):
+               max_failure_share: float = 0.5, failure_patience: int = 3,
+               not_applicable_patience: int = 10):
     if isinstance(channels, (str, RewardChannel)) or not channels:
       raise ValueError(f"channels must be a non-empty sequence, got {channels!r}")
     self.channels = tuple(c if isinstance(c, RewardChannel) else get_reward(c) for c in channels)
@@ -237,13 +256,15 @@ class RewardRunner:
     if (isinstance(max_failure_share, bool) or not isinstance(max_failure_share, numbers.Real)
         or not 0.0 <= max_failure_share <= 1.0):
       raise ValueError(f"max_failure_share must be in [0, 1], got {max_failure_share!r}")
-    if isinstance(failure_patience, bool) or not isinstance(failure_patience, int) or \
-        failure_patience < 1:
-      raise ValueError(f"failure_patience must be a positive int, got {failure_patience!r}")
+    for field, v in (("failure_patience", failure_patience),
+                     ("not_applicable_patience", not_applicable_patience)):
+      if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{field} must be a positive int, got {v!r}")
     self.names = tuple(names)
     self.timeout_s = float(timeout_s)
     self.max_failure_share = float(max_failure_share)
     self.failure_patience = failure_patience
+    self.not_applicable_patience = not_applicable_patience
     self._pool = pool
     self._workers = _ThreadWorkers(num_threads, self._get_pool, self.timeout_s)
     self._lock = threading.Lock()
@@ -251,6 +272,7 @@ class RewardRunner:
     self.timeout_counts = {n: 0 for n in self.names}  # cumulative timeouts
     self.last_errors: dict[str, str] = {}             # channel -> repr of its latest failure
     self._streaks = {n: 0 for n in self.names}        # consecutive calls over the share limit
+    self._na_streaks = {n: 0 for n in self.names}     # consecutive calls applying to no prompt
 
   def _get_pool(self) -> HardTimeoutPool:
     return self._pool if self._pool is not None else shared_pool()
@@ -288,15 +310,17 @@ class RewardRunner:
       num_tokens_BG: [B, G] generated-token counts.
 
     Returns:
-      r_BGK: float32 [B, G, K]; NaN where a channel does not apply, ``on_failure`` where a
-        call failed.
+      r_BGK: float32 [B, G, K]; NaN where a channel does not apply to a prompt (all of its
+        G responses), ``on_failure`` where a call failed or where the channel applies to the
+        prompt but returned None / NaN for this response.
       metrics: per-call logging stats: ``rewards/<name>/errors``, ``rewards/<name>/timeouts``,
-        ``rewards/<name>/not_applicable``, ``rewards/<name>/mean`` (NaN-ignoring) and
-        ``rewards/seconds``.
+        ``rewards/<name>/not_applicable``, ``rewards/<name>/unscorable``,
+        ``rewards/<name>/mean`` (NaN-ignoring) and ``rewards/seconds``.
 
     Raises:
       RewardConfigError: a channel cannot run on this data (see the module docstring).
-      RewardFailureError: the failure-rate guard tripped.
+      RewardFailureError: the failure-rate guard tripped, or a channel applied to no prompt
+        for ``not_applicable_patience`` calls in a row.
     """
     return self.finish(*self.score(responses_BG, examples_B, num_tokens_BG))
 
@@ -337,16 +361,17 @@ class RewardRunner:
       self._workers.submit(call)
     self._workers.wait(calls)
     r_BGK, stats = self._collect(calls, B, G, picked)
-    counts = {f"{what}/{n}": v for what, per in stats.items() for n, v in per.items()}
+    counts = {f"{what}/{n}": stats[what][n] for what in ("errors", "timeouts") for n in self.names}
     return r_BGK, counts, time.monotonic() - t0
 
   def finish(self, r_BGK: np.ndarray, counts: Mapping[str, float],
              seconds: float) -> tuple[np.ndarray, dict[str, float]]:
-    """The batch-level half of `__call__` on the whole batch's rewards and counts: the
-    cumulative counters, the failure-rate guard and the metrics."""
+    """The batch-level half of `__call__`, on the whole batch's rewards and the calls' failure
+    counts ({"errors/<channel>": n, "timeouts/<channel>": n}): applicability per prompt (in
+    place), the cumulative counters, the guards and the metrics."""
     B, G, _ = r_BGK.shape
-    stats = {what: {n: int(counts[f"{what}/{n}"]) for n in self.names}
-             for what in ("errors", "timeouts", "not_applicable")}
+    stats = {what: {n: int(counts.get(f"{what}/{n}", 0)) for n in self.names} for what in _COUNTS}
+    self._per_prompt_applicability(r_BGK, stats)
     with self._lock:
       for n in self.names:
         self.error_counts[n] += stats["errors"][n]
@@ -359,7 +384,7 @@ class RewardRunner:
     self._guard(stats, B * G)
     metrics = {"rewards/seconds": float(seconds)}
     for k, n in enumerate(self.names):
-      for what in ("errors", "timeouts", "not_applicable"):
+      for what in _COUNTS:
         metrics[f"rewards/{n}/{what}"] = float(stats[what][n])
       col = r_BGK[..., k]
       metrics[f"rewards/{n}/mean"] = float(np.nanmean(col)) if np.isfinite(col).any() else math.nan
@@ -369,7 +394,7 @@ class RewardRunner:
     """Fills r[B, G, K] at the `picked` rows from finished calls; raises on configuration
     errors."""
     r_BGK = np.full((B, G, len(self.channels)), np.nan, np.float32)
-    stats = {w: dict.fromkeys(self.names, 0) for w in ("errors", "timeouts", "not_applicable")}
+    stats = {w: dict.fromkeys(self.names, 0) for w in _COUNTS}
     last_errors, config_errors = {}, []
     for c in calls:
       name, n = c.channel.name, (1 if c.index is not None else len(picked))
@@ -384,7 +409,6 @@ class RewardRunner:
           config_errors.append((c, e))
           continue
         r_BGK[where] = scores
-        stats["not_applicable"][name] += int(np.isnan(scores).sum())
       elif isinstance(c.error, _FATAL):
         config_errors.append((c, c.error))
       else:
@@ -410,6 +434,30 @@ class RewardRunner:
     err = RewardConfigError(msg)
     err.__cause__ = e
     return err
+
+  def _per_prompt_applicability(self, r_BGK: np.ndarray, stats) -> None:
+    """Applicability per prompt (in place): in a group where channel k scored any response
+    (a score or a failure value), its None / NaN responses score ``on_failure``; a group NaN
+    throughout stays NaN (does not apply). Counts both, and tracks the calls in a row in which
+    a channel applied to no prompt."""
+    nan_BGK = np.isnan(r_BGK)
+    applies_BK = ~nan_BGK.all(axis=1)
+    for k, (n, ch) in enumerate(zip(self.names, self.channels)):
+      unscorable_BG = nan_BGK[..., k] & applies_BK[:, k, None]
+      r_BGK[..., k][unscorable_BG] = ch.on_failure
+      stats["unscorable"][n] = int(unscorable_BG.sum())
+      stats["not_applicable"][n] = int((nan_BGK[..., k] & ~unscorable_BG).sum())
+    with self._lock:
+      for k, n in enumerate(self.names):
+        self._na_streaks[n] = 0 if applies_BK[:, k].any() else self._na_streaks[n] + 1
+      idle = [(n, s) for n, s in self._na_streaks.items() if s >= self.not_applicable_patience]
+    if idle:
+      n, streak = idle[0]
+      raise RewardFailureError(
+          f"reward channel {n!r} applied to no prompt (returned None / NaN on every response) "
+          f"for {streak} consecutive batches (not_applicable_patience="
+          f"{self.not_applicable_patience}): it does not apply to this data; remove it from "
+          f"config.rewards.channels or fix what it reads")
 
   def _guard(self, stats, calls_per_channel: int) -> None:
     """The failure-rate guard: counts consecutive over-limit batches per channel."""

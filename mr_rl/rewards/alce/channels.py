@@ -9,7 +9,7 @@ from typing import Any
 from mr_rl.rewards.alce.scoring import score_batch
 from mr_rl.rewards.alce.verifiers import (DEFAULT_NLI_MODEL, LexicalOverlapVerifier, NLIVerifier,
                                           TransformersNLIVerifier)
-from mr_rl.rewards.channels import REWARDS, RewardChannel
+from mr_rl.rewards.channels import REWARDS, UNIT_RANGE, RewardChannel
 
 
 _VERIFIERS: dict[tuple, NLIVerifier] = {}
@@ -50,7 +50,7 @@ def make_channel(which: str, *, verifier: str = DEFAULT_NLI_MODEL, max_citations
   fn = functools.partial(_channel, which=which, verifier=verifier,
                          verifier_kwargs=tuple(sorted(verifier_kwargs.items())),
                          max_citations=max_citations, first_line_only=first_line_only)
-  return RewardChannel(f"alce_{which}", fn, kind="thread")
+  return RewardChannel(f"alce_{which}", fn, kind="thread", value_range=UNIT_RANGE)
 
 
 @REWARDS.register

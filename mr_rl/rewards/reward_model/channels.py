@@ -8,7 +8,8 @@ import functools
 import math
 from typing import Any, Mapping
 
-from mr_rl.rewards.channels import REWARDS, MissingFieldError, RewardChannel
+from mr_rl.rewards.channels import (DEFAULT_VALUE_RANGE, REWARDS, UNIT_RANGE, MissingFieldError,
+                                    RewardChannel)
 from mr_rl.rewards.reward_model.loading import ARMORM_HUB
 from mr_rl.rewards.reward_model.scorer import get_scorer
 
@@ -64,7 +65,8 @@ def reward_model_channel(objective: int | str, *, path: str = ARMORM_HUB,
   scorer = get_scorer(path, **scorer_kw)
   index = scorer.model.objective_index(objective)
   fn = functools.partial(_rm_channel_fn, scorer=scorer, index=index, rescale=rescale_fn)
-  return RewardChannel(name or f"rm_{scorer.model.objectives[index]}", fn, "thread")
+  return RewardChannel(name or f"rm_{scorer.model.objectives[index]}", fn, "thread",
+                       value_range=DEFAULT_VALUE_RANGE if rescale_fn is None else UNIT_RANGE)
 
 
 # Registered channels (AMRP alignment profile, objectives 0 / 1 / 2 of ArmoRM), each named as

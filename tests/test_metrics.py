@@ -1,0 +1,31 @@
+"""mr_rl.metrics JSON helpers: strict JSON out (no NaN / Infinity tokens), tolerant reads."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from mr_rl import metrics as metrics_lib
+
+
+def _strict_load(path):
+  def refuse(token):
+    raise ValueError(f"non-standard JSON token {token}")
+  with open(path) as f:
+    return json.load(f, parse_constant=refuse)
+
+
+def test_write_json_is_strict_json(tmp_path):
+  ev = {"eval/macro/accuracy": float("nan"), "eval/math500/accuracy": np.float32(0.5),
+        "per_set": [1.0, float("inf"), -float("inf"), np.nan, None, "x", 3],
+        "arr": np.array([0.25, np.nan]), "nested": {"n": np.int64(7), "t": (float("nan"),)}}
+  path = str(tmp_path / "eval.json")
+  with pytest.raises(ValueError):  # what json.dump would have written is not strict JSON
+    json.dumps(ev, allow_nan=False, default=float)
+  metrics_lib.write_json(path, ev)
+  assert _strict_load(path) == {
+      "eval/macro/accuracy": None, "eval/math500/accuracy": 0.5,
+      "per_set": [1.0, None, None, None, None, "x", 3], "arr": [0.25, None],
+      "nested": {"n": 7, "t": [None]}}
+  assert metrics_lib.finite_json(math.nan) is None and metrics_lib.finite_json(2.0) == 2.0

@@ -1,0 +1,182 @@
+"""mr_rl.settings.from_config range-checks every field (issue 24 item 3), so `--dry_run` catches
+a bad value, and an unknown field names the valid fields of its section."""
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mr_rl import settings as settings_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO_CONFIG = os.path.join(ROOT, "configs", "demo.py")
+
+
+def _demo_config():
+  """The demo's smoke config, unlocked and not type-safe (a config file may set any value)."""
+  import ml_collections
+  from ml_collections.config_flags import config_flags as config_file
+  c = config_file.ConfigFileFlagParser(name="config").parse(DEMO_CONFIG + ":smoke")
+  return ml_collections.ConfigDict(c.to_dict(), type_safe=False)
+
+
+def _set(c, field, value):
+  *sections, name = field.split(".")
+  node = c
+  for s in sections:
+    node = node[s]
+  node[name] = value
+
+
+def test_the_demo_config_resolves():
+  s = settings_lib.from_config(_demo_config())
+  assert s.rewards.not_applicable_patience == 10
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("eval.num_prompts", -4, r"config.eval.num_prompts must be > 0, got -4"),
+    ("eval.num_prompts", 0, r"config.eval.num_prompts must be > 0"),
+    ("eval.samples_per_prompt", 0, r"config.eval.samples_per_prompt must be > 0"),
+    ("eval.every", -1, r"config.eval.every must be >= 0"),
+    ("eval.temperature", -0.5, r"config.eval.temperature must be >= 0"),
+    ("anchor.probe_steps", 0, r"config.anchor.probe_steps must be > 0"),
+    ("anchor.probe_steps", -3, r"config.anchor.probe_steps must be > 0"),
+    ("anchor.probe_batch_prompts", 0, r"config.anchor.probe_batch_prompts must be > 0"),
+    ("anchor.held_out_prompts", -1, r"config.anchor.held_out_prompts must be > 0"),
+    ("anchor.samples_per_prompt", 0, r"config.anchor.samples_per_prompt must be > 0"),
+    ("anchor.lam", -1.0, r"config.anchor.lam must be >= 0"),
+    ("anchor.lam", math.nan, r"config.anchor.lam must be a finite number"),
+    ("rollout.top_p", 0.0, r"config.rollout.top_p must be in \(0, 1\]"),
+    ("rollout.top_p", 1.5, r"config.rollout.top_p must be in \(0, 1\]"),
+    ("rollout.top_k", -1, r"config.rollout.top_k must be >= 0"),
+    ("rollout.temperature", math.inf, r"config.rollout.temperature must be a finite number"),
+    ("optim.num_micro_batches", 0, r"config.optim.num_micro_batches must be > 0"),
+    ("optim.num_micro_batches", 3, r"config.optim.num_micro_batches=3 must divide the rollout "
+                                   r"rows data.batch_prompts x rollout.group_size = \d+"),
+    ("optim.lr", -1e-6, r"config.optim.lr must be > 0"),
+    ("optim.lr", math.nan, r"config.optim.lr must be a finite number"),
+    ("optim.b1", 1.0, r"config.optim.b1 must be in \[0, 1\)"),
+    ("optim.b2", -0.1, r"config.optim.b2 must be in \[0, 1\)"),
+    ("optim.adam_eps", 0.0, r"config.optim.adam_eps must be > 0"),
+    ("optim.warmup_steps", -1, r"config.optim.warmup_steps must be >= 0"),
+    ("optim.weight_decay", -0.1, r"config.optim.weight_decay must be >= 0"),
+    ("optim.max_grad_norm", 0.0, r"config.optim.max_grad_norm must be > 0"),
+    ("optim.vf_clip", -1.0, r"config.optim.vf_clip must be > 0"),
+    ("optim.value_lr", 0.0, r"config.optim.value_lr must be > 0"),
+    ("loss.kl_coef", math.nan, r"config.loss.kl_coef must be a finite number"),
+    ("loss.kl_coef", -1.0, r"config.loss.kl_coef must be >= 0"),
+    ("loss.eps_low", 1.0, r"config.loss.eps_low must be in \[0, 1\)"),
+    ("loss.eps_high", -0.2, r"config.loss.eps_high must be >= 0"),
+    ("loss.entropy_coef", -0.01, r"config.loss.entropy_coef must be >= 0"),
+    ("loss.tis_cap", math.nan, r"config.loss.tis_cap must be a finite number"),
+    ("rewards.timeout_s", math.inf, r"config.rewards.timeout_s must be a finite number"),
+    ("rewards.not_applicable_patience", 0, r"config.rewards.not_applicable_patience must be > 0"),
+    ("rewards.not_applicable_patience", 2.5, r"config.rewards.not_applicable_patience must be an "
+                                             r"int"),
+    ("rewards.primary", 0.5, r"config.rewards.primary must be an int"),
+    ("mesh.data", 0, r"config.mesh sizes must be positive ints"),
+    ("mesh.fsdp", -1, r"config.mesh sizes must be positive ints, one of them may be -1"),
+    ("total_steps", 2.7, r"config.total_steps must be an int"),
+    ("seed", "0", r"config.seed must be an int"),
+    ("log_every", 0, r"config.log_every must be > 0"),
+    ("data.batch_prompts", 0, r"config.data.batch_prompts must be > 0"),
+    ("data.template", "amrp_maths", r"config.data.template='amrp_maths' is not valid"),
+    ("data.template", "amrp_math", r"config.data.template='amrp_math': model .* has no known "
+                                   r"template style"),
+    ("model.path", 5, r"config.model.path must be a str"),
+])
+def test_out_of_range_fields_fail_naming_the_field(field, value, needle):
+  c = _demo_config()
+  _set(c, field, value)
+  with pytest.raises(ValueError, match=needle):
+    settings_lib.from_config(c)
+
+
+def test_advantage_gae_parameters_are_range_checked():
+  c = _demo_config()
+  c.advantage.name = "ppo"
+  c.advantage.gamma = 1.5
+  with pytest.raises(ValueError, match=r"config.advantage.gamma must be in \[0, 1\]"):
+    settings_lib.from_config(c)
+
+
+@pytest.mark.parametrize("w", [[1.0, -1.0], [0.0, 0.0]])
+def test_negative_or_all_zero_static_weights_fail(w):
+  c = _demo_config()
+  c.rewards.channels = "arith_acc,arith_brief"
+  c.aggregator.name = "weighted"
+  c.aggregator.hp = {"w": w}
+  with pytest.raises(ValueError, match=r"`w` must be finite, non-negative and not all zero"):
+    settings_lib.from_config(c)
+
+
+def _leaves(node, prefix=""):
+  for k, v in node.items():
+    if hasattr(v, "items"):
+      if f"{prefix}{k}" not in settings_lib.FREE_FORM:
+        yield from _leaves(v, f"{prefix}{k}.")
+    else:
+      yield f"{prefix}{k}", v
+
+
+def test_every_field_is_checked():
+  """Each field of `default_config()` set to a value of the wrong kind fails naming it: a
+  number field NaN (int fields want ints, float fields finite numbers), a str field 5, a bool
+  field the string 'yes'."""
+  unchecked = []
+  for field, default in _leaves(settings_lib.default_config()):
+    if isinstance(default, bool):
+      bad = "yes"
+    elif isinstance(default, str):
+      bad = 5
+    else:  # numbers, and the optional (None) ones
+      bad = math.nan
+    c = _demo_config()
+    _set(c, field, bad)
+    try:
+      settings_lib.from_config(c)
+    except (ValueError, TypeError) as e:
+      if field.rsplit(".", 1)[-1] not in str(e):
+        unchecked.append(f"{field}: {e}")
+    else:
+      unchecked.append(f"{field}={bad!r} accepted")
+  assert not unchecked, "\n".join(unchecked)
+
+
+def test_an_unknown_field_names_the_fields_of_its_section():
+  c = _demo_config()
+  c.loss.cliprange = 0.2
+  with pytest.raises(ValueError, match=r"^config.loss.cliprange is not a field: config.loss has "
+                                       r"the fields \['entropy_coef', 'eps_high', 'eps_low', "):
+    settings_lib.from_config(c)
+  c = _demo_config()
+  c.total_step = 5
+  with pytest.raises(ValueError, match=r"^config.total_step is not a field: config has the "
+                                       r"fields \[.*'total_steps'"):
+    settings_lib.from_config(c)
+  with pytest.raises(ValueError, match=r"config.rewards.params has no key 'brief' .*give the "
+                                       r"whole section"):
+    settings_lib.check_field_path(_demo_config(), "rewards.params.brief.threshold")
+  settings_lib.check_field_path(_demo_config(), "loss.kl_coef")
+
+
+def _main(*args):
+  return subprocess.run([sys.executable, "-m", "mr_rl.main", f"--config={DEMO_CONFIG}:smoke",
+                         "--dry_run", *args], capture_output=True, text=True, cwd=ROOT,
+                        timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+
+
+def test_dry_run_catches_bad_and_unknown_fields():
+  p = _main("--config.loss.cliprange=0.2")
+  assert p.returncode == 1, p.stderr
+  assert p.stderr.strip().splitlines()[-1] == (
+      "FATAL Flags parsing error: --config.loss.cliprange: config.loss has no field "
+      "'cliprange'; its fields are ['entropy_coef', 'eps_high', 'eps_low', 'kl_coef', "
+      "'kl_estimator', 'loss_agg', 'recompute_old_logp', 'tis_cap']")
+  p = _main("--config.eval.num_prompts=-4")
+  assert p.returncode != 0
+  assert "ValueError: config.eval.num_prompts must be > 0, got -4" in p.stderr
+  p = _main("--config.rollout.top_p=1.5")
+  assert p.returncode != 0 and "config.rollout.top_p must be in (0, 1]" in p.stderr

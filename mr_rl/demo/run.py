@@ -32,7 +32,9 @@ import time
 
 import numpy as np
 
-from mr_rl import distributed, evaluation, pipelines, plots, settings as settings_lib, train as train_lib
+from mr_rl import distributed, evaluation, pipelines, plots
+from mr_rl import settings as settings_lib
+from mr_rl import train as train_lib
 from mr_rl import metrics as metrics_lib
 from mr_rl.registry import PIPELINES
 

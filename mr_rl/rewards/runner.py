@@ -77,8 +77,8 @@ from mr_rl.rewards.process.pool import (HardTimeoutPool, RewardTimeoutError, Rew
 
 __all__ = ["DEFAULT_VALUE_RANGE", "KINDS", "REWARDS", "ExampleFields", "HardTimeoutPool",
            "MissingFieldError", "RewardChannel", "RewardConfigError", "RewardFailureError",
-           "RewardRunner", "RewardTimeoutError", "RewardWorkerError", "WorkerSetupError", "available_rewards",
-           "batched_reward", "channel_name", "get_reward", "is_import_path", "register_reward",
+           "RewardRunner", "RewardTimeoutError", "RewardWorkerError", "WorkerSetupError",
+           "available_rewards", "batched_reward", "channel_name", "get_reward", "is_import_path", "register_reward",
            "shared_pool"]
 
 _LOG = logging.getLogger(__name__)

@@ -74,15 +74,12 @@ def to_host(x) -> np.ndarray:
   return np.asarray(jax.device_get(x))
 
 
-def owned_rows(x) -> np.ndarray:
-  """bool [rows]: the rows of `x` (a jax array, rows on axis 0) this process is responsible for:
-  those its devices hold, a row held by several processes going to the lowest index. All rows
-  when `x` lives on this process alone."""
-  n = x.shape[0]
-  if not isinstance(x, jax.Array) or x.is_fully_addressable:
-    return np.ones((n,), bool)
+def owned_rows(sharding, n: int) -> np.ndarray:
+  """bool [n]: the rows of an [n, ...] array placed with `sharding` (rows on axis 0) that this
+  process is responsible for: those its devices hold, a row held by several processes (a
+  replicated axis) going to the lowest process index."""
   owner = np.full((n,), np.iinfo(np.int32).max, np.int64)
-  for device, index in x.sharding.devices_indices_map(x.shape).items():
+  for device, index in sharding.devices_indices_map((n,)).items():
     rows = np.arange(n)[index[0]]
     owner[rows] = np.minimum(owner[rows], device.process_index)
   return owner == jax.process_index()

@@ -159,7 +159,7 @@ def rollout(policy: Policy, params, examples: Sequence[Any], key: jax.Array,
   B, G = len(examples), s.group_size
   owned = np.ones((B * G,), bool)
   if policy.mesh is not None:  # the rows this process's devices decoded
-    owned = distributed.owned_rows(sharding.batch_sharding(policy.mesh, (B * G, 1)), B * G)
+    owned = distributed.owned_rows(sharding.batch_sharding(policy.mesh, (B * G,)), B * G)
   tokens, logprobs, mask, lengths, truncated = (
       distributed.to_host(x) for x in (out.tokens, out.logprobs, out.mask, out.lengths,
                                        out.truncated))

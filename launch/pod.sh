@@ -13,6 +13,13 @@
 # Environment: GCP_PROJECT (optional --project), LOGDIR (default logs/<time>-<tpu>),
 # MR_RL_REMOTE_DIR (checkout on the workers, default mr_rl), and run_tpu.sh's variables,
 # which are forwarded (MR_RL_VENV, MR_RL_JAX_SPEC, MR_RL_PIP_EXTRA, MR_RL_SKIP_INSTALL, HF_HOME).
+# What each host runs: the same command, `python -m mr_rl.main --multihost --config=CONFIG
+# --workdir=WORKDIR`, one process per host; jax finds the slice's coordinator and process
+# index itself (Cloud TPU metadata), and the processes run one SPMD program over one global
+# mesh (mr_rl/distributed.py): each samples and scores the rows on its own chips, rewards and
+# counters are gathered so every host takes the same decisions, process 0 writes metrics,
+# eval.json and the export, and all write the orbax checkpoints to the shared WORKDIR.
+# To try the same on one machine: launch/local_multiprocess.sh N DEVICES CONFIG WORKDIR.
 # Before booking a slice, check memory with launch/check.py (see configs/README.md).
 set -euo pipefail
 

@@ -50,7 +50,7 @@ def test_capabilities_report_full_isolation_as_root():
   assert caps.namespaces == "root"
   assert caps.network_isolated and caps.pid_namespace and caps.private_tmp and caps.private_proc
   assert caps.ipc_namespace and caps.read_only_host and caps.seccomp
-  assert caps.memory_cgroup in (1, 2), caps.notes
+  assert caps.memory_cgroup in (1, 2) and caps.cpu_cgroup in (1, 2), caps.notes
   assert caps.privilege_drop and caps.stdlib_readable and caps.capabilities_left == ()
   assert caps.notes == ()
 
@@ -69,7 +69,7 @@ def test_not_root_is_reported_and_enforced():
       "  out['strict'] = 'ran'\n"
       "except sandbox.SandboxError as e:\n"
       "  out['strict'] = str(e)\n"
-      "cfg = sandbox.SandboxConfig(require_privilege_drop=False, memory_limit='per-process',\n"
+      "cfg = sandbox.SandboxConfig(require_privilege_drop=False, memory_limit='per-process', cpus=None,\n"
       "                         require_network_isolation=caps.network_isolated)\n"
       "out['relaxed'] = sandbox.run('def f(a, b): return a + b', sandbox.CodeTests.call('f', [[1, 2]], [3]), config=cfg).passed\n"
       "print(json.dumps(out))\n") % str(pathlib.Path(sandbox.__file__).parents[3])
@@ -79,6 +79,7 @@ def test_not_root_is_reported_and_enforced():
   out = json.loads(proc.stdout)
   assert out["caps"]["is_root"] is False and out["caps"]["privilege_drop"] is False
   assert out["caps"]["memory_cgroup"] is None  # no cgroup delegation to uid 65534 here
+  assert out["caps"]["cpu_cgroup"] is None
   assert any("not root" in n for n in out["caps"]["notes"])
   if out["caps"]["namespaces"] == "user":  # the same isolation but the uid drop
     for key in ("network_isolated", "ipc_namespace", "read_only_host", "seccomp", "private_proc"):

@@ -24,13 +24,13 @@ import uuid
 import pytest
 
 from mr_rl.rewards import sandbox
-from mr_rl.rewards.sandbox import cgroups, kernel
+from mr_rl.rewards.sandbox import cgroups, seccomp
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="the full sandbox (uid drop, memory cgroup) needs root")
 QUICK = 2.0
 # What a non-root caller must relax (no uid change, no cgroup); every test states which it needs.
-RELAXED = {"require_privilege_drop": False, "memory_limit": "per-process"}
+RELAXED = {"require_privilege_drop": False, "memory_limit": "per-process", "cpus": None}
 
 # Syscall numbers the attack programs call through ctypes (the sandbox has only the stdlib).
 _NR = {"x86_64": {"add_key": 248, "keyctl": 250, "unshare": 272, "ptrace": 101, "mount": 165,
@@ -62,6 +62,11 @@ def _host_dir():
       os.chmod(d, 0o1777)
       return d
   pytest.skip("no host directory outside the sandbox's private and hidden mounts is writable here")
+
+
+def _showing(d):
+  """SandboxConfig arguments under which a run sees host directory ``d`` (read-only)."""
+  return {"visible_paths": sandbox.SandboxConfig().visible_paths + (d,)}
 
 
 @pytest.fixture
@@ -351,11 +356,12 @@ def test_installed_data_sets_and_hidden_paths_cannot_be_read(host_dir):
             out.append(type(e).__name__)
         return out
       """)
-  cfg = sandbox.SandboxConfig(hidden_paths=("/root", "/home", host_dir), **({} if ROOT else RELAXED))
+  relaxed = {} if ROOT else RELAXED
+  cfg = sandbox.SandboxConfig(hidden_paths=("/root", "/home", secret_dir), **_showing(host_dir), **relaxed)
   r = sandbox.run(src, sandbox.CodeTests.call("f", [[]], [["FileNotFoundError"] * 2]), config=cfg)
   assert r.passed, r.error
-  # Control: without hiding it, the sandbox uid can read a world-readable file.
-  cfg = sandbox.SandboxConfig(hidden_paths=("/root", "/home"), **({} if ROOT else RELAXED))
+  # Control: shown and not hidden, the sandbox uid can read a world-readable file.
+  cfg = sandbox.SandboxConfig(hidden_paths=("/root", "/home"), **_showing(host_dir), **relaxed)
   r = sandbox.run(src, sandbox.CodeTests.call("f", [[]], [["FileNotFoundError", "3432"]]), config=cfg)
   assert r.passed, r.error
 
@@ -431,7 +437,7 @@ def test_per_process_memory_bound_without_a_cgroup():
   processes per run (supervisor and zygote included), so the run holds at most
   memory_bytes * max_processes."""
   cfg = sandbox.SandboxConfig(memory_bytes=256 << 20, max_processes=8, memory_limit="per-process",
-                           require_privilege_drop=ROOT)
+                           require_privilege_drop=ROOT, cpus=1.0 if ROOT else None)
   caps = sandbox.sandbox_capabilities(cfg)
   if caps.namespaces is None:
     pytest.skip("without namespaces the process cap is shared with every process of the uid")
@@ -512,7 +518,7 @@ def test_setuid_binaries_do_not_gain_privileges(host_dir):
   src = ("import subprocess\n"
          "def f():\n"
          f"  return subprocess.run([{suid!r}], capture_output=True, text=True).stdout.strip()\n")
-  r = sandbox.run(src, sandbox.CodeTests.call("f", [[]], ["?"]))
+  r = sandbox.run(src, sandbox.CodeTests.call("f", [[]], ["?"]), config=sandbox.SandboxConfig(**_showing(host_dir)))
   assert r.error and "uid=65534" in r.error, r.error
   assert "euid=0" not in r.error, r.error
 
@@ -601,26 +607,26 @@ def test_syscall_tables_match_libseccomp():
     pytest.skip("libseccomp.so.2 (Debian/Ubuntu package libseccomp2) is not installed")
   resolve = lib.seccomp_syscall_resolve_name_arch
   resolve.argtypes, resolve.restype = [ctypes.c_uint32, ctypes.c_char_p], ctypes.c_int
-  for arch, table in kernel.SYSCALLS.items():
-    token = kernel.AUDIT_ARCH[arch]
+  for arch, table in seccomp.SYSCALLS.items():
+    token = seccomp.AUDIT_ARCH[arch]
     wrong = {n: (nr, resolve(token, n.encode())) for n, nr in table.items() if resolve(token, n.encode()) != nr}
     assert wrong == {}, (arch, wrong)
     # A denied name missing from an arch's table is missing from that arch's kernel too.
-    missing = [n for n in kernel.DENIED if n not in table and resolve(token, n.encode()) >= 0]
+    missing = [n for n in seccomp.DENIED if n not in table and resolve(token, n.encode()) >= 0]
     assert missing == [], (arch, missing)
 
 
 def test_seccomp_filter_program_shape():
-  for arch in kernel.SYSCALLS:
-    prog = kernel.seccomp_filter(arch)
+  for arch in seccomp.SYSCALLS:
+    prog = seccomp.seccomp_filter(arch)
     assert len(prog) % 8 == 0 and 0 < len(prog) // 8 < 4096  # the kernel's BPF_MAXINSNS
     last = struct.unpack("=HBBI", prog[-8:])
     assert last == (0x06, 0, 0, 0x7FFF0000)  # falls through to "allow"
-  assert kernel.seccomp_filter("sparc") is None
+  assert seccomp.seccomp_filter("sparc") is None
 
 
-def test_memory_cgroup_discovery_v1_and_v2(tmp_path):
-  """find_memory_cgroup on made-up /proc files (this machine has only one layout)."""
+def test_cgroup_discovery_v1_and_v2(tmp_path):
+  """find_cgroup on made-up /proc files (this machine has only one layout)."""
   v2 = tmp_path / "cg2"
   v2.mkdir()
   (v2 / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
@@ -629,11 +635,15 @@ def test_memory_cgroup_discovery_v1_and_v2(tmp_path):
   own = tmp_path / "cgroup"
   v1_line = f"35 25 0:30 / {str(v1).replace(' ', chr(92) + '040')} rw - cgroup cgroup rw,memory\n"
   info.write_text(f"30 25 0:26 / {v2} rw - cgroup2 cgroup2 rw\n" + v1_line)
-  own.write_text("4:memory:/job/7\n0::/user.slice/session-1.scope\n")
-  assert cgroups.find_memory_cgroup(str(info), str(own)) == (2, f"{v2}/mr_rl_sandbox")
-  info.write_text(v1_line)  # v1 only: nested under this process's own memory cgroup
-  assert cgroups.find_memory_cgroup(str(info), str(own)) == (1, f"{v1}/job/7/mr_rl_sandbox")
-  (v2 / "cgroup.controllers").write_text("cpu pids\n")  # v2 without memory, no v1
+  own.write_text("4:memory:/job/7\n3:cpu,cpuacct:/job/cpu\n0::/user.slice/session-1.scope\n")
+  cpu_v1_line = f"36 25 0:31 / /cg/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n"
+  assert cgroups.find_cgroup("memory", str(info), str(own)) == (2, f"{v2}/mr_rl_sandbox")
+  assert cgroups.find_cgroup("cpu", str(info), str(own)) == (2, f"{v2}/mr_rl_sandbox")
+  info.write_text(v1_line + cpu_v1_line)  # v1 only: nested under this process's own cgroups
+  assert cgroups.find_cgroup("memory", str(info), str(own)) == (1, f"{v1}/job/7/mr_rl_sandbox")
+  assert cgroups.find_cgroup("cpu", str(info), str(own)) == (1, "/cg/cpu,cpuacct/job/cpu/mr_rl_sandbox")
+  (v2 / "cgroup.controllers").write_text("pids\n")  # v2 without memory or cpu, no v1
   info.write_text(f"30 25 0:26 / {v2} rw - cgroup2 cgroup2 rw\n")
-  version, why = cgroups.find_memory_cgroup(str(info), str(own))
-  assert version is None and "memory" in why
+  for controller in ("memory", "cpu"):
+    version, why = cgroups.find_cgroup(controller, str(info), str(own))
+    assert version is None and controller in why

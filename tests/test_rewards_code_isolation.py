@@ -647,3 +647,281 @@ def test_cgroup_discovery_v1_and_v2(tmp_path):
   for controller in ("memory", "cpu"):
     version, why = cgroups.find_cgroup(controller, str(info), str(own))
     assert version is None and controller in why
+
+
+# ----------------------------------------------------------------------------- no path to the host
+_REACH = """
+import os, socket
+def f(targets, abstract):
+  reached = []
+  for kind, path in targets:
+    try:
+      if kind == "stream":
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(1)
+        s.connect(path)
+      elif kind == "dgram":
+        socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b"x", path)
+      else:  # a FIFO with a reader on the host
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, b"x")
+      reached.append(path)
+    except OSError:
+      pass
+  try:
+    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect(abstract)
+    reached.append("abstract")
+  except OSError:
+    pass
+  return reached
+"""
+_DAEMONS = [("dgram", "/run/systemd/journal/socket"), ("stream", "/run/dbus/system_bus_socket"),
+            ("dgram", "/dev/log")]
+
+
+@needs_root
+def test_no_host_socket_or_fifo_is_reachable(host_dir):
+  """Host listeners (a Unix stream server, a datagram socket, a FIFO reader, all world-writable)
+  in places a run could see: /run/lock, a world-writable host directory, the checkout; and an
+  abstract socket. A read-only mount stops none of them: connect() and open() of a FIFO skip
+  the read-only check."""
+  import socket
+  checkout = tempfile.mkdtemp(prefix=".mrrl_", dir=os.path.dirname(os.path.abspath(__file__)))
+  dirs = [d for d in ("/run/lock", host_dir, checkout) if os.path.isdir(d) and os.access(d, os.W_OK)]
+  listeners, fifos, targets = [], [], list(_DAEMONS)
+  try:
+    for d in dirs:
+      for kind, sock_type in (("stream", socket.SOCK_STREAM), ("dgram", socket.SOCK_DGRAM)):
+        s = socket.socket(socket.AF_UNIX, sock_type)
+        path = os.path.join(d, f"mrrl-{uuid.uuid4().hex[:8]}.{kind}")
+        s.bind(path)
+        os.chmod(path, 0o777)
+        if kind == "stream":
+          s.listen(4)
+        s.setblocking(False)
+        listeners.append((s, path))
+        targets.append((kind, path))
+      path = os.path.join(d, f"mrrl-{uuid.uuid4().hex[:8]}.fifo")
+      os.mkfifo(path, 0o666)
+      os.chmod(path, 0o666)
+      fifos.append((os.open(path, os.O_RDONLY | os.O_NONBLOCK), path))
+      targets.append(("fifo", path))
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract.bind(f"\0mrrl-{uuid.uuid4().hex}")
+    abstract.listen(4)
+    abstract.setblocking(False)
+    listeners.append((abstract, None))
+    name = abstract.getsockname()
+    name = name.decode("latin-1") if isinstance(name, bytes) else name
+    r = sandbox.run(_REACH, sandbox.CodeTests.call("f", [[targets, name]], [[]]))
+    assert r.passed, r.error
+    for s, path in listeners:  # and the host's side saw nothing
+      with pytest.raises(BlockingIOError):
+        s.accept() if s.type == socket.SOCK_STREAM else s.recv(16)
+    for fd, path in fifos:
+      try:
+        assert os.read(fd, 16) == b"", path
+      except BlockingIOError:
+        pass
+  finally:
+    for s, path in listeners:
+      s.close()
+      if path:
+        os.unlink(path)
+    for fd, path in fifos:
+      os.close(fd)
+      os.unlink(path)
+    shutil.rmtree(checkout)
+
+
+_ROOT_VIEW = """
+import os
+def f(paths):
+  return [p for p in paths if os.path.lexists(p)]
+"""
+
+
+def test_the_run_sees_only_the_system_directories():
+  """Where host daemons, lock files and checkouts live is not in a run's root at all."""
+  absent = ["/run", "/var/run", "/var/lib", "/var/log", "/sys", "/home", "/srv", "/opt", "/mnt",
+            os.path.dirname(os.path.abspath(__file__))]
+  cfg = sandbox.SandboxConfig(**({} if ROOT else RELAXED))
+  r = sandbox.run(_ROOT_VIEW, sandbox.CodeTests.call("f", [[absent + ["/usr", "/etc"]]], [["/usr", "/etc"]]),
+                  config=cfg)
+  assert r.passed, r.error
+
+
+_DEV = """
+import os, stat
+def f():
+  seen, opened = [], []
+  for root, dirs, files in os.walk("/dev"):
+    if root == "/dev":
+      dirs.remove("shm")  # the private /tmp
+    for name in dirs + files:
+      path = os.path.join(root, name)
+      seen.append(path)
+      mode = os.lstat(path).st_mode
+      if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        try:
+          os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY))
+          opened.append(path)
+        except OSError:
+          pass
+  seen.append("shm")
+  null = os.stat("/dev/null").st_rdev
+  with open("/dev/null", "w") as out:
+    out.write("x")
+  links = {n: os.readlink("/dev/" + n) for n in ("fd", "stdin", "ptmx")}
+  return [sorted(seen), sorted(opened), [os.major(null), os.minor(null)], links]
+"""
+
+
+def test_a_run_gets_a_minimal_dev():
+  """The host's /dev holds every device of the machine (on an accelerator host NVIDIA's
+  /dev/nvidia* are mode 0666); a run's /dev holds these."""
+  nodes = ["/dev/full", "/dev/null", "/dev/random", "/dev/urandom", "/dev/zero"]
+  seen = sorted(nodes + ["/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr", "/dev/ptmx",
+                         "/dev/pts", "/dev/pts/ptmx", "shm"])
+  want = [seen, sorted(nodes + ["/dev/pts/ptmx"]), [1, 3],
+          {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "ptmx": "pts/ptmx"}]
+  cfg = sandbox.SandboxConfig(**({} if ROOT else RELAXED))
+  r = sandbox.run(_DEV, sandbox.CodeTests.call("f", [[]], [want]), config=cfg)
+  assert r.passed, r.error
+
+
+_LOCKS = """
+import fcntl, os, struct, time
+F_OFD_GETLK, F_OFD_SETLK = 36, 37
+def lock(kind):
+  return struct.pack("hhqqi4x", kind, 0, 0, 0, 0)  # struct flock: the whole file
+def f(role, files):
+  if role == "hold":  # read locks, which a read-only file allows
+    for path in files:
+      for cmd in (fcntl.F_SETLK, F_OFD_SETLK):
+        try:
+          fcntl.fcntl(os.open(path, os.O_RDONLY), cmd, lock(fcntl.F_RDLCK))
+        except OSError:
+          pass
+    time.sleep(2.0)
+    return 0
+  found = 0  # the prober: does anyone hold a lock that conflicts with a write lock?
+  for _ in range(12):
+    time.sleep(0.1)
+    for path in files:
+      fd = os.open(path, os.O_RDONLY)
+      for cmd in (fcntl.F_GETLK, F_OFD_GETLK):
+        try:
+          found += struct.unpack("hhqqi4x", fcntl.fcntl(fd, cmd, lock(fcntl.F_WRLCK)))[0] != fcntl.F_UNLCK
+        except OSError:
+          pass
+      os.close(fd)
+  return found
+"""
+
+
+@needs_root
+def test_concurrent_runs_cannot_talk_through_record_locks(host_dir):
+  """Run A takes POSIX and open-file-description read locks on shared read-only files; run B
+  probes for them (F_GETLK, F_OFD_GETLK), and a host writer tries to lock one meanwhile."""
+  import fcntl
+  import struct
+  import threading
+  shared = os.path.join(host_dir, "shared.txt")
+  with open(shared, "w") as f:
+    f.write("x")
+  os.chmod(shared, 0o644)
+  files = ["/etc/hostname" if os.path.exists("/etc/hostname") else "/etc/passwd", shared]
+  blocked, stop = [], threading.Event()
+
+  def host_writer():  # a host process taking write locks (SQLite, a lock file) now and then
+    fd = os.open(shared, os.O_RDWR)
+    try:
+      while not stop.wait(0.05):
+        for cmd in (fcntl.F_SETLK, 37):  # F_OFD_SETLK
+          try:
+            fcntl.fcntl(fd, cmd, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0))
+            fcntl.fcntl(fd, cmd, struct.pack("hhqqi4x", fcntl.F_UNLCK, 0, 0, 0, 0))
+          except OSError:
+            blocked.append(cmd)
+    finally:
+      os.close(fd)
+
+  writer = threading.Thread(target=host_writer)
+  writer.start()
+  try:
+    hold = sandbox.CodeTests.call("f", [["hold", files]], [0])
+    probe = sandbox.CodeTests.call("f", [["probe", files]], [0])
+    a, b = sandbox.run_many([_LOCKS, _LOCKS], [hold, probe], config=sandbox.SandboxConfig(**_showing(host_dir)),
+                            max_workers=2)
+  finally:
+    stop.set()
+    writer.join()
+  assert a.passed, a
+  assert b.passed, b  # B found no lock
+  assert blocked == [], "a run's read lock blocked a host writer"
+
+
+_POOLS = """
+import ctypes, fcntl, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+NR = {nr!r}
+def err(ret):
+  return ctypes.get_errno() if ret == -1 else "returned %d" % ret
+def f():
+  out = {{}}
+  ctx = ctypes.c_ulong(0)
+  out["io_setup"] = err(libc.syscall(NR["io_setup"], 1, ctypes.byref(ctx)))
+  out["memfd_secret"] = err(libc.syscall(NR["memfd_secret"], 0))
+  libc.mmap.restype = ctypes.c_void_p
+  libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+  p = libc.mmap(None, 2 << 20, 3, 0x02 | 0x20 | 0x40000, -1, 0)  # MAP_PRIVATE|ANONYMOUS|HUGETLB
+  out["mmap(MAP_HUGETLB)"] = ctypes.get_errno() if p == ctypes.c_void_p(-1).value else "mapped"
+  out["memfd_create(MFD_HUGETLB)"] = err(libc.syscall(NR["memfd_create"], b"x", 4))
+  out["shmget(SHM_HUGETLB)"] = err(libc.shmget(0, 2 << 20, 0o4000 | 0o600))
+  fd = os.open("/etc/passwd", os.O_RDONLY)
+  r, w = os.pipe()
+  for name, target, cmd, arg in (("F_SETLEASE", fd, 1024, fcntl.F_RDLCK), ("F_SETPIPE_SZ", w, 1031, 1 << 20)):
+    try:
+      fcntl.fcntl(target, cmd, arg)
+      out[name] = "ok"
+    except OSError as e:
+      out[name] = e.errno
+  out["sync"] = err(libc.syscall(NR["sync"]))
+  out["syncfs"] = err(libc.syscall(NR["syncfs"], fd))
+  out["fadvise64(DONTNEED)"] = err(libc.syscall(NR["fadvise64"], fd, 0, 0, 4))
+  out["readahead"] = err(libc.syscall(NR["readahead"], fd, 0, 4096))
+  out["fanotify_mark"] = err(libc.syscall(NR["fanotify_mark"], -1, 0, 0, -100, b"/"))
+  for name, family, kind in (("AF_VSOCK", 40, socket.SOCK_STREAM), ("AF_ALG", 38, socket.SOCK_SEQPACKET),
+                             ("AF_PACKET", 17, socket.SOCK_DGRAM)):
+    try:
+      socket.socket(family, kind).close()
+      out[name] = "ok"
+    except OSError as e:
+      out[name] = e.errno
+  # What a test program needs still works.
+  a, b = socket.socketpair()
+  socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+  out["memfd_create"] = err(libc.syscall(NR["memfd_create"], b"x", 0)) != 1
+  out["F_GETFL"] = fcntl.fcntl(w, fcntl.F_GETFL) >= 0
+  return out
+"""
+
+
+@needs_known_arch
+def test_machine_wide_pools_and_shared_objects_are_refused():
+  """Linux AIO reserves from fs.aio-max-nr (one run could make every host AIO user fail),
+  hugetlb pages from the machine's pool, memfd_secret unmaps pages from the kernel's direct map,
+  leases and pipe sizes act on shared files and a per-uid pool, sync/fadvise/readahead on the
+  page cache of shared files; AF_VSOCK reaches the hypervisor (not scoped by the network
+  namespace here)."""
+  import errno
+  names = ["io_setup", "memfd_secret", "mmap(MAP_HUGETLB)", "memfd_create(MFD_HUGETLB)",
+           "shmget(SHM_HUGETLB)", "F_SETLEASE", "F_SETPIPE_SZ", "sync", "syncfs", "fadvise64(DONTNEED)",
+           "readahead", "fanotify_mark", "AF_VSOCK", "AF_ALG", "AF_PACKET"]
+  want = {n: errno.EPERM for n in names}
+  want["memfd_create"] = want["F_GETFL"] = True
+  cfg = sandbox.SandboxConfig(**({} if ROOT else RELAXED))
+  src = _POOLS.format(nr=seccomp.SYSCALLS[platform.machine()])
+  r = sandbox.run(src, sandbox.CodeTests.call("f", [[]], [want]), config=cfg)
+  assert r.passed, r.error

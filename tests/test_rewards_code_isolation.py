@@ -925,3 +925,61 @@ def test_machine_wide_pools_and_shared_objects_are_refused():
   src = _POOLS.format(nr=seccomp.SYSCALLS[platform.machine()])
   r = sandbox.run(src, sandbox.CodeTests.call("f", [[]], [want]), config=cfg)
   assert r.passed, r.error
+
+
+# ----------------------------------------------------------------------------- CPU share
+_HOG = """
+import os, time
+def f(n, seconds):  # n busy processes, each in a session (and so a scheduler autogroup) of its own
+  kids = []
+  for _ in range(n):
+    pid = os.fork()
+    if pid == 0:
+      os.setsid()
+      end = time.monotonic() + seconds
+      while time.monotonic() < end:
+        pass
+      os._exit(0)
+    kids.append(pid)
+  t0 = time.monotonic()
+  cpu = 0.0
+  for pid in kids:
+    cpu += sum(os.wait4(pid, 0)[2][:2])  # ru_utime + ru_stime
+  return [cpu, time.monotonic() - t0]
+"""
+_HONEST = """
+import time
+def f(n, seconds):
+  t0 = time.monotonic()
+  while time.monotonic() < t0 + seconds:
+    pass
+  return [time.process_time(), time.monotonic() - t0]
+"""
+_HOST_LOOP = ("import time\nt0 = time.monotonic()\nwhile time.monotonic() < t0 + {s}:\n  pass\n"
+              "print(time.process_time())\n")
+
+
+def _got(result):
+  return json.loads(result.error.rsplit("got ", 1)[1])
+
+
+@needs_root
+def test_a_run_cannot_take_more_than_its_cpu_share():
+  """A run whose 6 processes each call setsid (one autogroup each: 6 fair shares before), next
+  to an honest run and a host loop, for 3 s. Compared: CPU seconds each got in that time."""
+  seconds = 3.0
+  host = subprocess.Popen([sys.executable, "-c", _HOST_LOOP.format(s=seconds + 1.0)],
+                          stdout=subprocess.PIPE, text=True, start_new_session=True)
+  try:
+    tests = sandbox.CodeTests.call("f", [[6, seconds]], [None])
+    hog, honest = sandbox.run_many([_HOG, _HONEST], tests, timeout_s=15, max_workers=2)
+    host_cpu = float(host.communicate(timeout=30)[0])
+  finally:
+    host.kill()
+    host.wait()
+  (hog_cpu, hog_wall), (honest_cpu, _) = _got(hog), _got(honest)
+  quota = sandbox.SandboxConfig().cpus
+  assert hog_cpu <= quota * hog_wall * 1.1 + 0.2, (hog_cpu, hog_wall)  # the quota
+  # Fair shares: the hog is one scheduler entity, like the honest run and the host loop
+  # (before: 24x the host loop on 2 cores; the margins leave room for a loaded machine).
+  assert hog_cpu < 3 * honest_cpu and hog_cpu < 3 * host_cpu, (hog_cpu, honest_cpu, host_cpu)

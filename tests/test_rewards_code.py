@@ -465,6 +465,59 @@ def test_tampering_with_humaneval_check_never_passes(problems):
     assert not sandbox.run(p["prompt"] + tail, _he_tests(p)).passed
 
 
+# Checks that iterate or look things up with a default: an exception that a protocol of the
+# language reads as a signal ends them early, and they pass.
+SIGNAL_CHECKS = {
+    "all(map)": "def check(candidate):\n  assert all(map(lambda x: candidate(x) == x + 1, range(3)))\n",
+    "next(filter)": ("def check(candidate):\n"
+                     "  assert next(filter(lambda x: candidate(x) != x + 1, range(3)), None) is None\n"),
+    "for over a generator": ("def check(candidate):\n"
+                             "  for ok in map(lambda x: candidate(x) == x + 1, range(3)):\n    assert ok\n"),
+    "async for": ("class Cases:\n"
+                  "  def __init__(self, c):\n    self.c, self.i = c, 0\n"
+                  "  def __aiter__(self):\n    return self\n"
+                  "  async def __anext__(self):\n"
+                  "    if self.i == 3:\n      raise StopAsyncIteration\n"
+                  "    self.i += 1\n    return self.c(self.i - 1) == self.i\n"
+                  "async def run(c):\n  async for ok in Cases(c):\n    assert ok\n"
+                  "def check(candidate):\n  coro = run(candidate)\n"
+                  "  try:\n    coro.send(None)\n  except StopIteration:\n    pass\n"),
+    "__getitem__ iteration": ("class Cases:\n  def __init__(self, c):\n    self.c = c\n"
+                              "  def __getitem__(self, i):\n"
+                              "    if i == 3:\n      raise IndexError(i)\n"
+                              "    assert self.c(i) == i + 1\n    return i\n"
+                              "def check(candidate):\n  for _ in Cases(candidate):\n    pass\n"),
+    "getattr default": ("class Probe:\n  def __init__(self, c):\n    self.c = c\n"
+                        "  @property\n  def value(self):\n    return self.c(1)\n"
+                        "def check(candidate):\n  assert getattr(Probe(candidate), 'value', 2) == 2\n"),
+    "ChainMap": ("import collections\n"
+                 "class Answers:\n  def __init__(self, c):\n    self.c = c\n"
+                 "  def __getitem__(self, k):\n    return self.c(k)\n"
+                 "def check(candidate):\n  assert collections.ChainMap(Answers(candidate), {1: 2})[1] == 2\n"),
+}
+SIGNALS = ["StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt", "SystemExit",
+           "IndexError", "AttributeError", "KeyError"]
+RIGGED_VALUES = {  # wrong values whose methods would end the check early, if they ran in it
+    "__eq__ always True": "class V:\n  def __eq__(self, o): return True\n  __hash__ = object.__hash__\n",
+    "__bool__ raises StopIteration": "class V(int):\n  def __bool__(self): raise StopIteration\n",
+    "__hash__ raises StopIteration": "class V(int):\n  def __hash__(self): raise StopIteration\n",
+    "__eq__ raises StopIteration": "class V(int):\n  def __eq__(self, o): raise StopIteration\n",
+}
+
+
+@pytest.mark.parametrize("check", sorted(SIGNAL_CHECKS))
+def test_candidate_exceptions_cannot_end_a_check_early(check):
+  """Whatever the candidate raises (or returns) reaches the check as a plain failure."""
+  tests = sandbox.CodeTests.humaneval(SIGNAL_CHECKS[check], "f")
+  assert sandbox.run("def f(x):\n  return x + 1\n", tests).passed  # the check itself works
+  programs = [f"class Sub(StopIteration):\n  pass\ndef f(x):\n  raise {name}\n"
+              for name in SIGNALS + ["Sub"]]
+  programs += [src + "def f(x):\n  return V(x + 2)\n" for src in RIGGED_VALUES.values()]  # wrong
+  results = sandbox.run_many(programs, tests, max_workers=2)
+  assert [p for p, r in zip(SIGNALS + ["Sub"] + list(RIGGED_VALUES), results) if r.passed] == []
+  assert all("CandidateError" in r.error for r in results[:len(SIGNALS)]), [r.error for r in results]
+
+
 def test_network_is_unreachable():
   with socket.socket() as listener:
     listener.bind(("127.0.0.1", 0))

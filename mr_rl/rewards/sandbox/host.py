@@ -107,7 +107,7 @@ class ForkServer:
   @contextlib.contextmanager
   def acquire(cls, python, cgroup=None, ids=None):
     """An idle server for ``python`` whose runs go into a cgroup made from ``cgroup``
-    (``{"version", "parent", "limit"}``, or None for no cgroup) and, in namespace modes, a
+    (``capabilities.cgroup_spec``, or None for no cgroup) and, in namespace modes, a
     user namespace mapping ``ids`` (uid, gid); started if none is idle."""
     key = (os.getpid(), python, json.dumps(cgroup, sort_keys=True), ids)
     with cls._lock:

@@ -50,7 +50,7 @@ def test_capabilities_report_full_isolation_as_root():
   assert caps.namespaces == "root"
   assert caps.network_isolated and caps.pid_namespace and caps.private_tmp and caps.private_proc
   assert caps.ipc_namespace and caps.read_only_host and caps.seccomp
-  assert caps.memory_cgroup in (1, 2), caps.notes
+  assert caps.memory_cgroup in (1, 2) and caps.cpu_cgroup in (1, 2), caps.notes
   assert caps.privilege_drop and caps.stdlib_readable and caps.capabilities_left == ()
   assert caps.notes == ()
 
@@ -69,7 +69,7 @@ def test_not_root_is_reported_and_enforced():
       "  out['strict'] = 'ran'\n"
       "except sandbox.SandboxError as e:\n"
       "  out['strict'] = str(e)\n"
-      "cfg = sandbox.SandboxConfig(require_privilege_drop=False, memory_limit='per-process',\n"
+      "cfg = sandbox.SandboxConfig(require_privilege_drop=False, memory_limit='per-process', cpus=None,\n"
       "                         require_network_isolation=caps.network_isolated)\n"
       "out['relaxed'] = sandbox.run('def f(a, b): return a + b', sandbox.CodeTests.call('f', [[1, 2]], [3]), config=cfg).passed\n"
       "print(json.dumps(out))\n") % str(pathlib.Path(sandbox.__file__).parents[3])
@@ -79,6 +79,7 @@ def test_not_root_is_reported_and_enforced():
   out = json.loads(proc.stdout)
   assert out["caps"]["is_root"] is False and out["caps"]["privilege_drop"] is False
   assert out["caps"]["memory_cgroup"] is None  # no cgroup delegation to uid 65534 here
+  assert out["caps"]["cpu_cgroup"] is None
   assert any("not root" in n for n in out["caps"]["notes"])
   if out["caps"]["namespaces"] == "user":  # the same isolation but the uid drop
     for key in ("network_isolated", "ipc_namespace", "read_only_host", "seccomp", "private_proc"):
@@ -462,6 +463,59 @@ def test_tampering_with_humaneval_check_never_passes(problems):
                "    class A:\n        def __eq__(self, o): return True\n        def __bool__(self): return True\n"
                "    return A()\n"):
     assert not sandbox.run(p["prompt"] + tail, _he_tests(p)).passed
+
+
+# Checks that iterate or look things up with a default: an exception that a protocol of the
+# language reads as a signal ends them early, and they pass.
+SIGNAL_CHECKS = {
+    "all(map)": "def check(candidate):\n  assert all(map(lambda x: candidate(x) == x + 1, range(3)))\n",
+    "next(filter)": ("def check(candidate):\n"
+                     "  assert next(filter(lambda x: candidate(x) != x + 1, range(3)), None) is None\n"),
+    "for over a generator": ("def check(candidate):\n"
+                             "  for ok in map(lambda x: candidate(x) == x + 1, range(3)):\n    assert ok\n"),
+    "async for": ("class Cases:\n"
+                  "  def __init__(self, c):\n    self.c, self.i = c, 0\n"
+                  "  def __aiter__(self):\n    return self\n"
+                  "  async def __anext__(self):\n"
+                  "    if self.i == 3:\n      raise StopAsyncIteration\n"
+                  "    self.i += 1\n    return self.c(self.i - 1) == self.i\n"
+                  "async def run(c):\n  async for ok in Cases(c):\n    assert ok\n"
+                  "def check(candidate):\n  coro = run(candidate)\n"
+                  "  try:\n    coro.send(None)\n  except StopIteration:\n    pass\n"),
+    "__getitem__ iteration": ("class Cases:\n  def __init__(self, c):\n    self.c = c\n"
+                              "  def __getitem__(self, i):\n"
+                              "    if i == 3:\n      raise IndexError(i)\n"
+                              "    assert self.c(i) == i + 1\n    return i\n"
+                              "def check(candidate):\n  for _ in Cases(candidate):\n    pass\n"),
+    "getattr default": ("class Probe:\n  def __init__(self, c):\n    self.c = c\n"
+                        "  @property\n  def value(self):\n    return self.c(1)\n"
+                        "def check(candidate):\n  assert getattr(Probe(candidate), 'value', 2) == 2\n"),
+    "ChainMap": ("import collections\n"
+                 "class Answers:\n  def __init__(self, c):\n    self.c = c\n"
+                 "  def __getitem__(self, k):\n    return self.c(k)\n"
+                 "def check(candidate):\n  assert collections.ChainMap(Answers(candidate), {1: 2})[1] == 2\n"),
+}
+SIGNALS = ["StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt", "SystemExit",
+           "IndexError", "AttributeError", "KeyError"]
+RIGGED_VALUES = {  # wrong values whose methods would end the check early, if they ran in it
+    "__eq__ always True": "class V:\n  def __eq__(self, o): return True\n  __hash__ = object.__hash__\n",
+    "__bool__ raises StopIteration": "class V(int):\n  def __bool__(self): raise StopIteration\n",
+    "__hash__ raises StopIteration": "class V(int):\n  def __hash__(self): raise StopIteration\n",
+    "__eq__ raises StopIteration": "class V(int):\n  def __eq__(self, o): raise StopIteration\n",
+}
+
+
+@pytest.mark.parametrize("check", sorted(SIGNAL_CHECKS))
+def test_candidate_exceptions_cannot_end_a_check_early(check):
+  """Whatever the candidate raises (or returns) reaches the check as a plain failure."""
+  tests = sandbox.CodeTests.humaneval(SIGNAL_CHECKS[check], "f")
+  assert sandbox.run("def f(x):\n  return x + 1\n", tests).passed  # the check itself works
+  programs = [f"class Sub(StopIteration):\n  pass\ndef f(x):\n  raise {name}\n"
+              for name in SIGNALS + ["Sub"]]
+  programs += [src + "def f(x):\n  return V(x + 2)\n" for src in RIGGED_VALUES.values()]  # wrong
+  results = sandbox.run_many(programs, tests, max_workers=2)
+  assert [p for p, r in zip(SIGNALS + ["Sub"] + list(RIGGED_VALUES), results) if r.passed] == []
+  assert all("CandidateError" in r.error for r in results[:len(SIGNALS)]), [r.error for r in results]
 
 
 def test_network_is_unreachable():

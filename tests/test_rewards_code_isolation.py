@@ -24,13 +24,13 @@ import uuid
 import pytest
 
 from mr_rl.rewards import sandbox
-from mr_rl.rewards.sandbox import cgroups, kernel
+from mr_rl.rewards.sandbox import cgroups, seccomp
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="the full sandbox (uid drop, memory cgroup) needs root")
 QUICK = 2.0
 # What a non-root caller must relax (no uid change, no cgroup); every test states which it needs.
-RELAXED = {"require_privilege_drop": False, "memory_limit": "per-process"}
+RELAXED = {"require_privilege_drop": False, "memory_limit": "per-process", "cpus": None}
 
 # Syscall numbers the attack programs call through ctypes (the sandbox has only the stdlib).
 _NR = {"x86_64": {"add_key": 248, "keyctl": 250, "unshare": 272, "ptrace": 101, "mount": 165,
@@ -62,6 +62,11 @@ def _host_dir():
       os.chmod(d, 0o1777)
       return d
   pytest.skip("no host directory outside the sandbox's private and hidden mounts is writable here")
+
+
+def _showing(d):
+  """SandboxConfig arguments under which a run sees host directory ``d`` (read-only)."""
+  return {"visible_paths": sandbox.SandboxConfig().visible_paths + (d,)}
 
 
 @pytest.fixture
@@ -351,11 +356,12 @@ def test_installed_data_sets_and_hidden_paths_cannot_be_read(host_dir):
             out.append(type(e).__name__)
         return out
       """)
-  cfg = sandbox.SandboxConfig(hidden_paths=("/root", "/home", host_dir), **({} if ROOT else RELAXED))
+  relaxed = {} if ROOT else RELAXED
+  cfg = sandbox.SandboxConfig(hidden_paths=("/root", "/home", secret_dir), **_showing(host_dir), **relaxed)
   r = sandbox.run(src, sandbox.CodeTests.call("f", [[]], [["FileNotFoundError"] * 2]), config=cfg)
   assert r.passed, r.error
-  # Control: without hiding it, the sandbox uid can read a world-readable file.
-  cfg = sandbox.SandboxConfig(hidden_paths=("/root", "/home"), **({} if ROOT else RELAXED))
+  # Control: shown and not hidden, the sandbox uid can read a world-readable file.
+  cfg = sandbox.SandboxConfig(hidden_paths=("/root", "/home"), **_showing(host_dir), **relaxed)
   r = sandbox.run(src, sandbox.CodeTests.call("f", [[]], [["FileNotFoundError", "3432"]]), config=cfg)
   assert r.passed, r.error
 
@@ -431,7 +437,7 @@ def test_per_process_memory_bound_without_a_cgroup():
   processes per run (supervisor and zygote included), so the run holds at most
   memory_bytes * max_processes."""
   cfg = sandbox.SandboxConfig(memory_bytes=256 << 20, max_processes=8, memory_limit="per-process",
-                           require_privilege_drop=ROOT)
+                           require_privilege_drop=ROOT, cpus=1.0 if ROOT else None)
   caps = sandbox.sandbox_capabilities(cfg)
   if caps.namespaces is None:
     pytest.skip("without namespaces the process cap is shared with every process of the uid")
@@ -512,7 +518,7 @@ def test_setuid_binaries_do_not_gain_privileges(host_dir):
   src = ("import subprocess\n"
          "def f():\n"
          f"  return subprocess.run([{suid!r}], capture_output=True, text=True).stdout.strip()\n")
-  r = sandbox.run(src, sandbox.CodeTests.call("f", [[]], ["?"]))
+  r = sandbox.run(src, sandbox.CodeTests.call("f", [[]], ["?"]), config=sandbox.SandboxConfig(**_showing(host_dir)))
   assert r.error and "uid=65534" in r.error, r.error
   assert "euid=0" not in r.error, r.error
 
@@ -601,26 +607,26 @@ def test_syscall_tables_match_libseccomp():
     pytest.skip("libseccomp.so.2 (Debian/Ubuntu package libseccomp2) is not installed")
   resolve = lib.seccomp_syscall_resolve_name_arch
   resolve.argtypes, resolve.restype = [ctypes.c_uint32, ctypes.c_char_p], ctypes.c_int
-  for arch, table in kernel.SYSCALLS.items():
-    token = kernel.AUDIT_ARCH[arch]
+  for arch, table in seccomp.SYSCALLS.items():
+    token = seccomp.AUDIT_ARCH[arch]
     wrong = {n: (nr, resolve(token, n.encode())) for n, nr in table.items() if resolve(token, n.encode()) != nr}
     assert wrong == {}, (arch, wrong)
     # A denied name missing from an arch's table is missing from that arch's kernel too.
-    missing = [n for n in kernel.DENIED if n not in table and resolve(token, n.encode()) >= 0]
+    missing = [n for n in seccomp.DENIED if n not in table and resolve(token, n.encode()) >= 0]
     assert missing == [], (arch, missing)
 
 
 def test_seccomp_filter_program_shape():
-  for arch in kernel.SYSCALLS:
-    prog = kernel.seccomp_filter(arch)
+  for arch in seccomp.SYSCALLS:
+    prog = seccomp.seccomp_filter(arch)
     assert len(prog) % 8 == 0 and 0 < len(prog) // 8 < 4096  # the kernel's BPF_MAXINSNS
     last = struct.unpack("=HBBI", prog[-8:])
     assert last == (0x06, 0, 0, 0x7FFF0000)  # falls through to "allow"
-  assert kernel.seccomp_filter("sparc") is None
+  assert seccomp.seccomp_filter("sparc") is None
 
 
-def test_memory_cgroup_discovery_v1_and_v2(tmp_path):
-  """find_memory_cgroup on made-up /proc files (this machine has only one layout)."""
+def test_cgroup_discovery_v1_and_v2(tmp_path):
+  """find_cgroup on made-up /proc files (this machine has only one layout)."""
   v2 = tmp_path / "cg2"
   v2.mkdir()
   (v2 / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
@@ -629,11 +635,351 @@ def test_memory_cgroup_discovery_v1_and_v2(tmp_path):
   own = tmp_path / "cgroup"
   v1_line = f"35 25 0:30 / {str(v1).replace(' ', chr(92) + '040')} rw - cgroup cgroup rw,memory\n"
   info.write_text(f"30 25 0:26 / {v2} rw - cgroup2 cgroup2 rw\n" + v1_line)
-  own.write_text("4:memory:/job/7\n0::/user.slice/session-1.scope\n")
-  assert cgroups.find_memory_cgroup(str(info), str(own)) == (2, f"{v2}/mr_rl_sandbox")
-  info.write_text(v1_line)  # v1 only: nested under this process's own memory cgroup
-  assert cgroups.find_memory_cgroup(str(info), str(own)) == (1, f"{v1}/job/7/mr_rl_sandbox")
-  (v2 / "cgroup.controllers").write_text("cpu pids\n")  # v2 without memory, no v1
+  own.write_text("4:memory:/job/7\n3:cpu,cpuacct:/job/cpu\n0::/user.slice/session-1.scope\n")
+  cpu_v1_line = f"36 25 0:31 / /cg/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n"
+  assert cgroups.find_cgroup("memory", str(info), str(own)) == (2, f"{v2}/mr_rl_sandbox")
+  assert cgroups.find_cgroup("cpu", str(info), str(own)) == (2, f"{v2}/mr_rl_sandbox")
+  info.write_text(v1_line + cpu_v1_line)  # v1 only: nested under this process's own cgroups
+  assert cgroups.find_cgroup("memory", str(info), str(own)) == (1, f"{v1}/job/7/mr_rl_sandbox")
+  assert cgroups.find_cgroup("cpu", str(info), str(own)) == (1, "/cg/cpu,cpuacct/job/cpu/mr_rl_sandbox")
+  (v2 / "cgroup.controllers").write_text("pids\n")  # v2 without memory or cpu, no v1
   info.write_text(f"30 25 0:26 / {v2} rw - cgroup2 cgroup2 rw\n")
-  version, why = cgroups.find_memory_cgroup(str(info), str(own))
-  assert version is None and "memory" in why
+  for controller in ("memory", "cpu"):
+    version, why = cgroups.find_cgroup(controller, str(info), str(own))
+    assert version is None and controller in why
+
+
+# ----------------------------------------------------------------------------- no path to the host
+_REACH = """
+import os, socket
+def f(targets, abstract):
+  reached = []
+  for kind, path in targets:
+    try:
+      if kind == "stream":
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(1)
+        s.connect(path)
+      elif kind == "dgram":
+        socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b"x", path)
+      else:  # a FIFO with a reader on the host
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, b"x")
+      reached.append(path)
+    except OSError:
+      pass
+  try:
+    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect(abstract)
+    reached.append("abstract")
+  except OSError:
+    pass
+  return reached
+"""
+_DAEMONS = [("dgram", "/run/systemd/journal/socket"), ("stream", "/run/dbus/system_bus_socket"),
+            ("dgram", "/dev/log")]
+
+
+@needs_root
+def test_no_host_socket_or_fifo_is_reachable(host_dir):
+  """Host listeners (a Unix stream server, a datagram socket, a FIFO reader, all world-writable)
+  in places a run could see: /run/lock, a world-writable host directory, the checkout; and an
+  abstract socket. A read-only mount stops none of them: connect() and open() of a FIFO skip
+  the read-only check."""
+  import socket
+  checkout = tempfile.mkdtemp(prefix=".mrrl_", dir=os.path.dirname(os.path.abspath(__file__)))
+  dirs = [d for d in ("/run/lock", host_dir, checkout) if os.path.isdir(d) and os.access(d, os.W_OK)]
+  listeners, fifos, targets = [], [], list(_DAEMONS)
+  try:
+    for d in dirs:
+      for kind, sock_type in (("stream", socket.SOCK_STREAM), ("dgram", socket.SOCK_DGRAM)):
+        s = socket.socket(socket.AF_UNIX, sock_type)
+        path = os.path.join(d, f"mrrl-{uuid.uuid4().hex[:8]}.{kind}")
+        s.bind(path)
+        os.chmod(path, 0o777)
+        if kind == "stream":
+          s.listen(4)
+        s.setblocking(False)
+        listeners.append((s, path))
+        targets.append((kind, path))
+      path = os.path.join(d, f"mrrl-{uuid.uuid4().hex[:8]}.fifo")
+      os.mkfifo(path, 0o666)
+      os.chmod(path, 0o666)
+      fifos.append((os.open(path, os.O_RDONLY | os.O_NONBLOCK), path))
+      targets.append(("fifo", path))
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract.bind(f"\0mrrl-{uuid.uuid4().hex}")
+    abstract.listen(4)
+    abstract.setblocking(False)
+    listeners.append((abstract, None))
+    name = abstract.getsockname()
+    name = name.decode("latin-1") if isinstance(name, bytes) else name
+    r = sandbox.run(_REACH, sandbox.CodeTests.call("f", [[targets, name]], [[]]))
+    assert r.passed, r.error
+    for s, path in listeners:  # and the host's side saw nothing
+      with pytest.raises(BlockingIOError):
+        s.accept() if s.type == socket.SOCK_STREAM else s.recv(16)
+    for fd, path in fifos:
+      try:
+        assert os.read(fd, 16) == b"", path
+      except BlockingIOError:
+        pass
+  finally:
+    for s, path in listeners:
+      s.close()
+      if path:
+        os.unlink(path)
+    for fd, path in fifos:
+      os.close(fd)
+      os.unlink(path)
+    shutil.rmtree(checkout)
+
+
+_ROOT_VIEW = """
+import os
+def f(paths):
+  return [p for p in paths if os.path.lexists(p)]
+"""
+
+
+def test_the_run_sees_only_the_system_directories():
+  """Where host daemons, lock files and checkouts live is not in a run's root at all."""
+  absent = ["/run", "/var/run", "/var/lib", "/var/log", "/sys", "/home", "/srv", "/opt", "/mnt",
+            os.path.dirname(os.path.abspath(__file__))]
+  cfg = sandbox.SandboxConfig(**({} if ROOT else RELAXED))
+  r = sandbox.run(_ROOT_VIEW, sandbox.CodeTests.call("f", [[absent + ["/usr", "/etc"]]], [["/usr", "/etc"]]),
+                  config=cfg)
+  assert r.passed, r.error
+
+
+_DEV = """
+import os, stat
+def f():
+  seen, opened = [], []
+  for root, dirs, files in os.walk("/dev"):
+    if root == "/dev":
+      dirs.remove("shm")  # the private /tmp
+    for name in dirs + files:
+      path = os.path.join(root, name)
+      seen.append(path)
+      mode = os.lstat(path).st_mode
+      if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        try:
+          os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY))
+          opened.append(path)
+        except OSError:
+          pass
+  seen.append("shm")
+  null = os.stat("/dev/null").st_rdev
+  with open("/dev/null", "w") as out:
+    out.write("x")
+  links = {n: os.readlink("/dev/" + n) for n in ("fd", "stdin", "ptmx")}
+  return [sorted(seen), sorted(opened), [os.major(null), os.minor(null)], links]
+"""
+
+
+def test_a_run_gets_a_minimal_dev():
+  """The host's /dev holds every device of the machine (on an accelerator host NVIDIA's
+  /dev/nvidia* are mode 0666); a run's /dev holds these."""
+  nodes = ["/dev/full", "/dev/null", "/dev/random", "/dev/urandom", "/dev/zero"]
+  seen = sorted(nodes + ["/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr", "/dev/ptmx",
+                         "/dev/pts", "/dev/pts/ptmx", "shm"])
+  want = [seen, sorted(nodes + ["/dev/pts/ptmx"]), [1, 3],
+          {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "ptmx": "pts/ptmx"}]
+  cfg = sandbox.SandboxConfig(**({} if ROOT else RELAXED))
+  r = sandbox.run(_DEV, sandbox.CodeTests.call("f", [[]], [want]), config=cfg)
+  assert r.passed, r.error
+
+
+_LOCKS = """
+import fcntl, os, struct, time
+F_OFD_GETLK, F_OFD_SETLK = 36, 37
+def lock(kind):
+  return struct.pack("hhqqi4x", kind, 0, 0, 0, 0)  # struct flock: the whole file
+def f(role, files):
+  if role == "hold":  # read locks, which a read-only file allows
+    for path in files:
+      for cmd in (fcntl.F_SETLK, F_OFD_SETLK):
+        try:
+          fcntl.fcntl(os.open(path, os.O_RDONLY), cmd, lock(fcntl.F_RDLCK))
+        except OSError:
+          pass
+    time.sleep(2.0)
+    return 0
+  found = 0  # the prober: does anyone hold a lock that conflicts with a write lock?
+  for _ in range(12):
+    time.sleep(0.1)
+    for path in files:
+      fd = os.open(path, os.O_RDONLY)
+      for cmd in (fcntl.F_GETLK, F_OFD_GETLK):
+        try:
+          found += struct.unpack("hhqqi4x", fcntl.fcntl(fd, cmd, lock(fcntl.F_WRLCK)))[0] != fcntl.F_UNLCK
+        except OSError:
+          pass
+      os.close(fd)
+  return found
+"""
+
+
+@needs_root
+def test_concurrent_runs_cannot_talk_through_record_locks(host_dir):
+  """Run A takes POSIX and open-file-description read locks on shared read-only files; run B
+  probes for them (F_GETLK, F_OFD_GETLK), and a host writer tries to lock one meanwhile."""
+  import fcntl
+  import struct
+  import threading
+  shared = os.path.join(host_dir, "shared.txt")
+  with open(shared, "w") as f:
+    f.write("x")
+  os.chmod(shared, 0o644)
+  files = ["/etc/hostname" if os.path.exists("/etc/hostname") else "/etc/passwd", shared]
+  blocked, stop = [], threading.Event()
+
+  def host_writer():  # a host process taking write locks (SQLite, a lock file) now and then
+    fd = os.open(shared, os.O_RDWR)
+    try:
+      while not stop.wait(0.05):
+        for cmd in (fcntl.F_SETLK, 37):  # F_OFD_SETLK
+          try:
+            fcntl.fcntl(fd, cmd, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0))
+            fcntl.fcntl(fd, cmd, struct.pack("hhqqi4x", fcntl.F_UNLCK, 0, 0, 0, 0))
+          except OSError:
+            blocked.append(cmd)
+    finally:
+      os.close(fd)
+
+  writer = threading.Thread(target=host_writer)
+  writer.start()
+  try:
+    hold = sandbox.CodeTests.call("f", [["hold", files]], [0])
+    probe = sandbox.CodeTests.call("f", [["probe", files]], [0])
+    a, b = sandbox.run_many([_LOCKS, _LOCKS], [hold, probe], config=sandbox.SandboxConfig(**_showing(host_dir)),
+                            max_workers=2)
+  finally:
+    stop.set()
+    writer.join()
+  assert a.passed, a
+  assert b.passed, b  # B found no lock
+  assert blocked == [], "a run's read lock blocked a host writer"
+
+
+_POOLS = """
+import ctypes, fcntl, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+NR = {nr!r}
+def err(ret):
+  return ctypes.get_errno() if ret == -1 else "returned %d" % ret
+def f():
+  out = {{}}
+  ctx = ctypes.c_ulong(0)
+  out["io_setup"] = err(libc.syscall(NR["io_setup"], 1, ctypes.byref(ctx)))
+  out["memfd_secret"] = err(libc.syscall(NR["memfd_secret"], 0))
+  libc.mmap.restype = ctypes.c_void_p
+  libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+  p = libc.mmap(None, 2 << 20, 3, 0x02 | 0x20 | 0x40000, -1, 0)  # MAP_PRIVATE|ANONYMOUS|HUGETLB
+  out["mmap(MAP_HUGETLB)"] = ctypes.get_errno() if p == ctypes.c_void_p(-1).value else "mapped"
+  out["memfd_create(MFD_HUGETLB)"] = err(libc.syscall(NR["memfd_create"], b"x", 4))
+  out["shmget(SHM_HUGETLB)"] = err(libc.shmget(0, 2 << 20, 0o4000 | 0o600))
+  fd = os.open("/etc/passwd", os.O_RDONLY)
+  r, w = os.pipe()
+  for name, target, cmd, arg in (("F_SETLEASE", fd, 1024, fcntl.F_RDLCK), ("F_SETPIPE_SZ", w, 1031, 1 << 20)):
+    try:
+      fcntl.fcntl(target, cmd, arg)
+      out[name] = "ok"
+    except OSError as e:
+      out[name] = e.errno
+  out["sync"] = err(libc.syscall(NR["sync"]))
+  out["syncfs"] = err(libc.syscall(NR["syncfs"], fd))
+  out["fadvise64(DONTNEED)"] = err(libc.syscall(NR["fadvise64"], fd, 0, 0, 4))
+  out["readahead"] = err(libc.syscall(NR["readahead"], fd, 0, 4096))
+  out["fanotify_mark"] = err(libc.syscall(NR["fanotify_mark"], -1, 0, 0, -100, b"/"))
+  for name, family, kind in (("AF_VSOCK", 40, socket.SOCK_STREAM), ("AF_ALG", 38, socket.SOCK_SEQPACKET),
+                             ("AF_PACKET", 17, socket.SOCK_DGRAM)):
+    try:
+      socket.socket(family, kind).close()
+      out[name] = "ok"
+    except OSError as e:
+      out[name] = e.errno
+  # What a test program needs still works.
+  a, b = socket.socketpair()
+  socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+  out["memfd_create"] = err(libc.syscall(NR["memfd_create"], b"x", 0)) != 1
+  out["F_GETFL"] = fcntl.fcntl(w, fcntl.F_GETFL) >= 0
+  return out
+"""
+
+
+@needs_known_arch
+def test_machine_wide_pools_and_shared_objects_are_refused():
+  """Linux AIO reserves from fs.aio-max-nr (one run could make every host AIO user fail),
+  hugetlb pages from the machine's pool, memfd_secret unmaps pages from the kernel's direct map,
+  leases and pipe sizes act on shared files and a per-uid pool, sync/fadvise/readahead on the
+  page cache of shared files; AF_VSOCK reaches the hypervisor (not scoped by the network
+  namespace here)."""
+  import errno
+  names = ["io_setup", "memfd_secret", "mmap(MAP_HUGETLB)", "memfd_create(MFD_HUGETLB)",
+           "shmget(SHM_HUGETLB)", "F_SETLEASE", "F_SETPIPE_SZ", "sync", "syncfs", "fadvise64(DONTNEED)",
+           "readahead", "fanotify_mark", "AF_VSOCK", "AF_ALG", "AF_PACKET"]
+  want = {n: errno.EPERM for n in names}
+  want["memfd_create"] = want["F_GETFL"] = True
+  cfg = sandbox.SandboxConfig(**({} if ROOT else RELAXED))
+  src = _POOLS.format(nr=seccomp.SYSCALLS[platform.machine()])
+  r = sandbox.run(src, sandbox.CodeTests.call("f", [[]], [want]), config=cfg)
+  assert r.passed, r.error
+
+
+# ----------------------------------------------------------------------------- CPU share
+_HOG = """
+import os, time
+def f(n, seconds):  # n busy processes, each in a session (and so a scheduler autogroup) of its own
+  kids = []
+  for _ in range(n):
+    pid = os.fork()
+    if pid == 0:
+      os.setsid()
+      end = time.monotonic() + seconds
+      while time.monotonic() < end:
+        pass
+      os._exit(0)
+    kids.append(pid)
+  t0 = time.monotonic()
+  cpu = 0.0
+  for pid in kids:
+    cpu += sum(os.wait4(pid, 0)[2][:2])  # ru_utime + ru_stime
+  return [cpu, time.monotonic() - t0]
+"""
+_HONEST = """
+import time
+def f(n, seconds):
+  t0 = time.monotonic()
+  while time.monotonic() < t0 + seconds:
+    pass
+  return [time.process_time(), time.monotonic() - t0]
+"""
+_HOST_LOOP = ("import time\nt0 = time.monotonic()\nwhile time.monotonic() < t0 + {s}:\n  pass\n"
+              "print(time.process_time())\n")
+
+
+def _got(result):
+  return json.loads(result.error.rsplit("got ", 1)[1])
+
+
+@needs_root
+def test_a_run_cannot_take_more_than_its_cpu_share():
+  """A run whose 6 processes each call setsid (one autogroup each: 6 fair shares before), next
+  to an honest run and a host loop, for 3 s. Compared: CPU seconds each got in that time."""
+  seconds = 3.0
+  host = subprocess.Popen([sys.executable, "-c", _HOST_LOOP.format(s=seconds + 1.0)],
+                          stdout=subprocess.PIPE, text=True, start_new_session=True)
+  try:
+    tests = sandbox.CodeTests.call("f", [[6, seconds]], [None])
+    hog, honest = sandbox.run_many([_HOG, _HONEST], tests, timeout_s=15, max_workers=2)
+    host_cpu = float(host.communicate(timeout=30)[0])
+  finally:
+    host.kill()
+    host.wait()
+  (hog_cpu, hog_wall), (honest_cpu, _) = _got(hog), _got(honest)
+  quota = sandbox.SandboxConfig().cpus
+  assert hog_cpu <= quota * hog_wall * 1.1 + 0.2, (hog_cpu, hog_wall)  # the quota
+  # Fair shares: the hog is one scheduler entity, like the honest run and the host loop
+  # (before: 24x the host loop on 2 cores; the margins leave room for a loaded machine).
+  assert hog_cpu < 3 * honest_cpu and hog_cpu < 3 * host_cpu, (hog_cpu, honest_cpu, host_cpu)

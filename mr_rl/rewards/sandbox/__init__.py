@@ -35,24 +35,29 @@ Isolation (each run; see ``harness.py`` for the process layout and BUILD_NOTES.m
     per run, new network (no interface up, not even loopback), pid (the zygote is pid 1:
     when it dies every process of the run dies), mount, IPC (SysV and POSIX IPC objects
     die with the run) and UTS namespaces;
-  * files: every host mount is read-only inside (one ``mount_setattr``); ``/tmp``,
-    ``/var/tmp`` and ``/dev/shm`` are one private tmpfs of ``tmpfs_bytes``, the working
-    directory and the only writable place, gone with the run; ``/proc`` shows only the
-    run's processes; ``/sys/fs/cgroup`` is hidden; the interpreter prefix is re-exposed
-    read-only when the sandbox uid cannot traverse to it (e.g. pyenv under ``/root``);
+  * files: a root of its own (``pivot_root`` onto a tmpfs) that shows, read-only, only
+    ``SandboxConfig.visible_paths`` (``/usr``, ``/etc``, ``/lib*``, ...) and the interpreter
+    prefix (less its site-packages and ``hidden_paths``): no host socket, FIFO or lock file
+    of ``/run``, ``/var``, ``/tmp``, a checkout; ``/dev`` holds null, zero, full, random,
+    urandom, the fd links and a private devpts; ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are
+    one private tmpfs of ``tmpfs_bytes``, the working directory and the only writable place,
+    gone with the run; ``/proc`` shows only the run's processes; no ``/sys``;
   * credentials: as root everything runs as ``uid/gid`` (65534) with no supplementary
     groups and no capabilities (also none in its user namespace), so it cannot write the
     checkout or ``$HOME`` even without the read-only mounts; ``no_new_privs`` (setuid
     binaries do not elevate); a fresh, empty session
     keyring (the trainer's keys are out of reach); supervisor and zygote non-dumpable;
-  * a seccomp filter on the zygote and everything it forks (``kernel.DENIED``:
-    ptrace, keyrings, mount, namespaces, bpf, perf, userfaultfd, io_uring, kexec and
-    modules, mincore, ...);
+  * a seccomp filter on the zygote and everything it forks (``seccomp.DENIED`` and
+    ``seccomp.ARG_RULES``: ptrace, keyrings, mount, namespaces, bpf, perf, userfaultfd,
+    io_uring, Linux AIO, kexec and modules, mincore, file locks and leases, hugetlb pages,
+    socket families other than unix/inet/inet6/netlink, ...);
   * memory: ``memory_limit="cgroup"`` (default) puts each server, and so every process of
     its runs, in a memory cgroup of ``memory_bytes`` (v2, or v1; swap included), with the
     run's processes first in line for the OOM killer; rlimits on the worker: address
     space, CPU seconds, processes, file size (which also caps captured output), open
-    files, no core files;
+    files, no core files, no real-time scheduling;
+  * CPU: each server is also in a CPU cgroup with a quota of ``cpus`` (default 1 CPU per
+    run; one scheduler group, however many sessions the run makes);
   * a scrubbed environment (PATH, LANG, HOME=TMPDIR=working directory).
   Not root: no uid change and no cgroup are possible; the harness uses an unprivileged
   user namespace (the same namespaces, mounts and filter) where the kernel allows one, and

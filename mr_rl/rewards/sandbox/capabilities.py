@@ -18,7 +18,7 @@ import sys
 import sysconfig
 import tempfile
 
-from mr_rl.rewards.sandbox import cgroups, kernel
+from mr_rl.rewards.sandbox import cgroups, seccomp
 from mr_rl.rewards.sandbox.host import SandboxError, launch, rmtree
 
 
@@ -38,6 +38,7 @@ class SandboxCapabilities:
     private_proc: /proc inside shows only the run's processes.
     read_only_host: every mount but the private tmpfs and /proc is read-only inside.
     memory_cgroup: 1 or 2 (the cgroup version bounding a whole run's memory) or None.
+    cpu_cgroup: 1 or 2 (the cgroup version bounding a whole run's CPU time) or None.
     seccomp: the syscall filter is installed (and no_new_privs set) before candidate code.
     privilege_drop: the candidate runs as ``SandboxConfig.uid`` (root only).
     capabilities_left: capability sets (name, mask) still non-empty after the drop; empty
@@ -54,6 +55,7 @@ class SandboxCapabilities:
   private_proc: bool
   read_only_host: bool
   memory_cgroup: int | None
+  cpu_cgroup: int | None
   seccomp: bool
   privilege_drop: bool
   capabilities_left: tuple[tuple[str, int], ...]
@@ -73,6 +75,7 @@ def harness_cfg(config, role, namespaces, drop, workdir, limits=None):
   hide = sorted({os.path.realpath(p) for p in config.hidden_paths} | set(_site_dirs()))
   return {"role": role, "namespaces": namespaces, "drop": drop, "uid": config.uid, "gid": config.gid,
           "workdir": workdir, "expose": prefixes, "hide": hide, "tmpfs_bytes": config.tmpfs_bytes,
+          "visible": list(config.visible_paths),
           "limits": limits}
 
 
@@ -85,17 +88,33 @@ def make_workdir(config, drop):
 
 
 # ----------------------------------------------------------------------------- capabilities
-@functools.lru_cache(maxsize=1)
-def _cgroup_parent():
-  return cgroups.find_memory_cgroup()
+@functools.lru_cache(maxsize=2)
+def _cgroup_parent(controller):
+  return cgroups.find_cgroup(controller)
 
 
 def cgroup_spec(config):
-  """The fork server's cgroup for ``config`` (``{"version", "parent", "limit"}``) or None."""
-  version, parent = _cgroup_parent()
-  if config.memory_limit != "cgroup" or version is None:
-    return None
-  return {"version": version, "parent": parent, "limit": config.memory_bytes}
+  """The fork server's cgroups for ``config`` (``{"dirs": [[version, parent, settings]]}``,
+  for ``cgroups.cgroup_enter``) or None.
+
+  CPU: a quota of ``cpus`` per 100 ms period, and with it a scheduler group of its own: a run
+  whose processes each call ``setsid`` no longer gets one scheduler autogroup (one fair
+  share) per process, since autogroups apply only to tasks of the root CPU cgroup.
+  """
+  dirs = {}
+  version, parent = _cgroup_parent("memory")
+  if config.memory_limit == "cgroup" and version is not None:
+    limit = config.memory_bytes
+    dirs[parent] = [version, parent, {"memory.max": limit, "?memory.swap.max": 0} if version == 2 else
+                    {"memory.limit_in_bytes": limit, "?memory.memsw.limit_in_bytes": limit}]
+  version, parent = _cgroup_parent("cpu")
+  if config.cpus is not None and version is not None:
+    period = 100_000
+    quota = max(1000, int(config.cpus * period))
+    settings = ({"cpu.max": f"{quota} {period}"} if version == 2 else
+                {"cpu.cfs_period_us": period, "cpu.cfs_quota_us": quota})
+    dirs.setdefault(parent, [version, parent, {}])[2].update(settings)
+  return {"dirs": list(dirs.values())} if dirs else None
 
 
 def _probe(config, namespaces, drop):
@@ -123,7 +142,7 @@ def _probe(config, namespaces, drop):
   return report
 
 
-_WRITABLE_INSIDE = {"/tmp", "/var/tmp", "/dev/shm", "/proc", "/dev/pts", "/dev/ptmx"}  # all private
+_WRITABLE_INSIDE = {"/tmp", "/var/tmp", "/dev/shm", "/proc", "/dev/pts"}  # all private
 
 
 @functools.lru_cache(maxsize=8)
@@ -143,7 +162,7 @@ def capabilities(config) -> SandboxCapabilities:
               pid_namespace=ns is not None, ipc_namespace=bool(ns and report.get("ipc_namespace")),
               private_tmp=ns is not None, private_proc=bool(report.get("private_proc")),
               read_only_host=bool(ns) and writable <= _WRITABLE_INSIDE,
-              memory_cgroup=report.get("memory_cgroup"),
+              memory_cgroup=report.get("memory_cgroup"), cpu_cgroup=report.get("cpu_cgroup"),
               seccomp=bool(report.get("seccomp") and report.get("no_new_privs")),
               privilege_drop=is_root and report.get("uid") == config.uid,
               capabilities_left=tuple(sorted((report.get("capabilities") or {}).items())),
@@ -158,13 +177,18 @@ def capabilities(config) -> SandboxCapabilities:
   elif not caps["read_only_host"]:
     notes.append(f"host mounts left writable inside: {sorted(writable - _WRITABLE_INSIDE)}")
   if caps["memory_cgroup"] is None:
-    why = report.get("cgroup_error") or _cgroup_parent()[1]
+    why = report.get("cgroup_error") or _cgroup_parent("memory")[1]
     why = why if config.memory_limit == "cgroup" else "memory_limit='per-process'"
     notes.append(f"no memory cgroup ({why}): memory_bytes holds per process, so a run can hold "
                  "memory_bytes * max_processes plus tmpfs_bytes of files")
+  if caps["cpu_cgroup"] is None:
+    why = report.get("cgroup_error") or _cgroup_parent("cpu")[1]
+    why = why if config.cpus is not None else "cpus=None"
+    notes.append(f"no CPU cgroup ({why}): a run's processes take CPU like any others, and where "
+                 "scheduler autogroups are on, each process that calls setsid gets a share of its own")
   if not caps["seccomp"]:
-    arch = kernel.ARCH
-    table = "supported" if arch in kernel.SYSCALLS else "no syscall table"
+    arch = seccomp.ARCH
+    table = "supported" if arch in seccomp.SYSCALLS else "no syscall table"
     notes.append(f"no syscall filter (arch {arch}: {table}; "
                  f"{report.get('child_error') or 'filter not active'}); without a table the "
                  "trainer's session keyring is not replaced either")
@@ -189,6 +213,9 @@ def plan(config):
   if config.memory_limit == "cgroup" and caps.memory_cgroup is None:
     raise SandboxError(f"no memory cgroup for a whole-run memory limit ({caps.notes}); set "
                        "SandboxConfig(memory_limit='per-process') to bound each process only")
+  if config.cpus is not None and caps.cpu_cgroup is None:
+    raise SandboxError(f"no CPU cgroup for a whole-run CPU quota ({caps.notes}); set "
+                       "SandboxConfig(cpus=None) to run without one")
   if config.require_seccomp and not caps.seccomp:
     raise SandboxError(f"no syscall filter on this machine ({caps.notes}); "
                        "set SandboxConfig(require_seccomp=False) to run without it")

@@ -1,9 +1,9 @@
-"""Memory cgroups of the code sandbox: one cgroup bounds every process of a run together.
+"""Cgroups of the code sandbox: one memory cgroup and one CPU cgroup bound every process of a run.
 
 Stdlib only. Part of the harness that runs inside the sandbox (``host.HARNESS_FILES``, run in
-order in one namespace): the fork server enters a cgroup of ``memory_bytes`` with
-``cgroup_enter`` and waits for each run's processes to leave it. The host imports it to find
-the memory cgroup hierarchy (``find_memory_cgroup``), the tests to check that search.
+order in one namespace): the fork server enters cgroups of ``memory_bytes`` and ``cpus`` with
+``cgroup_enter`` and waits for each run's processes to leave them. The host imports it to find
+the hierarchies (``find_cgroup``), the tests to check that search.
 """
 
 import errno
@@ -26,12 +26,13 @@ def _unescape(field):
   return field
 
 
-def find_memory_cgroup(mountinfo="/proc/self/mountinfo", own="/proc/self/cgroup"):
-  """Where sandbox cgroups with a memory limit can go: ``(version, parent_dir)`` or ``(None, why)``.
+def find_cgroup(controller, mountinfo="/proc/self/mountinfo", own="/proc/self/cgroup"):
+  """Where sandbox cgroups with ``controller`` ("memory", "cpu") can go: ``(version,
+  parent_dir)`` or ``(None, why)``.
 
   cgroup v2 (preferred): ``<mount>/mr_rl_sandbox``, a child of the root cgroup (a cgroup
   with processes cannot delegate controllers). cgroup v1: ``mr_rl_sandbox`` under this
-  process's own memory cgroup, so that sandboxes stay inside the limits imposed on it.
+  process's own cgroup of that hierarchy, so that sandboxes stay inside the limits imposed on it.
   """
   with open(own) as f:
     own_lines = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
@@ -44,13 +45,13 @@ def find_memory_cgroup(mountinfo="/proc/self/mountinfo", own="/proc/self/cgroup"
       if fstype == "cgroup2" and v2 is None:
         try:
           with open(os.path.join(point, "cgroup.controllers")) as c:
-            if "memory" in c.read().split():
+            if controller in c.read().split():
               v2 = point
         except OSError:
           pass
-      elif fstype == "cgroup" and "memory" in opts.split(",") and v1 is None:
+      elif fstype == "cgroup" and controller in opts.split(",") and v1 is None:
         for _, controllers, path in own_lines:
-          if "memory" in controllers.split(","):
+          if controller in controllers.split(","):
             if root != "/" and path.startswith(root):
               path = path[len(root):]
             v1 = point + path.rstrip("/")
@@ -58,23 +59,37 @@ def find_memory_cgroup(mountinfo="/proc/self/mountinfo", own="/proc/self/cgroup"
     return 2, os.path.join(v2, CGROUP_PARENT)
   if v1:
     return 1, os.path.join(v1, CGROUP_PARENT)
-  return None, "no cgroup v2 hierarchy with the memory controller and no cgroup v1 memory hierarchy"
+  return None, f"no cgroup v2 hierarchy with the {controller} controller and no cgroup v1 {controller} hierarchy"
 
 
-def _enable_memory(directory):
+def _enable(directory, controllers):
   with open(os.path.join(directory, "cgroup.subtree_control")) as f:
-    if "memory" in f.read().split():
-      return
-  _write(os.path.join(directory, "cgroup.subtree_control"), "+memory")
+    missing = set(controllers) - set(f.read().split())
+  if missing:
+    _write(os.path.join(directory, "cgroup.subtree_control"), " ".join(f"+{c}" for c in sorted(missing)))
 
 
 def cgroup_enter(spec, name):
-  """Creates ``<parent>/<name>`` limited to ``spec["limit"]`` bytes (swap included) and moves
-  this process (root) into it; children inherit it at fork, with no migration cost.
+  """Creates ``<parent>/<name>`` for each ``[version, parent, settings]`` of ``spec["dirs"]``
+  (one per hierarchy: on cgroup v1 memory and cpu are two), writes its ``settings`` (file ->
+  value; a name starting with "?" is written only where the file exists, e.g. swap
+  accounting) and moves this process (root) into it; children inherit it at fork, with no
+  migration cost.
 
-  Returns ``(path, origin)``: ``origin`` is the cgroup left, for ``cgroup_leave``.
+  Returns ``[(path, origin)]``: ``origin`` is the cgroup left, for ``cgroup_leave``.
   """
-  version, parent, limit = spec["version"], spec["parent"], int(spec["limit"])
+  entered = []
+  try:
+    for version, parent, settings in spec["dirs"]:
+      entered.append(_enter_one(version, parent, settings, name))
+  except OSError:
+    for path, origin in reversed(entered):
+      cgroup_leave(path, origin)
+    raise
+  return entered
+
+
+def _enter_one(version, parent, settings, name):
   if version == 2:
     with open("/proc/self/cgroup") as f:
       own = [line.strip()[3:] for line in f if line.startswith("0::")]
@@ -86,16 +101,20 @@ def cgroup_enter(spec, name):
   except FileExistsError:
     pass
   if version == 2:
-    _enable_memory(os.path.dirname(parent))
-    _enable_memory(parent)
+    controllers = {k.lstrip("?").split(".")[0] for k in settings}
+    _enable(os.path.dirname(parent), controllers)
+    _enable(parent, controllers)
   path = os.path.join(parent, name)
   os.mkdir(path)
-  names = (("memory.max", "memory.swap.max") if version == 2
-           else ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"))
-  _write(os.path.join(path, names[0]), str(limit))  # must exist: it is the limit
-  if os.path.exists(os.path.join(path, names[1])):  # only with swap accounting
-    _write(os.path.join(path, names[1]), str(0 if version == 2 else limit))
-  _write(os.path.join(path, "cgroup.procs"), "0")
+  try:
+    for key, value in settings.items():
+      file = os.path.join(path, key.lstrip("?"))
+      if not key.startswith("?") or os.path.exists(file):
+        _write(file, str(value))
+    _write(os.path.join(path, "cgroup.procs"), "0")
+  except OSError:
+    os.rmdir(path)
+    raise
   return path, origin
 
 
@@ -138,12 +157,17 @@ def cgroup_leave(path, origin):
   os.rmdir(path)
 
 
-def cgroup_sweep(parent):
+def cgroup_sweep(spec):
   """Removes cgroups ``<parent>/{srv,probe}_<pid>`` of processes that no longer exist."""
-  try:
-    names = os.listdir(parent)
-  except OSError:
-    return
+  for _, parent, _ in spec["dirs"]:
+    try:
+      names = os.listdir(parent)
+    except OSError:
+      continue
+    _sweep(parent, names)
+
+
+def _sweep(parent, names):
   for name in names:
     kind, _, pid = name.partition("_")
     if kind in ("srv", "probe") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):

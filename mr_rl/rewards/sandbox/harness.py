@@ -1,10 +1,10 @@
 """Process roles of the code sandbox (runs inside the sandbox, stdlib only).
 
 ``host`` starts the harness with ``python -I -S -c``: the files of ``HARNESS_FILES``
-(wire format, kernel interfaces, memory cgroups, checker, this file) as marshalled code
+(wire format, syscall filter, kernel interfaces, cgroups, checker, this file) as marshalled code
 objects on the command line, run in order in one namespace, so no file on disk can be
 swapped under a run. It runs as a FORK SERVER (``fork_server``: one per concurrent run
-slot, in its own memory cgroup and user namespace, forking one supervisor per run) and
+slot, in its own memory and CPU cgroups and user namespace, forking one supervisor per run) and
 once per machine as a capability probe (``probe``). Three processes take part in a run:
 
 * the SUPERVISOR (S): sets up the run's namespaces and mounts (``setup_namespaces``),
@@ -43,9 +43,9 @@ if __name__ != "__main__":
   from mr_rl.rewards.sandbox.check import Abort, Channel, check_job
   from mr_rl.rewards.sandbox.kernel import (MS_NODEV, MS_NOEXEC, MS_NOSUID, PR_SET_PDEATHSIG,
                                             capability_sets, close_fds_except, drop_privileges,
-                                            install_seccomp, libc, make_user_namespace, mount,
-                                            prctl, seccomp_filter, set_worker_limits,
-                                            setup_namespaces)
+                                            libc, make_user_namespace, mount, prctl,
+                                            set_worker_limits, setup_namespaces)
+  from mr_rl.rewards.sandbox.seccomp import install_seccomp, seccomp_filter
   from mr_rl.rewards.sandbox.wire import decode, encode, recv, send
 SECCOMP = seccomp_filter()  # (built once per fork server; None where unsupported)
 DEFAULT_INT_DIGITS = 4300  # CPython's default int/str conversion limit, kept in S and Z
@@ -359,17 +359,19 @@ def _probe_namespaces(cfg, w):
 def probe(cfg):
   """Reports what this machine allows (run by ``sandbox_capabilities``).
 
-  This process joins the memory cgroup (when asked) and stays in the host's namespaces to
-  remove it afterwards; a child sets up the run's namespaces and forks the checker (pid 1).
+  This process joins the cgroups (when asked) and stays in the host's namespaces to remove
+  them afterwards; a child sets up the run's namespaces and forks the checker (pid 1).
   """
-  report = {"memory_cgroup": None}
-  cgroup = None
+  report = {"memory_cgroup": None, "cpu_cgroup": None}
+  cgroups = []
   if cfg.get("cgroup"):
     try:
-      cgroup = cgroup_enter(cfg["cgroup"], f"probe_{os.getpid()}")
+      cgroups = cgroup_enter(cfg["cgroup"], f"probe_{os.getpid()}")
       with open("/proc/self/cgroup") as f:
-        if os.path.basename(cgroup[0]) in f.read():
-          report["memory_cgroup"] = cfg["cgroup"]["version"]
+        own = f.read()
+      for (path, _), (version, _, settings) in zip(cgroups, cfg["cgroup"]["dirs"]):
+        for key in settings if os.path.basename(path) in own else ():
+          report[key.lstrip("?").split(".")[0] + "_cgroup"] = version
     except OSError as e:
       report["cgroup_error"] = str(e)
   r, w = os.pipe()
@@ -384,12 +386,12 @@ def probe(cfg):
   got = _read_all(r)
   os.waitpid(pid, 0)
   report.update(json.loads(got or b'{"error": "namespace probe died"}'))
-  if cgroup is not None:
+  for path, origin in cgroups:
     try:
-      cgroup_leave(*cgroup)
+      cgroup_leave(path, origin)
     except OSError as e:
-      report["cgroup_error"] = f"cannot remove {cgroup[0]}: {e}"
-      report["memory_cgroup"] = None
+      report["cgroup_error"] = f"cannot remove {path}: {e}"
+      report["memory_cgroup"] = report["cpu_cgroup"] = None
   os.write(1, json.dumps(report).encode())
 
 
@@ -401,17 +403,17 @@ def fork_server(cfg):
   (its own session, so the caller can kill the process group). The server never
   sees a job: jobs go from the caller straight to the supervisor's stdin. The host
   gives it one run at a time. With ``cfg["cgroup"]`` the server lives in its own memory
-  cgroup, which every run it forks inherits (no per-run migration, which costs a
+  and CPU cgroups, which every run it forks inherits (no per-run migration, which costs a
   scheduler-wide RCU grace period); before each run it waits until the previous run's
   processes have left. It exits when the caller's end of the socket closes, killing what
   is left of its runs and removing its cgroup.
   """
   import socket
   sock = socket.socket(fileno=cfg["fd"])
-  cgroup = None
+  cgroups = []
   if cfg.get("cgroup"):
-    cgroup_sweep(cfg["cgroup"]["parent"])
-    cgroup = cgroup_enter(cfg["cgroup"], f"srv_{os.getpid()}")
+    cgroup_sweep(cfg["cgroup"])
+    cgroups = cgroup_enter(cfg["cgroup"], f"srv_{os.getpid()}")
   userns = None
   children = set()
   while True:
@@ -428,9 +430,10 @@ def fork_server(cfg):
           os.killpg(child, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
           pass
-      if cgroup is not None:
-        cgroup_wait_empty(cgroup[0], os.getpid())
-        cgroup_leave(*cgroup)
+      if cgroups:
+        cgroup_wait_empty(cgroups[0][0], os.getpid())
+      for path, origin in cgroups:
+        cgroup_leave(path, origin)
       os._exit(0)
     req = json.loads(msg)
     if req["cfg"]["namespaces"]:  # one user namespace per server: per-slot RLIMIT_NPROC count
@@ -439,7 +442,7 @@ def fork_server(cfg):
         req["cfg"]["userns_fd"] = userns
       except OSError as e:
         req["cfg"]["userns_error"] = str(e)
-    if cgroup is not None and not cgroup_wait_empty(cgroup[0], os.getpid()):
+    if cgroups and not cgroup_wait_empty(cgroups[0][0], os.getpid()):
       for fd in fds:
         os.close(fd)
       sock.send(b"0")  # the previous run's processes did not die: no new run in this cgroup

@@ -21,12 +21,12 @@ import threading
 import time
 from pathlib import Path
 
-# The harness is five stdlib-only files run in order in one namespace (wire format, kernel
-# interfaces, memory cgroups, the supervisor's checker, process roles). Each is compiled once
+# The harness is six stdlib-only files run in order in one namespace (wire format, syscall
+# filter, kernel interfaces, cgroups, the supervisor's checker, process roles). Each is compiled once
 # here; the sandbox gets the marshalled code objects on its command line (no file to swap, no 50 ms
 # compile per run; one argument per file, as Linux caps one argument at 128 KiB).
 HARNESS_FILES = tuple(Path(__file__).with_name(n) for n in (
-    "wire.py", "kernel.py", "cgroups.py", "check.py", "harness.py"))
+    "wire.py", "seccomp.py", "kernel.py", "cgroups.py", "check.py", "harness.py"))
 _HARNESS_CODE = tuple(marshal.dumps(compile(p.read_text(), str(p), "exec")).hex()
                       for p in HARNESS_FILES)
 _BOOT = ("import marshal,sys\n"
@@ -107,7 +107,7 @@ class ForkServer:
   @contextlib.contextmanager
   def acquire(cls, python, cgroup=None, ids=None):
     """An idle server for ``python`` whose runs go into a cgroup made from ``cgroup``
-    (``{"version", "parent", "limit"}``, or None for no cgroup) and, in namespace modes, a
+    (``capabilities.cgroup_spec``, or None for no cgroup) and, in namespace modes, a
     user namespace mapping ``ids`` (uid, gid); started if none is idle."""
     key = (os.getpid(), python, json.dumps(cgroup, sort_keys=True), ids)
     with cls._lock:

@@ -129,9 +129,14 @@ class SandboxConfig:
   a run together, in a memory cgroup (v2, or v1 where the machine has that; needs root),
   ``SandboxError`` where there is none; "per-process" only as ``RLIMIT_AS`` of each process,
   so a run can hold up to ``memory_bytes * max_processes`` plus ``tmpfs_bytes`` of files.
+  ``cpus`` bounds a run's CPU time per wall-clock second (every process together), through
+  a CPU cgroup (root only; ``SandboxError`` where there is none, unless ``cpus=None``).
+  A run's root shows only ``visible_paths`` of the host (read-only, less ``hidden_paths``),
+  the interpreter and a private ``/dev``, ``/proc`` and ``/tmp``.
   """
   memory_bytes: int = 1 << 30  # whole run (memory_limit="cgroup"); also RLIMIT_AS of each process
   memory_limit: str = "cgroup"  # "cgroup" or "per-process" (see the class docstring)
+  cpus: float | None = 1.0  # CPU quota of a whole run, in CPUs (None: no quota)
   max_processes: int = 64  # RLIMIT_NPROC, counted per run (each run has its own user namespace)
   max_file_bytes: int = 32 << 20  # RLIMIT_FSIZE: largest file / captured stdout
   max_open_files: int = 256  # RLIMIT_NOFILE
@@ -145,6 +150,11 @@ class SandboxConfig:
   # Host directories hidden under an empty tmpfs inside (the interpreter is bound back if it
   # lives under one); the interpreter's site-packages are always hidden as well.
   hidden_paths: tuple[str, ...] = ("/root", "/home")
+  # Host directories a run sees (read-only; top-level symlinks such as /bin -> usr/bin are
+  # kept). Nothing else of the host is there: not /run, /var, /tmp, /dev, /sys, a checkout,
+  # where host daemons' sockets and FIFOs and lock files live.
+  visible_paths: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+                                    "/etc")
   python: str = sys.executable  # interpreter for the sandbox (stdlib only is needed)
 
   def __post_init__(self):
@@ -156,12 +166,16 @@ class SandboxConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive int (not root), got {value!r}")
-    if isinstance(self.hidden_paths, list):  # e.g. from a config file
-      object.__setattr__(self, "hidden_paths", tuple(self.hidden_paths))
     ok = lambda p: isinstance(p, str) and os.path.isabs(p) and os.path.realpath(p) != "/"
-    if not isinstance(self.hidden_paths, tuple) or not all(ok(p) for p in self.hidden_paths):
-      raise ValueError("hidden_paths must be a tuple of absolute paths other than /, got "
-                       f"{self.hidden_paths!r}")
+    for name in ("hidden_paths", "visible_paths"):
+      if isinstance(getattr(self, name), list):  # e.g. from a config file
+        object.__setattr__(self, name, tuple(getattr(self, name)))
+      if not isinstance(getattr(self, name), tuple) or not all(ok(p) for p in getattr(self, name)):
+        raise ValueError(f"{name} must be a tuple of absolute paths other than /, got "
+                         f"{getattr(self, name)!r}")
+    if self.cpus is not None and (isinstance(self.cpus, bool) or not isinstance(self.cpus, (int, float))
+                                  or not 0.01 <= self.cpus < 1e6):
+      raise ValueError(f"cpus must be None or a number of CPUs >= 0.01, got {self.cpus!r}")
     if self.memory_limit not in ("cgroup", "per-process"):
       raise ValueError(f"memory_limit must be 'cgroup' or 'per-process', got {self.memory_limit!r}")
     require_timeout("startup_grace_s", self.startup_grace_s)

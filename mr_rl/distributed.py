@@ -113,3 +113,10 @@ def sum_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
   keys = sorted(metrics)
   gathered = allgather(np.asarray([float(metrics[k]) for k in keys], np.float64))
   return dict(zip(keys, (float(v) for v in gathered.sum(0))))
+
+
+def barrier(name: str) -> None:
+  """Waits until every process has reached this point (no-op with one process)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)

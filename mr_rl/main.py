@@ -9,9 +9,13 @@ Pipelines (`config.pipeline`): 'train' (one run), 'tag' (probe every channel, el
 anchor by per-token reverse KL, then train TAG from pi_0), 'demo' (the CPU comparison).
 `--multihost` runs one process of a multi-process job over one global mesh
 (`mr_rl.distributed`; `launch/local_multiprocess.sh N ...` starts N on one machine).
+On SIGTERM a run saves a checkpoint at the next step boundary and exits with status 75
+(`mr_rl.train.PREEMPTED_EXIT_CODE`); running the same command again resumes it.
 `--dry_run` prints the resolved settings and the compute estimate of the run
 (`mr_rl.config_lib.dry_run`) without loading weights or data; it needs no `--workdir`.
 """
+
+import sys
 
 import sys
 
@@ -88,7 +92,12 @@ def main(argv):
     from mr_rl import distributed
     distributed.initialize(*manual)
   from mr_rl import pipelines
-  pipelines.run(_CONFIG.value, _WORKDIR.value)
+  from mr_rl import train
+  try:
+    pipelines.run(_CONFIG.value, _WORKDIR.value)
+  except train.Preempted as e:  # checkpointed at a step boundary: the same command resumes
+    print(f"preempted: {e}; exiting with status {train.PREEMPTED_EXIT_CODE}", flush=True)
+    sys.exit(train.PREEMPTED_EXIT_CODE)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ import dataclasses
 import functools
 import logging
 import os
+import signal as os_signal
+import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -46,7 +48,7 @@ import numpy as np
 
 from mr_rl import data, distributed, evaluation, metrics as metrics_lib, models
 from mr_rl import rollout as rollout_lib
-from mr_rl.checkpointing import Checkpointer
+from mr_rl.checkpointing import Checkpointer, check_resume
 from mr_rl.models import sharding
 from mr_rl.rewards.runner import RewardRunner, get_reward
 from mr_rl.rl import batch as batch_lib
@@ -262,12 +264,15 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
   alarm = metrics_lib.ShortcutAlarm(s.alarm_window)
   start = 0
   ckpt = writer = None
+  history = []
+  settings_record = metrics_lib.settings_dict(s)
   if workdir is not None:
     os.makedirs(workdir, exist_ok=True)
-    ckpt = Checkpointer(workdir) if s.checkpoint_every else None  # all processes save
-    latest = ckpt.latest_step() if ckpt else None
-    if latest is not None:
-      state, meta = ckpt.restore(latest, state)
+    ckpt = Checkpointer(workdir)  # all processes save; the end of training always is saved
+    restored = ckpt.restore_latest(state, log)
+    if restored is not None:
+      state, meta = restored
+      check_resume(meta.get("settings"), settings_record, ckpt.directory)
       state["train"] = learner.place_state(state["train"])
       start = int(meta["step"])
       data_iter.restore(meta["data"])
@@ -276,71 +281,125 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
         log(f"resumed from {ckpt.directory} at step {start}")
     if distributed.is_primary():  # metrics, TensorBoard and W&B are written once
       writer = metrics_lib.MetricsWriter(workdir, resume_step=start, settings=s)
-  row_multiple = M * (1 if comp.mesh is None else sharding.data_parallel_size(comp.mesh))
-  history = []
-  eta = metrics_lib.ETA(s.total_steps)
-  for step in range(start, s.total_steps):
-    key = jax.random.fold_in(state["key"], step)
-    k_roll, k_agg, k_upd = jax.random.split(key, 3)
-    # draw + score
-    draw = draw_groups(comp, state["train"].params, state["agg"], data_iter, signal, k_roll,
-                       k_agg)
-    t0 = time.perf_counter()
-    # signal
-    sig = signal(state["agg"], jnp.asarray(draw.r_BGK[:draw.signal_groups]), k_agg)
-    state["agg"] = jax.device_get(sig.agg_state)
-    # batch
-    batch = learner_batch(s, draw, sig, learner, state["train"], comp.mesh, row_multiple)
-    shape_m = {"batch/columns": float(batch.shape[1])}
-    if s.update.pack:
-      shape_m.update({"batch/packed_rows": float(batch.shape[0]),
-                      "batch/packed_sequences": float(batch_lib.packed_sequences(batch))})
-    ref_logp = None  # log pi_0: the KL penalty needs it; else only the kl_ref/* metrics do
-    if s.update.loss.kl_coef > 0 or (s.kl_ref_every and step % s.kl_ref_every == 0):
-      seg = () if batch.segment_ids is None else (batch.segment_ids,)
-      ref_logp = update_lib.chunked_forward(logprob_fn, comp.base_params, batch.tokens,
-                                            batch.mask, *seg, num_chunks=M, mesh=comp.mesh)
-      if s.update.loss.kl_coef > 0:
-        batch = batch.replace(ref_logp=ref_logp)
-    # step
-    placed = learner.place_batch(batch)
-    state["train"], upd_m = learner.step(state["train"], placed, k_upd)
-    kl_m = None if ref_logp is None else reference_kl(ref_logp, placed.old_logp,
-                                                      placed.response_mask)
-    # log (the device values of the step come to the host here)
-    upd_m, kl_m, agg_m, R_BG = jax.device_get((upd_m, kl_m, sig.metrics, sig.R_BG))
-    t1 = time.perf_counter()
-    kept = draw.rollout if draw.n_kept in (0, draw.r_BGK.shape[0]) else \
-        draw.rollout.take(draw.n_kept)
-    m = metrics_lib.step_metrics(names, draw.r_BGK[:draw.signal_groups], R_BG, agg_m, upd_m,
-                                 draw.reward_metrics, kept.lengths, kept.truncated)
-    m.update(kl_m or {})
-    m.update(shape_m)
-    m.update(draw.metrics)
-    m.update(alarm.update(m["reward/scalar/mean"], m[f"reward/{names[s.rewards.primary]}/mean"]))
-    m.update({"time/rollout": draw.t_rollout, "time/reward": draw.t_reward,
-              "time/update": t1 - t0})
-    if s.eval.every and (step + 1) % s.eval.every == 0:
-      m.update(evaluation.run_evaluation(
-          comp.policy, comp.runner, s, comp.eval_data, state["train"].params,
-          jax.random.fold_in(root, 10**9 + step)))
-    if not np.isfinite(m.get("loss/policy", 0.0)):
-      raise FloatingPointError(f"non-finite policy loss at step {step}: {m.get('loss/policy')}")
-    history.append({"step": step, **m})
-    if writer:
-      writer.write(step, m)
-    eta_s = eta.update(step)
-    if log and (step % s.log_every == 0 or step + 1 == s.total_steps):
-      log(metrics_lib.console_line(step, s.total_steps, m, names, eta_s))
-    if ckpt and ((step + 1) % s.checkpoint_every == 0 or step + 1 == s.total_steps):
-      ckpt.save(step + 1, state, {"step": step + 1, "data": data_iter.state(),
-                                  "alarm": alarm.state(),
-                                  "reward_errors": dict(comp.runner.error_counts)})
+  with Preemption() as preemption:
+    row_multiple = M * (1 if comp.mesh is None else sharding.data_parallel_size(comp.mesh))
+    eta = metrics_lib.ETA(s.total_steps)
+    for step in range(start, s.total_steps):
+      key = jax.random.fold_in(state["key"], step)
+      k_roll, k_agg, k_upd = jax.random.split(key, 3)
+      # draw + score
+      draw = draw_groups(comp, state["train"].params, state["agg"], data_iter, signal, k_roll,
+                         k_agg)
+      t0 = time.perf_counter()
+      # signal
+      sig = signal(state["agg"], jnp.asarray(draw.r_BGK[:draw.signal_groups]), k_agg)
+      state["agg"] = jax.device_get(sig.agg_state)
+      # batch
+      batch = learner_batch(s, draw, sig, learner, state["train"], comp.mesh, row_multiple)
+      shape_m = {"batch/columns": float(batch.shape[1])}
+      if s.update.pack:
+        shape_m.update({"batch/packed_rows": float(batch.shape[0]),
+                        "batch/packed_sequences": float(batch_lib.packed_sequences(batch))})
+      ref_logp = None  # log pi_0: the KL penalty needs it; else only the kl_ref/* metrics do
+      if s.update.loss.kl_coef > 0 or (s.kl_ref_every and step % s.kl_ref_every == 0):
+        seg = () if batch.segment_ids is None else (batch.segment_ids,)
+        ref_logp = update_lib.chunked_forward(logprob_fn, comp.base_params, batch.tokens,
+                                              batch.mask, *seg, num_chunks=M, mesh=comp.mesh)
+        if s.update.loss.kl_coef > 0:
+          batch = batch.replace(ref_logp=ref_logp)
+      # step
+      placed = learner.place_batch(batch)
+      state["train"], upd_m = learner.step(state["train"], placed, k_upd)
+      kl_m = None if ref_logp is None else reference_kl(ref_logp, placed.old_logp,
+                                                        placed.response_mask)
+      # log (the device values of the step come to the host here)
+      upd_m, kl_m, agg_m, R_BG = jax.device_get((upd_m, kl_m, sig.metrics, sig.R_BG))
+      t1 = time.perf_counter()
+      kept = draw.rollout if draw.n_kept in (0, draw.r_BGK.shape[0]) else \
+          draw.rollout.take(draw.n_kept)
+      m = metrics_lib.step_metrics(names, draw.r_BGK[:draw.signal_groups], R_BG, agg_m, upd_m,
+                                   draw.reward_metrics, kept.lengths, kept.truncated)
+      m.update(kl_m or {})
+      m.update(shape_m)
+      m.update(draw.metrics)
+      m.update(alarm.update(m["reward/scalar/mean"], m[f"reward/{names[s.rewards.primary]}/mean"]))
+      m.update({"time/rollout": draw.t_rollout, "time/reward": draw.t_reward,
+                "time/update": t1 - t0})
+      if s.eval.every and (step + 1) % s.eval.every == 0:
+        m.update(evaluation.run_evaluation(
+            comp.policy, comp.runner, s, comp.eval_data, state["train"].params,
+            jax.random.fold_in(root, 10**9 + step)))
+      if not np.isfinite(m.get("loss/policy", 0.0)):
+        raise FloatingPointError(f"non-finite policy loss at step {step}: {m.get('loss/policy')}")
+      history.append({"step": step, **m})
+      if writer:
+        writer.write(step, m)
+      eta_s = eta.update(step)
+      if log and (step % s.log_every == 0 or step + 1 == s.total_steps):
+        log(metrics_lib.console_line(step, s.total_steps, m, names, eta_s))
+      preempted = preemption.reached(step)
+      periodic = s.checkpoint_every and (step + 1) % s.checkpoint_every == 0
+      if ckpt and (periodic or preempted or step + 1 == s.total_steps):
+        ckpt.save(step + 1, state, {"step": step + 1, "data": data_iter.state(),
+                                    "alarm": alarm.state(), "settings": settings_record,
+                                    "reward_errors": dict(comp.runner.error_counts)})
+      if preempted:
+        if ckpt:
+          ckpt.close()
+        if writer:
+          writer.close()
+        raise Preempted(f"stopped by SIGTERM after step {step + 1}"
+                        + (f"; saved in {ckpt.directory}" if ckpt else " (no workdir: not saved)"))
   if ckpt:
     ckpt.close()
   if writer:
     writer.close()
   return TrainResult(state["train"].params, state["agg"], history)
+
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: run the same command again to resume
+
+
+class Preempted(Exception):
+  """The run was asked to stop (SIGTERM) and saved a checkpoint at a step boundary;
+  `mr_rl.main` exits with `PREEMPTED_EXIT_CODE`, and the launch scripts run it again."""
+
+
+class Preemption:
+  """SIGTERM (a spot / preemptible VM, a Kubernetes eviction) -> save at the next step boundary.
+
+  With one process a SIGTERM handler sets a flag (installed while training, the previous
+  handler restored after). With several, jax's preemption sync point tells every process at
+  the same step that one of them got the signal (`reached_preemption_sync_point`), so all save
+  the same step.
+  """
+
+  def __init__(self):
+    self._flag = False
+    self._previous = None
+    self._multi = jax.process_count() > 1
+    if not self._multi and threading.current_thread() is threading.main_thread():
+      self._previous = os_signal.signal(os_signal.SIGTERM, self._handle)
+    # (a context manager: the previous handler comes back however training ends)
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self._flag = True
+
+  def reached(self, step: int) -> bool:
+    """Whether to save and stop after `step` (the same answer on every process)."""
+    if self._multi:
+      from jax.experimental import multihost_utils
+      return bool(multihost_utils.reached_preemption_sync_point(step))
+    return self._flag
+
+  def __enter__(self) -> "Preemption":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    if self._previous is not None:
+      os_signal.signal(os_signal.SIGTERM, self._previous)
+      self._previous = None
 
 
 @functools.lru_cache(maxsize=16)

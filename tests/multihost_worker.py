@@ -17,10 +17,10 @@ def _config(base_policy, total_steps, **kw):
   from mr_rl.testing.runs import arith_config
   c = arith_config(base_policy, total_steps, aggregator=kw.pop("aggregator", "amrp"))
   c.mesh.data, c.mesh.fsdp = 4, 2     # 8 devices: rows over data x fsdp, params over fsdp
-  c.data.batch_prompts = 8            # 32 rows: 4 per device
+  c.data.batch_prompts = 4            # 16 rows: 2 per device
   c.optim.num_micro_batches = 2
   c.kl_ref_every = 1
-  c.eval.num_prompts = 8
+  c.eval.num_prompts = 4
   c.eval.samples_per_prompt = 2
   c.eval.temperature = 1.0
   for k, v in kw.items():
@@ -46,7 +46,7 @@ def run(scenario: str, base_policy: str, out: str) -> dict:
         if os.path.exists(os.path.join(wd, "metrics.jsonl")) else None
     return {"history": history, "eval": ev}
   if scenario == "dynamic":
-    c = _config(base_policy, 2, aggregator="weighted", **{
+    c = _config(base_policy, 2, aggregator="additive", **{
         "dynamic_sampling.mode": "refill", "dynamic_sampling.max_rounds": 2,
         "checkpoint_every": 0})
     res = train_lib.train(settings_lib.from_config(c), None, log=None)
@@ -58,8 +58,8 @@ def run(scenario: str, base_policy: str, out: str) -> dict:
     return {"history": res.history}
   if scenario == "tag":
     c = _config(base_policy, 1, **{"pipeline": "tag", "checkpoint_every": 0,
-                                   "anchor.probe_steps": 1, "anchor.probe_batch_prompts": 8,
-                                   "anchor.held_out_prompts": 8, "anchor.samples_per_prompt": 2})
+                                   "anchor.probe_steps": 1, "anchor.probe_batch_prompts": 4,
+                                   "anchor.held_out_prompts": 4, "anchor.samples_per_prompt": 2})
     res, ev = pipelines.run_tag(settings_lib.from_config(c), wd)
     drift = os.path.join(wd, "drift.json")
     return {"history": res.history, "eval": ev,

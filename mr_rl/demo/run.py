@@ -248,14 +248,19 @@ def demo(config, workdir: str, log=print) -> dict:
         ms = pipelines.tag_settings(ts, a)
       else:
         ms = method_settings(ts, method, demo_cfg)
-      res = train_lib.train(ms, os.path.join(workdir, task, method), comp=comp, log=None)
+      method_dir = os.path.join(workdir, task, method)
+      res = train_lib.train(ms, method_dir, comp=comp, log=None)
+      history = res.history
+      if not history or history[0]["step"] != 0:  # resumed (a re-run): the whole run's steps
+        distributed.barrier("demo-metrics")  # process 0 has written them
+        history = metrics_lib.read_jsonl(os.path.join(method_dir, "metrics.jsonl"))
       ev = evaluation.final_eval(comp.policy, comp.runner, ms, comp.eval_data, res.params)
       r = report[task][method] = summarize(ev, task)
       if method == "tag":
         r["anchor"] = ts.rewards.channels[a]
-      r["trace"] = trace(res.history, ts.rewards.channels)
+      r["trace"] = trace(history, ts.rewards.channels)
       r["seconds"] = time.time() - t0
-      histories[method] = res.history
+      histories[method] = history
       log(f"[demo] {task:14s} {method:16s} acc {r['accuracy']:.3f} aux {r['aux_rate']:.3f} "
           f"joint {r['joint_rate']:.3f} len {r['mean_length']:.1f} ({r['seconds']:.0f}s)")
     if distributed.is_primary():

@@ -186,7 +186,8 @@ class MetricsWriter:
     workdir: the run's directory.
     resume_step: the restored step; metrics.jsonl lines of later steps are dropped.
     tensorboard: write WORKDIR/tb.
-    settings: the run's `RunSettings`: written to WORKDIR/settings.json, and with
+    settings: the run's `RunSettings`: written to WORKDIR/settings.json (on a resume to
+      WORKDIR/settings.resume-<step>.json, keeping the first), and with
       `settings.logging.wandb_project` a W&B run is opened with them as its config.
   """
 
@@ -212,7 +213,12 @@ class MetricsWriter:
     self._tb = self._wandb = None
     if settings is not None:
       config = settings_dict(settings)
-      with open(os.path.join(workdir, SETTINGS_FILE), "w") as f:
+      # The first start writes settings.json; each resume keeps it and writes its own
+      # settings.resume-<step>.json next to it.
+      name = SETTINGS_FILE
+      if resume_step and os.path.exists(os.path.join(workdir, SETTINGS_FILE)):
+        name = f"settings.resume-{int(resume_step)}.json"
+      with open(os.path.join(workdir, name), "w") as f:
         json.dump(config, f, indent=1)
       if settings.logging.wandb_project:
         self._wandb = WandbWriter(workdir, settings.logging, config)

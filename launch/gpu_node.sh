@@ -45,17 +45,8 @@ case "$WORKDIR" in
   *) mkdir -p "$WORKDIR"; LOG="$WORKDIR/run.log" ;;
 esac
 echo "[gpu_node] $(hostname) gpus=${CUDA_VISIBLE_DEVICES:-all} config=$CONFIG workdir=$WORKDIR" >&2
-# Status 75 = preempted (SIGTERM, e.g. a Kubernetes eviction): a checkpoint was saved at a
-# step boundary; the same command resumes it (MR_RL_MAX_RESTARTS times at most, default 20).
-restarts=0
-while true; do
-  set +e
-  python -m mr_rl.main --config="$CONFIG" --workdir="$WORKDIR" "$@" 2>&1 | tee -a "$LOG"
-  status=${PIPESTATUS[0]}
-  set -e
-  if [ "$status" -ne 75 ] || [ "$restarts" -ge "${MR_RL_MAX_RESTARTS:-20}" ]; then
-    exit "$status"
-  fi
-  restarts=$((restarts + 1))
-  echo "[gpu_node] preempted; resuming (restart $restarts)" >&2
-done
+# Status 75 = preempted (SIGTERM, e.g. a Kubernetes eviction): with_restarts.sh runs the
+# command again, which resumes from the checkpoint it saved.
+launch/with_restarts.sh python -m mr_rl.main --config="$CONFIG" --workdir="$WORKDIR" "$@" 2>&1 \
+    | tee -a "$LOG"
+exit "${PIPESTATUS[0]}"

@@ -19,7 +19,7 @@
 # mesh (mr_rl/distributed.py): each samples and scores the rows on its own chips, rewards and
 # counters are gathered so every host takes the same decisions, process 0 writes metrics,
 # eval.json and the export, and all write the orbax checkpoints to the shared WORKDIR.
-# To try the same on one machine: launch/local_multiprocess.sh N DEVICES CONFIG WORKDIR.
+# To try the same on one machine: python launch/local_multiprocess.py N DEVICES CONFIG WORKDIR.
 # Before booking a slice, check memory with launch/check.py (see configs/README.md).
 set -euo pipefail
 

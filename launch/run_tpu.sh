@@ -46,20 +46,9 @@ export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$HOME/.cache/jax_c
 export TPU_PREMAPPED_BUFFER_SIZE=${TPU_PREMAPPED_BUFFER_SIZE:-4294967296}
 
 echo "[run_tpu] $(hostname) worker=${TPU_WORKER_ID:-?} config=$CONFIG workdir=$WORKDIR" >&2
-# Status 75 = preempted (SIGTERM): a checkpoint was saved at a step boundary; run the same
-# command again, which resumes from it (MR_RL_MAX_RESTARTS times at most, default 20).
-restarts=0
-while true; do
-  python -m mr_rl.main --multihost --config="$CONFIG" --workdir="$WORKDIR" "$@" &
-  PID=$!
-  echo "$PID" > "$HOME/mr_rl_run.pid"
-  set +e
-  wait "$PID"
-  status=$?
-  set -e
-  if [ "$status" -ne 75 ] || [ "$restarts" -ge "${MR_RL_MAX_RESTARTS:-20}" ]; then
-    exit "$status"
-  fi
-  restarts=$((restarts + 1))
-  echo "[run_tpu] preempted; resuming (restart $restarts)" >&2
-done
+# Status 75 = preempted (SIGTERM): with_restarts.sh runs the command again, which resumes.
+launch/with_restarts.sh python -m mr_rl.main --multihost --config="$CONFIG" \
+    --workdir="$WORKDIR" "$@" &
+PID=$!
+echo "$PID" > "$HOME/mr_rl_run.pid"
+wait "$PID"

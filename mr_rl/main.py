@@ -8,7 +8,7 @@ r"""Entry point: parse flags, hand the config to the pipeline. Nothing else live
 Pipelines (`config.pipeline`): 'train' (one run), 'tag' (probe every channel, elect the
 anchor by per-token reverse KL, then train TAG from pi_0), 'demo' (the CPU comparison).
 `--multihost` runs one process of a multi-process job over one global mesh
-(`mr_rl.distributed`; `launch/local_multiprocess.sh N ...` starts N on one machine).
+(`mr_rl.distributed`; `python launch/local_multiprocess.py N ...` starts N on one machine).
 On SIGTERM a run saves a checkpoint at the next step boundary and exits with status 75
 (`mr_rl.train.PREEMPTED_EXIT_CODE`); running the same command again resumes it.
 `--dry_run` prints the resolved settings and the compute estimate of the run

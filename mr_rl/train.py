@@ -337,13 +337,15 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
       eta_s = eta.update(step)
       if log and (step % s.log_every == 0 or step + 1 == s.total_steps):
         log(metrics_lib.console_line(step, s.total_steps, m, names, eta_s))
-      preempted = preemption.reached(step)
+      meta = {"step": step + 1, "data": data_iter.state(), "alarm": alarm.state(),
+              "settings": settings_record, "reward_errors": dict(comp.runner.error_counts)}
       periodic = s.checkpoint_every and (step + 1) % s.checkpoint_every == 0
-      if ckpt and (periodic or preempted or step + 1 == s.total_steps):
-        ckpt.save(step + 1, state, {"step": step + 1, "data": data_iter.state(),
-                                    "alarm": alarm.state(), "settings": settings_record,
-                                    "reward_errors": dict(comp.runner.error_counts)})
+      if ckpt and (periodic or step + 1 == s.total_steps):
+        ckpt.save(step + 1, state, meta)
+      preempted = preemption.reached(step)  # (a SIGTERM during that save counts here)
       if preempted:
+        if ckpt:
+          ckpt.save(step + 1, state, meta)  # no-op if just saved
         if ckpt:
           ckpt.close()
         if writer:

@@ -10,8 +10,6 @@ Traffic stays on 127.0.0.1; every subprocess has a timeout.
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 
@@ -20,42 +18,21 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "launch"))
+import local_multiprocess  # noqa: E402  (launch/local_multiprocess.py)
 SCENARIOS = ("train_resume", "dynamic", "ppo", "tag")
 TIMEOUT_S = 900
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def _launch(out, base_policy, n, devices, scenarios, timeout=TIMEOUT_S):
   """Runs `n` worker processes with `devices` CPU devices each; returns their (rc, output)."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-             PYTHONPATH=os.pathsep.join([REPO, HERE, os.environ.get("PYTHONPATH", "")]))
-  port = _free_port()
-  logs = [open(os.path.join(out, f"process-{i}.log"), "w+") for i in range(n)]
-  procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "multihost_worker.py"), out,
-                             base_policy, str(n), str(i), str(port), ",".join(scenarios)],
-                            env=env, stdout=logs[i], stderr=subprocess.STDOUT)
-           for i in range(n)]
-  deadline = time.monotonic() + timeout
-  try:
-    for p in procs:
-      p.wait(timeout=max(1.0, deadline - time.monotonic()))
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-  out_text = []
-  for f in logs:
-    f.seek(0)
-    out_text.append(f.read())
-    f.close()
-  return [p.returncode for p in procs], out_text
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, HERE,
+                                                     os.environ.get("PYTHONPATH", "")]))
+  command = lambda i, port: [sys.executable, os.path.join(HERE, "multihost_worker.py"), out,
+                             base_policy, str(n), str(i), str(port), ",".join(scenarios)]
+  rcs = local_multiprocess.launch(n, devices, command, out, timeout, env)
+  logs = [open(os.path.join(out, f"process-{i}.log")).read() for i in range(n)]
+  return rcs, logs
 
 
 @pytest.fixture(scope="module")

@@ -190,3 +190,141 @@ def test_failure_guard_settings(base_policy):
     bad.rewards[field] = value
     with pytest.raises(ValueError, match=needle):
       settings_lib.from_config(bad)
+
+
+# ------------------------------------------------------ resume, checkpoints, preemption
+def test_resume_refuses_changed_settings_and_keeps_each_resumes_settings(base_policy, tmp_path):
+  wd = str(tmp_path / "wd")
+  c = _config(base_policy, 2)
+  s2 = settings_lib.from_config(c)
+  comp = train_lib.build(s2)
+  train_lib.train(s2, wd, comp=comp, log=None)
+  changed = _config(base_policy, 3)
+  changed.optim.lr = 0.05
+  changed.rewards.channels = "arith_acc,arith_fmt"
+  with pytest.raises(ValueError) as e:
+    train_lib.train(settings_lib.from_config(changed), wd, comp=comp, log=None)
+  msg = str(e.value)
+  assert "update.lr: 0.001 -> 0.05" in msg and "rewards.channels" in msg, msg
+  assert "total_steps" not in msg.split("Fields a resume may change")[0]  # may change
+  assert len(metrics_lib.read_jsonl(os.path.join(wd, "metrics.jsonl"))) == 2  # untouched
+  # Fields that only say how long the run goes and how it logs may change.
+  more = _config(base_policy, 3)
+  more.log_every = 7
+  res = train_lib.train(settings_lib.from_config(more), wd, comp=comp, log=None)
+  assert [h["step"] for h in res.history] == [2]
+  with open(os.path.join(wd, "settings.json")) as f:
+    assert json.load(f)["total_steps"] == 2       # the first start's settings are kept
+  with open(os.path.join(wd, "settings.resume-2.json")) as f:
+    assert json.load(f)["log_every"] == 7
+
+
+def test_the_end_of_training_is_checkpointed_whatever_checkpoint_every(base_policy, tmp_path):
+  c = _config(base_policy, 2)
+  c.checkpoint_every = 0
+  wd = str(tmp_path / "wd")
+  train_lib.train(settings_lib.from_config(c), wd, log=None)
+  assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["2"]
+
+
+@pytest.mark.parametrize("damage", ["truncated_data", "corrupt_metadata", "deleted_state"])
+def test_resume_skips_a_corrupt_latest_checkpoint(base_policy, tmp_path, damage):
+  """The newest checkpoint cannot be read: resume says so, leaves it on disk, and continues
+  from the previous one; the run then equals an uninterrupted one."""
+  c = _config(base_policy, 4)
+  c.checkpoint_every = 2
+  s = settings_lib.from_config(c)
+  comp = train_lib.build(s)
+  wd = str(tmp_path / "wd")
+  train_lib.train(s, wd, comp=comp, log=None)
+  straight = metrics_lib.read_jsonl(os.path.join(wd, "metrics.jsonl"))
+  latest = os.path.join(wd, "checkpoints", "4")
+  if damage == "truncated_data":
+    files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(latest, "state"))
+             for f in fs if os.path.getsize(os.path.join(d, f)) > 1000]
+    assert files
+    for path in files:
+      with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+  elif damage == "corrupt_metadata":
+    with open(os.path.join(latest, "meta", "metadata"), "w") as f:
+      f.write("{not json")
+  else:
+    import shutil
+    shutil.rmtree(os.path.join(latest, "state"))
+  logs = []
+  res = train_lib.train(s, wd, comp=comp, log=logs.append)
+  assert any("skipping checkpoint" in l and latest in l for l in logs), logs
+  assert os.path.isdir(latest) or damage == "deleted_state"
+  assert [h["step"] for h in res.history] == [2, 3]
+  _assert_same_metrics(metrics_lib.read_jsonl(os.path.join(wd, "metrics.jsonl")), straight)
+
+
+_TERM_RUNNER = textwrap.dedent("""
+    # Runs mr_rl.main with SIGTERM sent to this process in one phase of one step.
+    import os, signal, sys
+    phase, at_step = sys.argv[1], int(sys.argv[2])
+    sys.argv = [sys.argv[0]] + sys.argv[3:]
+    from mr_rl import checkpointing, rollout, train
+    from mr_rl.rl import update
+    term = lambda: os.kill(os.getpid(), signal.SIGTERM)
+    calls = {{"rollout": 0}}
+    if phase == "rollout":
+      orig_rollout = rollout.rollout
+      def rollout_(*a, **k):
+        if calls["rollout"] == at_step:
+          term()
+        calls["rollout"] += 1
+        return orig_rollout(*a, **k)
+      rollout.rollout = rollout_
+    elif phase == "update":
+      orig_learner = update.learner
+      def learner_(*a, **k):
+        import dataclasses
+        l = orig_learner(*a, **k)
+        def step(state, batch, rng):
+          if int(state.step) == at_step:
+            term()
+          return l.step(state, batch, rng)
+        return dataclasses.replace(l, step=step)
+      train.update_lib.learner = learner_
+    elif phase == "save":
+      orig_save = checkpointing.Checkpointer.save
+      def save(self, step, state, meta):
+        if step == at_step:
+          term()
+        return orig_save(self, step, state, meta)
+      checkpointing.Checkpointer.save = save
+    from absl import app
+    from mr_rl import main
+    app.run(main.main)
+""")
+
+
+def test_sigterm_saves_the_step_and_the_resumed_run_equals_an_uninterrupted_one(base_policy,
+                                                                              tmp_path):
+  """SIGTERM during the rollout (step 1), the update (step 3) and the checkpoint write after
+  step 5: each run stops at that step's boundary with status 75 and a checkpoint of it; running
+  the command again resumes, and the finished run equals an uninterrupted one."""
+  cfg = tmp_path / "cfg.py"
+  cfg.write_text(_CFG_FILE.format(base=base_policy))  # checkpoints every step
+  runner = tmp_path / "term_runner.py"
+  runner.write_text(_TERM_RUNNER.format())
+  wd = tmp_path / "wd"
+  flags = [f"--config={cfg}", f"--workdir={wd}"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  for phase, at, saved in (("rollout", 1, 2), ("update", 3, 4), ("save", 5, 5)):
+    out = subprocess.run([sys.executable, str(runner), phase, str(at), *flags], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == train_lib.PREEMPTED_EXIT_CODE, (phase, out.stderr[-3000:])
+    steps = sorted(int(d) for d in os.listdir(wd / "checkpoints") if d.isdigit())
+    assert steps[-1] == saved, (phase, steps)
+    assert len(metrics_lib.read_jsonl(str(wd / "metrics.jsonl"))) == saved
+  subprocess.run([sys.executable, "-m", "mr_rl.main", *flags], cwd=REPO, env=env, check=True,
+                 capture_output=True, timeout=600)
+  resumed = metrics_lib.read_jsonl(str(wd / "metrics.jsonl"))
+  ref_dir = str(tmp_path / "ref")
+  s = dataclasses.replace(settings_lib.from_config(_config(base_policy, 6)), checkpoint_every=0)
+  train_lib.train(s, ref_dir, log=None)
+  _assert_same_metrics(resumed, metrics_lib.read_jsonl(os.path.join(ref_dir, "metrics.jsonl")),
+                       rtol=1e-5)

@@ -30,6 +30,7 @@ import pytest  # noqa: E402
 from mr_rl import evaluation  # noqa: E402
 from mr_rl import models  # noqa: E402
 from mr_rl import settings as settings_lib  # noqa: E402
+from mr_rl.testing import runs  # noqa: E402
 from mr_rl import train as train_lib  # noqa: E402
 from mr_rl.rl import anchor as anchor_lib  # noqa: E402
 from mr_rl.rl import critic  # noqa: E402
@@ -64,25 +65,16 @@ def policy(tmp_path_factory):
 
 
 def arith_config(policy_path: str, total_steps: int):
-  c = settings_lib.default_config()
-  c.plugins = "mr_rl.demo"
-  c.data.name = "arithmetic"
-  c.model.path = policy_path
-  c.data.batch_prompts = 4
-  c.data.max_prompt_len = 16
+  """`mr_rl.testing.runs.arith_config` with length-based channels: a random policy's responses
+  vary in length, so rewards (and the policy gradient) are not all zero."""
+  c = runs.arith_config(policy_path, total_steps, aggregator="additive")
   c.data.options.num_train = 32
   c.data.options.num_eval = 8
-  c.rollout.group_size = 4
   c.rollout.max_new_tokens = 12
-  # Length-based channels: a random policy's responses vary in length, so rewards (and the
-  # policy gradient) are not all zero.
   c.rewards.channels = "arith_len,arith_brief"
   c.rewards.params.arith_len = dict(full_until=4, zero_at=12)
   c.rewards.params.arith_brief = dict(threshold=9)
-  c.aggregator.name = "additive"
-  c.total_steps = total_steps
   c.checkpoint_every = 0
-  c.optim.lr = 1e-3
   return c
 
 

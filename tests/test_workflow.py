@@ -35,6 +35,7 @@ from mr_rl import metrics as metrics_lib  # noqa: E402
 from mr_rl import models  # noqa: E402
 from mr_rl import sampling  # noqa: E402
 from mr_rl import settings as settings_lib  # noqa: E402
+from mr_rl.testing import runs  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = os.path.join(REPO, "mr_rl", "demo", "assets", "base_policy")
@@ -95,21 +96,13 @@ def _assert_same_tree(a, b):
 
 # ------------------------------------------------------------------------------ fixtures
 def dense_config(total_steps: int):
-  c = settings_lib.default_config()
-  c.plugins = "mr_rl.demo"
-  c.data.name = "arithmetic"
-  c.model.path = BASE
-  c.data.batch_prompts = 4
-  c.data.max_prompt_len = 16
+  """`mr_rl.testing.runs.arith_config` on the shipped base policy, with the export at the end,
+  a greedy evaluation and (when installed) W&B."""
+  c = runs.arith_config(BASE, total_steps)
   c.data.options.num_train = 32
   c.data.options.num_eval = 8
-  c.rollout.group_size = 4
-  c.rollout.max_new_tokens = 24
   c.rewards.channels = "arith_acc,arith_negative"
-  c.aggregator.name = "amrp"
-  c.total_steps = total_steps
   c.checkpoint_every = 1
-  c.optim.lr = 1e-3
   c.export.hf_at_end = True
   c.eval.num_prompts = 4
   c.eval.samples_per_prompt = 1

@@ -55,14 +55,14 @@ def gae(rewards_NT, values_NT, response_mask_NT, gamma: float = 1.0, lam: float 
   return adv_NT, jnp.where(m_NT, adv_NT + values_NT, 0.0)
 
 
-def outcome_rewards_to_tokens(R_B, response_mask_NT) -> jax.Array:
+def outcome_rewards_to_tokens(R_N, response_mask_NT) -> jax.Array:
   """Places each sequence's scalar reward on its last response token; NaN rewards -> 0."""
   m = jnp.asarray(response_mask_NT) > 0
-  R_B = jnp.nan_to_num(jnp.asarray(R_B, jnp.float32), nan=0.0)
+  R_N = jnp.nan_to_num(jnp.asarray(R_N, jnp.float32), nan=0.0)
   T = m.shape[1]
   last = T - 1 - jnp.argmax(m[:, ::-1], axis=1)
   onehot = (jnp.arange(T)[None, :] == last[:, None]) & m.any(1, keepdims=True)
-  return jnp.where(onehot, R_B[:, None], 0.0)
+  return jnp.where(onehot, R_N[:, None], 0.0)
 
 
 def whiten(x_NT, mask_NT, shift_mean: bool = True, eps: float = 1e-8) -> jax.Array:
@@ -81,12 +81,12 @@ def whiten(x_NT, mask_NT, shift_mean: bool = True, eps: float = 1e-8) -> jax.Arr
   return jnp.where(m, out, 0.0)
 
 
-def ppo_advantages(R_B, values_NT, response_mask_NT, gamma: float = 1.0, lam: float = 1.0,
+def ppo_advantages(R_N, values_NT, response_mask_NT, gamma: float = 1.0, lam: float = 1.0,
                    token_penalty_NT=None, whiten_advantages: bool = True):
   """PPO advantages for outcome rewards (docs/methods.md §3): GAE then batch whitening.
 
   Args:
-    R_B: aggregated scalar reward per sequence (NaN -> 0).
+    R_N: aggregated scalar reward per sequence (NaN -> 0).
     values_NT: critic values at rollout time (aligned with tokens).
     response_mask_NT: 1 on response tokens.
     gamma: discount.
@@ -98,7 +98,7 @@ def ppo_advantages(R_B, values_NT, response_mask_NT, gamma: float = 1.0, lam: fl
   Returns:
     (advantages_NT, returns_NT); returns are not whitened.
   """
-  rewards = outcome_rewards_to_tokens(R_B, response_mask_NT)
+  rewards = outcome_rewards_to_tokens(R_N, response_mask_NT)
   if token_penalty_NT is not None:
     rewards = rewards - jnp.where(jnp.asarray(response_mask_NT) > 0, token_penalty_NT, 0.0)
   adv, ret = gae(rewards, values_NT, response_mask_NT, gamma, lam)

@@ -14,7 +14,7 @@ Each trainer runs in its own thread and a baton gives one step at a time to each
 (rotating order): steps never overlap and load drift hits all sides alike. A step's time is
 the time its trainer held the baton. Both sides compute the same rewards (`REWARDS`):
 at `demo` 1 when the response ends with the answer's digits (TRL decodes with special tokens
-skipped, so mr_rl's channel strips them first: equal texts, tests/test_rl_step_bench.py); at
+skipped, so mr_rl's channel strips them first: equal texts, tests/benchmarks/test_rl_step.py); at
 `20m` -|L - 16| on the token count L, which holds a random model's lengths near its untrained
 mean (a text reward lets lr 2e-4 move them within a few steps, each side its own way).
 

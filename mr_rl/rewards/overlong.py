@@ -11,7 +11,7 @@ sampler's cap, a truncated response scores -1 and the penalty ramps in over the 
 tokens before it. Values lie in [-1, 0]: DAPO adds the channel to the rule reward, so use an
 additive or weighted aggregator; rules that assume channels in [0, 1] (min, TAG, AMRP) would
 read it as always failing. It depends on the length alone, so it cannot be gamed by content;
-the only way to raise it is to answer within L_max - L_cache tokens (test_rewards_overlong).
+the only way to raise it is to answer within L_max - L_cache tokens (tests/rewards/test_overlong.py).
 
 Channel `overlong(max_len, cache_len)`; set `rewards.params.overlong.max_len` (L_max, usually
 `rollout.max_new_tokens`) and `cache_len` (L_cache; DAPO: 4096 of 20480).

@@ -393,7 +393,7 @@ class Learner:
     Raises:
       ValueError: the batch's fields are not those the step was built for (`batch_fields`).
     """
-    if self.fields is not None and batch.fields() != self.fields:
+    if self.fields is not None and set(batch.fields()) != set(self.fields):
       raise ValueError(f'the step takes LearnerBatch fields {list(self.fields)}, got '
                        f'{list(batch.fields())}')
     if self.batch_sharding is None:

@@ -34,7 +34,7 @@ the expected advantage mass the group puts on shortcut samples, with a minus sig
 We enumerate all ``C(G+3, 3)`` compositions ``c`` (precomputed once per G in numpy)
 and evaluate the multinomial weights and advantages in ``jnp``, so the result is
 exact up to float32 rounding and is jittable, vmappable and differentiable (e.g. in
-the aggregator's parameters).  ``tests/test_theory.py`` checks this reduction against
+the aggregator's parameters).  ``tests/theory/test_theory.py`` checks this reduction against
 a brute-force sum over all ``5**G`` ordered outcome sequences and against Monte Carlo.
 
 The limit G -> inf

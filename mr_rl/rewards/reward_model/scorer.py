@@ -153,7 +153,10 @@ def get_scorer(path: str = ARMORM_HUB, *, dtype: str = "float32", head: str = "a
   head, mesh, max_len, padding_side), the scorer (cache + batcher) once per those and the
   batching options.
 
-  ``mesh``: None, a ``jax.sharding.Mesh`` or mesh axis sizes (``{'fsdp': -1, 'tensor': 2}``).
+  ``mesh``: None, a ``jax.sharding.Mesh`` or mesh axis sizes (``{'fsdp': -1, 'tensor': 2}``)
+  of a mesh over this process's own devices: in a multi-process run each process scores the
+  rows it owns with its own copy of the reward model, so a scoring call never waits on a
+  collective with the other processes (whose rows and timing differ).
   """
   if mesh is not None and hasattr(mesh, "items"):  # a dict or ConfigDict of axis sizes
     mesh = {str(k): int(v) for k, v in mesh.items()}
@@ -170,7 +173,8 @@ def get_scorer(path: str = ARMORM_HUB, *, dtype: str = "float32", head: str = "a
       if model_key not in _MODELS:
         _MODELS[model_key] = MultiObjectiveRewardModel.from_pretrained(
             path, dtype=jnp.dtype(dtype), head=head, max_len=max_len, padding_side=padding_side,
-            mesh=shd.make_mesh(mesh) if isinstance(mesh, dict) else mesh)
+            mesh=shd.make_mesh(mesh, devices=jax.local_devices()) if isinstance(mesh, dict)
+            else mesh)
       _SCORERS[key] = RewardModelScorer(_MODELS[model_key], max_batch=max_batch,
                                         max_wait_ms=max_wait_ms)
     return _SCORERS[key]

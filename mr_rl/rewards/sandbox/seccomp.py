@@ -17,7 +17,7 @@ CLONE_NS_FLAGS = 0x20000 | 0x2000000 | 0x4000000 | 0x8000000 | 0x10000000 | 0x20
 PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS, SECCOMP_MODE_FILTER = 22, 38, 2
 
 # Syscall numbers: arch/x86/entry/syscalls/syscall_64.tbl and include/uapi/asm-generic/unistd.h
-# (aarch64) of Linux 6.x; tests/test_rewards_code_isolation.py checks them against libseccomp.
+# (aarch64) of Linux 6.x; tests/rewards/sandbox/test_isolation.py checks them against libseccomp.
 _NUMBERS = {  # name: (x86_64, aarch64); None where that architecture has no such syscall
     "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
     "kcmp": (312, 272), "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218),

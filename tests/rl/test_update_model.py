@@ -140,7 +140,7 @@ assert jax.device_count() == 8, jax.devices()
 from mr_rl import models
 from mr_rl.models import sharding
 from mr_rl.rl import losses, update
-sys_path_test = __import__('test_rl_update_model')
+sys_path_test = __import__('test_update_model')
 model = models.Transformer(sys_path_test.CFG)
 params = sys_path_test.random_params(model)
 batch, _ = sys_path_test.make_batch(model, params)

@@ -4,6 +4,7 @@ The worker (this file run as a script) computes every check and prints one JSON 
 pytest functions below assert on it. Single-device results are the reference.
 """
 
+import pathlib
 import json
 import os
 import subprocess
@@ -147,7 +148,7 @@ def worker_results(tmp_path_factory):
   out = subprocess.run([sys.executable, os.path.abspath(__file__),
                         str(tmp_path_factory.mktemp("ckpt"))],
                        capture_output=True, text=True, env=env, timeout=600,
-                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                       cwd=str(pathlib.Path(__file__).resolve().parents[2]))
   assert out.returncode == 0, out.stderr[-4000:]
   return json.loads(out.stdout.strip().splitlines()[-1])
 

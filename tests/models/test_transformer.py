@@ -1,5 +1,6 @@
 """Reference tests of mr_rl.models against transformers (tiny random fp32 checkpoints)."""
 
+import pathlib
 import json
 import os
 
@@ -338,7 +339,7 @@ def test_a_corrupt_config_json_is_named(tmp_path):
   import shutil
   from mr_rl import settings as settings_lib
   from mr_rl.config_lib.dry_run import dry_run
-  base = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mr_rl",
+  base = os.path.join(str(pathlib.Path(__file__).resolve().parents[2]), "mr_rl",
                       "demo", "assets", "base_policy")
   ckpt = tmp_path / "ckpt"
   shutil.copytree(base, ckpt)

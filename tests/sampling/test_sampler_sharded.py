@@ -2,6 +2,7 @@
 CPU devices equals the single-device result. The worker (this file run as a script, with
 XLA_FLAGS set before jax is imported) prints one JSON dict; pytest asserts on it."""
 
+import pathlib
 import json
 import os
 import subprocess
@@ -59,7 +60,7 @@ def worker_results():
              JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, os.path.abspath(__file__)], capture_output=True,
                        text=True, env=env, timeout=600,
-                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                       cwd=str(pathlib.Path(__file__).resolve().parents[2]))
   assert out.returncode == 0, out.stderr[-4000:]
   return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -15,6 +15,7 @@
   `ml_collections.config_flags` from another working directory.
 """
 
+import pathlib
 import glob
 import json
 import math
@@ -31,7 +32,7 @@ from mr_rl import config_lib as cl
 from mr_rl import settings as settings_lib
 from mr_rl.aggregators import amrp
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = str(pathlib.Path(__file__).resolve().parents[2])
 FILES = sorted(os.path.splitext(os.path.basename(p))[0]
                for p in glob.glob(os.path.join(REPO, "configs", "*.py"))
                if os.path.basename(p) not in ("demo.py", "__init__.py"))

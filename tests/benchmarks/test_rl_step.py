@@ -3,6 +3,7 @@ FLOP count against torch's FlopCounterMode, and the checkpoint writer / position
 
 from __future__ import annotations
 
+import pathlib
 import importlib.util
 import json
 import os
@@ -10,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+_PATH = os.path.join(str(pathlib.Path(__file__).resolve().parents[2]), "benchmarks",
                      "rl_step.py")
 _TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              head_dim=16, intermediate_size=96)

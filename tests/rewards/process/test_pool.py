@@ -7,6 +7,7 @@ import the caller's `__main__`: reward functions work from unguarded scripts, st
 
 import concurrent.futures as cf
 import os
+import pathlib
 import pickle
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 
 from mr_rl.rewards.process import pool as pl
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(pathlib.Path(__file__).resolve().parents[3])
 
 # A caller's top-level code with no `if __name__ == "__main__":` guard. It must run once:
 # the old forkserver pool re-ran it in every worker (or could not start at all from stdin).

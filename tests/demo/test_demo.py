@@ -2,6 +2,7 @@
 method names, the targets and the multi-seed summary on synthetic reports, and the smoke
 variant (`configs/demo.py:smoke`) end to end through `mr_rl.main`'s pipeline."""
 
+import pathlib
 import json
 import os
 
@@ -11,7 +12,7 @@ import pytest
 from mr_rl import pipelines
 from mr_rl.demo import run, summary, task, warmstart
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = str(pathlib.Path(__file__).resolve().parents[2])
 
 
 def _demo_config(arg):

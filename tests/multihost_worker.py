@@ -13,9 +13,17 @@ import os
 import sys
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def _config(base_policy, total_steps, **kw):
   from mr_rl.testing.runs import arith_config
   c = arith_config(base_policy, total_steps, aggregator=kw.pop("aggregator", "amrp"))
+  # Length-based channels (and format): a barely trained policy's responses vary in length, so
+  # rewards, advantages and dynamic sampling's decisions are not all zero.
+  c.rewards.channels = "arith_len,arith_brief,arith_fmt"
+  c.rewards.params.arith_len = dict(full_until=8, zero_at=24)
+  c.rewards.params.arith_brief = dict(threshold=14)
   c.mesh.data, c.mesh.fsdp = 4, 2     # 8 devices: rows over data x fsdp, params over fsdp
   c.data.batch_prompts = 4            # 16 rows: 2 per device
   c.optim.num_micro_batches = 2
@@ -56,18 +64,19 @@ def run(scenario: str, base_policy: str, out: str) -> dict:
                                    "loss.kl_coef": 0.01})
     res = train_lib.train(settings_lib.from_config(c), None, log=None)
     return {"history": res.history}
-  if scenario == "tag":
-    c = _config(base_policy, 1, **{"pipeline": "tag", "checkpoint_every": 0,
-                                   "anchor.probe_steps": 1, "anchor.probe_batch_prompts": 4,
-                                   "anchor.held_out_prompts": 4, "anchor.samples_per_prompt": 2})
-    res, ev = pipelines.run_tag(settings_lib.from_config(c), wd)
-    drift = os.path.join(wd, "drift.json")
-    return {"history": res.history, "eval": ev,
-            "drift": json.load(open(drift)) if os.path.exists(drift) else None}
+  if scenario == "demo_smoke":
+    # The demo's smoke variant: TAG (probes, drift, election, training) and additive on the
+    # `negative` task, then the report (written by process 0; every process returns it).
+    from mr_rl.config_lib.args import load_config_module
+    c = load_config_module(os.path.join(REPO, "configs", "demo.py")).get_config("smoke")
+    c.mesh.data, c.mesh.fsdp = 4, 2
+    report = pipelines.run(c, wd)
+    return {"report": report}
   if scenario == "fail_one":
     # A reward that raises on process 1 only: every process must stop, not hang.
     c = _config(base_policy, 2, checkpoint_every=0)
-    c.rewards.channels = "arith_acc,multihost_worker:fails_on_process_1"
+    c.rewards.channels = "arith_len,multihost_worker:fails_on_process_1"
+    c.rewards.params = {"arith_len": dict(full_until=8, zero_at=24)}
     train_lib.train(settings_lib.from_config(c), None, log=None)
     return {}
   raise ValueError(f"unknown scenario {scenario!r}")

@@ -84,6 +84,9 @@ def _args(argv):
   p.add_argument("--prompt_len", type=int, default=0, help="override data.max_prompt_len")
   p.add_argument("--new_tokens", type=int, default=0, help="override rollout.max_new_tokens")
   p.add_argument("--micro_batches", type=int, default=0, help="override optim.num_micro_batches")
+  p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                 help="set a config field before the check (repeatable), e.g. "
+                      "--set rollout.cache_dtype=bfloat16 --set optim.num_micro_batches=128")
   p.add_argument("--programs", default="",
                  help="comma-separated, from policy_step, ref_logprob, sampler, moe_block "
                       "(default: the first three, and moe_block for an MoE model)")
@@ -119,6 +122,25 @@ def _parse_preset(text: str) -> tuple[str, dict]:
       except ValueError:
         pass
   return name, fields
+
+
+def _set_field(c, item: str) -> None:
+  """`--set a.b=value` on ConfigDict `c`, cast to the type of the field's current value."""
+  key, sep, text = item.partition("=")
+  if not sep:
+    raise ValueError(f"--set: expected FIELD=VALUE, got {item!r}")
+  *parents, leaf = key.strip().split(".")
+  node = c
+  for name in parents:
+    node = node[name]
+  old = node[leaf]  # KeyError for a field the config does not have
+  if isinstance(old, bool):
+    value = {"true": True, "false": False}[text.lower()]
+  elif isinstance(old, (int, float)):
+    value = type(old)(text)
+  else:
+    value = text
+  node[leaf] = value
 
 
 def gmm_metadata_bytes(m_rows: int, groups: int, tile_m: int = 128) -> int:
@@ -174,6 +196,8 @@ def main(argv=None) -> int:
                        "imported before XLA_FLAGS was set?")
   path, sep, arg = a.config.partition(":")
   c = config_lib.load_config_module(path).get_config(arg if sep else None)
+  for item in a.set:
+    _set_field(c, item)
   preset, preset_fields = _parse_preset(a.preset)
   preset = preset or next((m.preset for m in config_lib.MODELS.values()
                            if m.hub == c.model.path), "")
@@ -208,10 +232,15 @@ def main(argv=None) -> int:
   ref_chunks = a.ref_chunks or micro
   if rows % ref_chunks:
     raise ValueError(f"--ref_chunks={ref_chunks} must divide rows {rows}")
-  print(f"config   {a.config}\nmodel    {preset} ({config_lib.model_sizes(cfg)['total'] / 1e9:.2f}B"
-        f" params, {dtype.name}{', remat' if a.remat else ''})\nmesh     {dict(mesh.shape)} on {a.devices} fake devices\n"
+  sets = "".join(f" --set {x}" for x in a.set)
+  print(f"config   {a.config}{sets}\n"
+        f"model    {preset} ({config_lib.model_sizes(cfg)['total'] / 1e9:.2f}B params, "
+        f"{dtype.name}{', remat' if a.remat else ''})\n"
+        f"mesh     {dict(mesh.shape)} on {a.devices} fake devices\n"
         f"batch    rows={rows} (G={group}), T={prompt_cols}+{resp_cols}, micro_batches={micro}, "
         f"reference pass in {ref_chunks} chunk(s)\n"
+        f"sampler  compute {c.rollout.get('dtype', '') or dtype.name}, KV cache "
+        f"{c.rollout.get('cache_dtype', '') or c.rollout.get('dtype', '') or dtype.name}\n"
         f"budget   {_gb(hbm)} per device ({a.chip})")
   if cfg.is_moe and cfg.moe_impl == "ragged":
     print("moe      grouped matmuls compiled as " + (

@@ -14,6 +14,8 @@ Three epochs over ~10.2K unique prompts (953 steps), completions up to 512 token
 evaluation on the first 256 HelpSteer2 validation prompts (the paper's AlpacaEval / ArenaHard /
 MT-Bench prompts: configs/README.md).
 TPU slice: v5p-8 (Qwen3-4B), v5p-16 (Llama-3.1-8B); the 8B scorer adds 16 GB (bf16) to the mesh.
+launch/check.py: the Llama-3.1-8B sampler needs 213 GB per chip on v5p-16 and does NOT fit (the
+prefill of 256 x 4,096-token prompts; bf16 compute and cache: 184 GB); see BUILD_NOTES "Pod check".
 Estimate: 97 v5p chip-hours for the default point (model=qwen3_4b,method=amrp), policy only;
 whole table 966 (configs/README.md).
 """

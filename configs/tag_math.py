@@ -19,7 +19,9 @@ Values the summary leaves open (project choices, docs/methods.md §1-2): Lagrang
 and dual lr 0.1, LSC tau 0.1, Rubric Dropout p 0.5, Additive+KL beta 0.1 (k3), TAG lambda 1.
 `base_config` is also the set-up of Tables 7-10 and Figure 6 (tag_kl_sweep, tag_three_channels,
 tag_lambda, tag_moe, tag_downweight) and of the math rows of Table 4 (tag_drift).
-TPU slice: v5p-8 (1.7B, 4B, 3B), v5p-16 (Llama-3.1-8B).
+TPU slice: v5p-8 (1.7B, 4B, 3B), v5p-16 (Llama-3.1-8B, with a bfloat16 KV cache in the sampler so
+it fits: 75 of 95 GB per chip, launch/check.py; old log-probs then come from the fp32 training
+forward, `loss.recompute_old_logp` auto).
 Estimate: 74 v5p chip-hours for the default point (model=qwen3_1_7b,task=negative,method=tag,
 probes included); whole table 9302.
 """
@@ -50,6 +52,8 @@ def base_config(model: str, task: str, subset: str = "auto"):
   c.data.template = "tag_math"                       # "... final answer within \boxed{}"
   c.data.max_prompt_len = 512                        # problem + instruction
   c.rollout.max_new_tokens = 4096                    # 4,096 (stated for Qwen3-30B; used for all)
+  if model == "llama3_1_8b":                         # v5p-16: fp32 KV cache: sampler 108 GB/chip
+    c.rollout.cache_dtype = "bfloat16"               # (launch/check.py); bf16 cache: 75 GB
   # Rewards
   c.rewards.channels = CHANNELS[task]                # RP = accuracy, RA = brief | negative
   if task == "brief":

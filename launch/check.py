@@ -19,16 +19,42 @@ lowered with the shardings of `mr_rl.models.sharding` (`train_state_shardings`,
   * `sampler`: the KV-cache rollout of B*G rows (`mr_rl.sampling.Sampler` on the mesh).
 
 For each it prints XLA's per-device memory (`compiled.memory_analysis()`: arguments, outputs,
-temporaries, aliasing) against the chip's HBM, and it lists the largest arrays of the train
-state with their sharding and per-device size. `--remat` rematerialises each decoder block
-(ModelConfig.remat) to show what activation memory that saves. CPU compilation of a 30-layer model takes
-minutes; the CPU backend's buffer assignment approximates the TPU one (same sharded shapes, a
-different scheduler), so keep 10-20% headroom. Exit status 1 if a program does not fit.
+temporaries, aliasing; peak = args + out - alias + temp), then what stays resident on the device
+next to that program while the trainer runs it (`resident`: pi_0, the base parameters, during the
+policy step; the train state, i.e. parameters and Adam moments, during the reference pass; the
+Adam moments and pi_0 during the sampler, whose arguments are the policy parameters), and
+judges total = peak + resident (+ the MoE kernel workspace below) against the chip's HBM. It
+lists the largest arrays of the train state with their sharding and per-device size. `--remat`
+rematerialises each decoder block (ModelConfig.remat) to show what activation memory that saves.
+The sampler follows `rollout.dtype` / `rollout.cache_dtype` of the config. CPU compilation of
+a 30-layer model takes minutes; the CPU backend's buffer assignment approximates the TPU one
+(same sharded shapes, a different scheduler), so keep 10-20% headroom. Exit status 1 if a
+program does not fit.
+
+MoE models (`moe_impl='ragged'`): XLA:CPU lowers `jax.lax.ragged_dot` to dense dots over a
+group-masked copy of the left operand, [M, local experts, K] temporaries (thousands of GB per
+device for Qwen3-30B-A3B), where TPU runs a grouped-matmul kernel (megablox GMM / XLA's
+ragged-dot) that holds its operands and result in HBM and its tiles in VMEM. So by default
+(`--moe_matmul=stand_in`) every program is compiled with the three grouped matmuls of each MoE
+block replaced by `mr_rl.models.moe.stand_in_grouped_matmul`: the ragged dot's operand, result,
+gradient and residual shapes and shardings without the expansion (its values are wrong; memory
+only). Assumed: (1) the TPU kernel's HBM footprint is its result, plus group metadata
+(`gmm_metadata_bytes`, KB; added to the total), and its transpose writes a per-group weight
+gradient (the stand-in materialises one too); (2) XLA's partitioning of the ragged-dot
+instruction gives each device the same per-device operand and result shapes as the stand-in's
+einsum (all M routed rows against the device's E/expert experts and F/tensor columns; the
+sort / gather / scatter around it are the model's own ops, compiled unchanged). Verified here
+on CPU only (no TPU compile): the `moe_block` program compiles one MoE block's forward at the
+policy step's micro-batch with the stand-in and with `ragged_dot` and prints both next to an
+analytic count of the block's arrays (`moe_block_bytes`); tests/test_check.py checks the
+stand-in stays within that count and the ragged lowering does not. `--moe_matmul=ragged_dot`
+compiles the ragged dot as XLA:CPU lowers it (the old, meaningless numbers).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -50,13 +76,23 @@ def _args(argv):
   p.add_argument("--config", required=True, help="configs/<file>.py[:key=value,...]")
   p.add_argument("--devices", type=int, required=True, help="number of (fake) devices = chips")
   p.add_argument("--chip", default="v5p", help="HBM budget per device from config_lib.CHIPS")
-  p.add_argument("--preset", default="", help="model preset instead of the config's model")
+  p.add_argument("--preset", default="",
+                 help="model preset instead of the config's model; fields may follow, e.g. "
+                      "tiny_moe:num_experts=32,moe_d_ff=64")
   p.add_argument("--mesh", default="", help="override config.mesh, e.g. data=1,fsdp=4")
   p.add_argument("--rows", type=int, default=0, help="override B*G rows")
   p.add_argument("--prompt_len", type=int, default=0, help="override data.max_prompt_len")
   p.add_argument("--new_tokens", type=int, default=0, help="override rollout.max_new_tokens")
   p.add_argument("--micro_batches", type=int, default=0, help="override optim.num_micro_batches")
-  p.add_argument("--programs", default="policy_step,ref_logprob,sampler")
+  p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                 help="set a config field before the check (repeatable), e.g. "
+                      "--set rollout.cache_dtype=bfloat16 --set optim.num_micro_batches=128")
+  p.add_argument("--programs", default="",
+                 help="comma-separated, from policy_step, ref_logprob, sampler, moe_block "
+                      "(default: the first three, and moe_block for an MoE model)")
+  p.add_argument("--moe_matmul", default="stand_in", choices=("stand_in", "ragged_dot"),
+                 help="MoE models: compile the grouped matmuls as the memory stand-in (default; "
+                      "see above) or as XLA:CPU's lowering of jax.lax.ragged_dot")
   p.add_argument("--remat", action="store_true",
                  help="rematerialise decoder blocks (ModelConfig.remat) to see its effect")
   p.add_argument("--ref_chunks", type=int, default=0,
@@ -69,6 +105,72 @@ def _args(argv):
 def _gb(x: float) -> str:
   """Bytes in GB, or MB below 0.1 GB (tiny models)."""
   return f"{x / 1e9:8.2f} GB" if x >= 1e8 else f"{x / 1e6:8.2f} MB"
+
+
+def _parse_preset(text: str) -> tuple[str, dict]:
+  """'name[:field=value,...]' -> (name, {field: int | float | str})."""
+  name, _, rest = text.partition(":")
+  fields = {}
+  for part in filter(None, rest.split(",")):
+    k, sep, v = part.partition("=")
+    if not sep:
+      raise ValueError(f"--preset: expected field=value after ':', got {part!r}")
+    for cast in (int, float, str):
+      try:
+        fields[k.strip()] = cast(v)
+        break
+      except ValueError:
+        pass
+  return name, fields
+
+
+def _set_field(c, item: str) -> None:
+  """`--set a.b=value` on ConfigDict `c`, cast to the type of the field's current value."""
+  key, sep, text = item.partition("=")
+  if not sep:
+    raise ValueError(f"--set: expected FIELD=VALUE, got {item!r}")
+  *parents, leaf = key.strip().split(".")
+  node = c
+  for name in parents:
+    node = node[name]
+  old = node[leaf]  # KeyError for a field the config does not have
+  if isinstance(old, bool):
+    value = {"true": True, "false": False}[text.lower()]
+  elif isinstance(old, (int, float)):
+    value = type(old)(text)
+  else:
+    value = text
+  node[leaf] = value
+
+
+def gmm_metadata_bytes(m_rows: int, groups: int, tile_m: int = 128) -> int:
+  """HBM the TPU grouped-matmul kernel needs besides its operands and result, per call: the
+  group offsets [G + 1] and the (group id, row tile) schedule [tiles + G - 1] x 2, int32
+  (megablox `make_group_metadata`); the tiles themselves live in VMEM."""
+  tiles = -(-m_rows // tile_m)
+  return 4 * ((groups + 1) + 2 * (tiles + groups - 1))
+
+
+def moe_block_bytes(cfg, mesh_shape: dict, tokens: int, act_bytes: int) -> dict[str, int]:
+  """Per-device bytes of the arrays one MoE block's forward creates (no buffer reuse), for
+  `tokens` tokens entering the block on the whole mesh, as the 'ragged' path lays them out
+  under GSPMD: the routed (token, expert) rows are sorted over the whole batch, so every device
+  holds all X*U of them (HLO: an all-gather before the sort), against its E/expert experts and
+  F/tensor columns. An upper bound of the forward's temporaries; the largest entry is a lower
+  bound."""
+  X, U, E, D = tokens, cfg.num_experts_per_tok, cfg.num_experts, cfg.d_model
+  e, t = mesh_shape.get("expert", 1), mesh_shape.get("tensor", 1)
+  XU, F_l = X * U, cfg.moe_d_ff // t
+  return {
+      "router logits + probabilities [X, E] (float32)": 2 * X * E * 4,
+      "top-k weights + ids [X, U]": X * U * 8,
+      "sort keys, order, token ids [X*U]": 3 * XU * 4,
+      "gathered rows xs [X*U, D]": XU * D * act_bytes,
+      "gate, up, silu(gate)*up [X*U, F/tensor] (grouped matmul results)": 3 * XU * F_l * act_bytes,
+      "down [X*U, D] (grouped matmul result) + its all-reduce": 2 * XU * D * act_bytes,
+      "combined y [X, D]": X * D * act_bytes,
+      "kernel metadata (3 calls)": 3 * gmm_metadata_bytes(XU, E // e),
+  }
 
 
 def main(argv=None) -> int:
@@ -94,15 +196,20 @@ def main(argv=None) -> int:
                        "imported before XLA_FLAGS was set?")
   path, sep, arg = a.config.partition(":")
   c = config_lib.load_config_module(path).get_config(arg if sep else None)
-  preset = a.preset or next((m.preset for m in config_lib.MODELS.values()
-                             if m.hub == c.model.path), "")
+  for item in a.set:
+    _set_field(c, item)
+  preset, preset_fields = _parse_preset(a.preset)
+  preset = preset or next((m.preset for m in config_lib.MODELS.values()
+                           if m.hub == c.model.path), "")
   if not preset:
     raise ValueError(f"config.model.path={c.model.path!r} is not a paper model; pass --preset")
   if a.chip not in config_lib.CHIPS:
     raise ValueError(f"--chip={a.chip!r}; valid: {sorted(config_lib.CHIPS)}")
   hbm = config_lib.CHIPS[a.chip].hbm_bytes
   dtype = jnp.dtype(c.model.dtype)
-  cfg = models.get_preset(preset).replace(param_dtype=dtype, dtype=dtype, remat=bool(a.remat))
+  cfg = models.get_preset(preset, **preset_fields).replace(param_dtype=dtype, dtype=dtype,
+                                                           remat=bool(a.remat))
+  stand_in = cfg.is_moe and cfg.moe_impl == "ragged" and a.moe_matmul == "stand_in"
   model = models.Transformer(cfg)
   mesh_sizes = _parse_mesh(a.mesh) if a.mesh else {k: int(c.mesh[k]) for k in c.mesh}
   mesh = shd.make_mesh(mesh_sizes)
@@ -125,11 +232,22 @@ def main(argv=None) -> int:
   ref_chunks = a.ref_chunks or micro
   if rows % ref_chunks:
     raise ValueError(f"--ref_chunks={ref_chunks} must divide rows {rows}")
-  print(f"config   {a.config}\nmodel    {preset} ({config_lib.model_sizes(preset)['total'] / 1e9:.2f}B"
-        f" params, {dtype.name}{', remat' if a.remat else ''})\nmesh     {dict(mesh.shape)} on {a.devices} fake devices\n"
+  sets = "".join(f" --set {x}" for x in a.set)
+  print(f"config   {a.config}{sets}\n"
+        f"model    {preset} ({config_lib.model_sizes(cfg)['total'] / 1e9:.2f}B params, "
+        f"{dtype.name}{', remat' if a.remat else ''})\n"
+        f"mesh     {dict(mesh.shape)} on {a.devices} fake devices\n"
         f"batch    rows={rows} (G={group}), T={prompt_cols}+{resp_cols}, micro_batches={micro}, "
         f"reference pass in {ref_chunks} chunk(s)\n"
+        f"sampler  compute {c.rollout.get('dtype', '') or dtype.name}, KV cache "
+        f"{c.rollout.get('cache_dtype', '') or c.rollout.get('dtype', '') or dtype.name}\n"
         f"budget   {_gb(hbm)} per device ({a.chip})")
+  if cfg.is_moe and cfg.moe_impl == "ragged":
+    print("moe      grouped matmuls compiled as " + (
+        "mr_rl.models.moe.stand_in_grouped_matmul (TPU kernel's memory: operands + result; "
+        "group metadata added analytically; values wrong, memory only)" if stand_in else
+        "XLA:CPU's lowering of jax.lax.ragged_dot ([M, experts, K] temporaries TPU does not "
+        "have: not a TPU estimate)"))
 
   p_sh = shd.param_shardings(model, mesh, rules)
   params_abs = models.abstract_params(model)
@@ -160,6 +278,14 @@ def main(argv=None) -> int:
         f"{_gb(sum(l[1] for l in leaves))} per device; largest arrays:")
   for nbytes, per_dev, name, shape, spec in leaves[:a.top]:
     print(f"  {name:60s} {str(shape):22s} {str(spec):40s} {_gb(per_dev)}/device")
+  # What the trainer keeps on the device next to each program (mr_rl/train.py: the train state
+  # and pi_0, `base_params`, live for the whole run; the program's own arguments are in its peak).
+  params_dev = sum(l[1] for l in leaves if l[2].startswith(".params"))
+  state_dev = sum(l[1] for l in leaves)
+  resident = {"policy_step": params_dev,   # pi_0 (the state is the step's argument)
+              "ref_logprob": state_dev,    # the train state (pi_0 is the argument)
+              "sampler": state_dev,        # Adam moments + pi_0 (the policy params: argument)
+              "moe_block": 0}
 
   def lower_step():
     step = update_lib.make_policy_step(update_lib.model_logits_fn(model), ucfg, tx, mesh=mesh,
@@ -175,32 +301,80 @@ def main(argv=None) -> int:
     with shd.activation_sharding(mesh, rules):
       return fn.lower(params_in, tok, tok)
 
+  sample_dtype = c.rollout.get("dtype", "") or ""
+  cache_dtype = c.rollout.get("cache_dtype", "") or None
+  sample_model = (models.Transformer(cfg.replace(dtype=jnp.dtype(sample_dtype)))
+                  if sample_dtype and jnp.dtype(sample_dtype) != dtype else model)
+
   def lower_sampler():
-    sampler = Sampler(model, max_new_tokens=resp_cols, temperature=1.0, eos_id=0, pad_id=0,
-                      mesh=mesh, rules=rules)
+    sampler = Sampler(sample_model, max_new_tokens=resp_cols, temperature=1.0, eos_id=0,
+                      pad_id=0, mesh=mesh, rules=rules, cache_dtype=cache_dtype)
     tok = jax.ShapeDtypeStruct((rows, prompt_cols), i32,
                                sharding=shd.batch_sharding(mesh, (rows, prompt_cols)))
     with shd.activation_sharding(mesh, rules):
       return sampler._jitted.lower(params_in, tok, tok, key_in)  # pylint: disable=protected-access
 
-  programs = {"policy_step": lower_step, "ref_logprob": lower_ref, "sampler": lower_sampler}
-  wanted = [p.strip() for p in a.programs.split(",") if p.strip()]
-  unknown = sorted(set(wanted) - set(programs))
+  def moe_block():
+    """One MoE block's forward at the policy step's micro-batch: stand-in vs ragged_dot vs the
+    analytic count (verification; not part of the fit)."""
+    from mr_rl.models import moe
+    n = rows // micro
+    x = jax.ShapeDtypeStruct((n, T, cfg.d_model), dtype, sharding=shd.batch_sharding(
+        mesh, (n, T, cfg.d_model)))
+    w = params_in["layers_0"]["mlp"]
+    temps = {}
+    for impl in ("stand_in", "ragged_dot"):
+      ctx = moe.grouped_matmul_stand_in() if impl == "stand_in" else contextlib.nullcontext()
+      fn = lambda p, h: moe.MoEBlock(cfg).apply({"params": p}, h)  # a fresh trace per impl
+      with ctx, shd.activation_sharding(mesh, rules):
+        temps[impl] = jax.jit(fn).lower(w, x).compile().memory_analysis().temp_size_in_bytes
+    parts = moe_block_bytes(cfg, dict(mesh.shape), n * T, dtype.itemsize)
+    total = sum(parts.values())
+    print(f"  moe_block    one MoE block forward, {n} rows x {T} tokens (the policy step's "
+          f"micro-batch), per device:")
+    for k, v in parts.items():
+      print(f"      {k:66s} {_gb(v)}")
+    print(f"      {'analytic sum (no buffer reuse)':66s} {_gb(total)}")
+    for impl, t in temps.items():
+      print(f"      XLA temp with {impl:10s} {_gb(t)}  = {t / total:6.2f} x analytic")
+
+  lowerings = {"policy_step": lower_step, "ref_logprob": lower_ref, "sampler": lower_sampler}
+  wanted = [p.strip() for p in a.programs.split(",") if p.strip()] or (
+      list(lowerings) + (["moe_block"] if cfg.is_moe and cfg.moe_impl == "ragged" else []))
+  unknown = sorted(set(wanted) - set(lowerings) - {"moe_block"})
   if unknown:
-    raise ValueError(f"--programs: unknown {unknown}; valid: {sorted(programs)}")
+    raise ValueError(f"--programs: unknown {unknown}; valid: {sorted(lowerings) + ['moe_block']}")
+  if "moe_block" in wanted and not (cfg.is_moe and cfg.moe_impl == "ragged"):
+    raise ValueError("--programs=moe_block needs an MoE model with moe_impl='ragged'")
+  # Analytic TPU kernel workspace (group metadata of the largest call) added to each total.
+  if stand_in:
+    rows_max = max(rows // micro * T, rows // ref_chunks * T, rows * prompt_cols)
+    workspace = gmm_metadata_bytes(rows_max * cfg.num_experts_per_tok,
+                                   cfg.num_experts // mesh.shape["expert"])
+  else:
+    workspace = 0
   ok = True
-  print("\nper-device memory (XLA memory_analysis):")
+  print("\nper-device memory (XLA memory_analysis; total = peak + resident"
+        + (" + kernel workspace" if stand_in else "") + "):")
   for name in wanted:
+    if name == "moe_block":
+      moe_block()
+      continue
     t0 = time.time()
-    compiled = programs[name]().compile()
+    from mr_rl.models import moe
+    with moe.grouped_matmul_stand_in() if stand_in else contextlib.nullcontext():
+      compiled = lowerings[name]().compile()
     m = compiled.memory_analysis()
     peak = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
             + m.temp_size_in_bytes)
-    fits = peak <= hbm
+    total = peak + resident[name] + workspace
+    fits = total <= hbm
     ok &= fits
     print(f"  {name:12s} args {_gb(m.argument_size_in_bytes)}  out {_gb(m.output_size_in_bytes)}"
           f"  alias {_gb(m.alias_size_in_bytes)}  temp {_gb(m.temp_size_in_bytes)}"
-          f"  => peak {_gb(peak)} {'fits' if fits else 'DOES NOT FIT'}"
+          f"  => peak {_gb(peak)} + resident {_gb(resident[name])}"
+          + (f" + workspace {workspace / 1e3:.1f} KB" if stand_in else "")
+          + f" = {_gb(total)} {'fits' if fits else 'DOES NOT FIT'}"
           f"  (compiled in {time.time() - t0:.0f} s)")
   print("\nresult: " + ("every program fits" if ok else "some program does not fit: change the "
                         "mesh, slice, micro-batches or lengths"))

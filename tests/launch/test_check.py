@@ -1,0 +1,60 @@
+"""launch/check.py on a tiny MoE: the grouped-matmul stand-in gives TPU-like memory.
+
+XLA:CPU lowers `jax.lax.ragged_dot` to dense dots over a group-masked copy of the left operand
+([M, local experts, K] temporaries); the check compiles the MoE block with
+`mr_rl.models.moe.stand_in_grouped_matmul` instead. Here (4 fake devices, tensor 2 x expert 2,
+32 experts, so 16 per device): one MoE block's forward temporaries with the stand-in lie between
+the largest array of the analytic count (`moe_block_bytes`) and the count's sum (no buffer
+reuse), i.e. within a factor 1 of the analytic kernel memory, while the ragged_dot lowering's
+exceed the sum several times; and a whole program (the reference pass) compiled with the
+stand-in needs less than half the temporaries of the ragged_dot lowering. Two subprocesses
+(fake devices must be set before jax is imported), about 20 s of CPU.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+BASE = [sys.executable, os.path.join(REPO, "launch", "check.py"),
+        "--config=configs/tag_moe.py", "--preset=tiny_moe:num_experts=32", "--devices=4",
+        "--mesh=tensor=2,expert=2", "--rows=8", "--prompt_len=16", "--new_tokens=16",
+        "--micro_batches=2", "--programs=ref_logprob,moe_block"]
+_MB = {"MB": 1e6, "GB": 1e9}
+
+
+def _run(extra):
+  out = subprocess.run(BASE + extra, cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=FAST_COMPILE))
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  return out.stdout
+
+
+def _bytes(text, label):
+  m = re.search(re.escape(label) + r"\s+([\d.]+) (MB|GB)", text)
+  assert m, (label, text)
+  return float(m.group(1)) * _MB[m.group(2)]
+
+
+def _ref_temp(text):
+  m = re.search(r"ref_logprob\s+args .* temp\s+([\d.]+) (MB|GB)\s+=> peak .* fits", text)
+  assert m, text
+  return float(m.group(1)) * _MB[m.group(2)]
+
+
+def test_stand_in_matches_the_analytic_count_and_ragged_dot_does_not():
+  text = _run([])
+  assert "stand_in_grouped_matmul" in text, text
+  analytic = _bytes(text, "analytic sum (no buffer reuse)")
+  largest = max(_bytes(text, "gathered rows xs [X*U, D]"),
+                _bytes(text, "down [X*U, D] (grouped matmul result) + its all-reduce") / 2)
+  stand_in = _bytes(text, "XLA temp with stand_in")
+  ragged = _bytes(text, "XLA temp with ragged_dot")
+  assert largest <= stand_in <= analytic, (largest, stand_in, analytic)
+  assert ragged > 3 * analytic, (ragged, analytic)
+  # The full program compiled through the ragged_dot lowering: its temporaries are inflated.
+  ragged_text = _run(["--moe_matmul=ragged_dot", "--programs=ref_logprob"])
+  assert "XLA:CPU's lowering of jax.lax.ragged_dot" in ragged_text
+  assert _ref_temp(text) < 0.5 * _ref_temp(ragged_text), (text, ragged_text)

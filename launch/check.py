@@ -46,7 +46,7 @@ einsum (all M routed rows against the device's E/expert experts and F/tensor col
 sort / gather / scatter around it are the model's own ops, compiled unchanged). Verified here
 on CPU only (no TPU compile): the `moe_block` program compiles one MoE block's forward at the
 policy step's micro-batch with the stand-in and with `ragged_dot` and prints both next to an
-analytic count of the block's arrays (`moe_block_bytes`); tests/test_check.py checks the
+analytic count of the block's arrays (`moe_block_bytes`); tests/launch/test_check.py checks the
 stand-in stays within that count and the ragged lowering does not. `--moe_matmul=ragged_dot`
 compiles the ragged dot as XLA:CPU lowers it (the old, meaningless numbers).
 """

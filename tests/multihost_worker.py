@@ -70,6 +70,7 @@ def run(scenario: str, base_policy: str, out: str) -> dict:
     from mr_rl.config_lib.args import load_config_module
     c = load_config_module(os.path.join(REPO, "configs", "demo.py")).get_config("smoke")
     c.mesh.data, c.mesh.fsdp = 4, 2
+    c.anchor.samples_per_prompt = 2   # the drift's 4 prompts x 2 rows split over 8 devices
     report = pipelines.run(c, wd)
     return {"report": report}
   if scenario == "fail_one":

@@ -319,7 +319,7 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
           draw.rollout.take(draw.n_kept)
       m = metrics_lib.step_metrics(names, draw.r_BGK[:draw.signal_groups], R_BG, agg_m, upd_m,
                                    draw.reward_metrics, kept.lengths, kept.truncated)
-      m.update(kl_m or {})
+      m.update({k: float(v) for k, v in (kl_m or {}).items()})  # measured every kl_ref_every
       m.update(shape_m)
       m.update(draw.metrics)
       m.update(alarm.update(m["reward/scalar/mean"], m[f"reward/{names[s.rewards.primary]}/mean"]))

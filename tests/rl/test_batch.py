@@ -49,7 +49,7 @@ def make_rollout(seed=0, max_prompt=6, max_resp=9, truncate=()):
   for b, g in truncate:
     trunc[b, g] = True
   return rollout_lib.Rollout(p_tok, p_mask, tokens, logprobs, mask, lengths, trunc,
-                             [[""] * G for _ in range(B)])
+                             [[""] * G for _ in range(B)], np.ones((B, G), bool))
 
 
 @pytest.fixture(scope='module')

@@ -52,6 +52,7 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("expert", "expert"),
     ("router", None),
     ("norm", None),
+    ("lora_rank", None),  # LoRA adapters: a [*in, R], b [R, *out] (mr_rl.models.lora)
     # activations
     ("activation_batch", BATCH_AXES),
     ("activation_length", None),

@@ -33,7 +33,6 @@ import re
 from typing import Any, Sequence
 
 import flax
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -155,21 +154,10 @@ def abstract_adapters(config: ModelConfig, lora: LoraConfig):
                for path, a, _, b, _ in _adapter_layout(config, lora))
 
 
-def adapter_shardings(config: ModelConfig, lora: LoraConfig, mesh, rules=None):
-  """NamedSharding of every adapter leaf under the logical-axis `rules`."""
-  from mr_rl.models import sharding  # local import: sharding imports the model
-  rules = sharding.validate_rules(sharding.DEFAULT_RULES if rules is None else rules)
-  specs = adapter_specs(config, lora)
-  shapes = abstract_adapters(config, lora)
-  mesh_specs = nn.logical_to_mesh(specs, rules)
-  return jax.tree.map(
-      lambda spec, s: sharding._sharding_for(spec, s.shape, mesh, "LoRA adapter"),
-      mesh_specs, shapes, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-
-
-def init_adapters(config: ModelConfig, lora: LoraConfig, rng: jax.Array, mesh=None, rules=None):
+def init_adapters(config: ModelConfig, lora: LoraConfig, rng: jax.Array, shardings=None):
   """Fresh adapters: a ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (PEFT's default), b = 0, so the
-  adapted policy starts equal to the base. With a `mesh`, created in their shards."""
+  adapted policy starts equal to the base. With `shardings`
+  (`mr_rl.models.sharding.adapter_shardings`), created in their shards."""
   layout = _adapter_layout(config, lora)
   dt = config.param_dtype
 
@@ -182,9 +170,7 @@ def init_adapters(config: ModelConfig, lora: LoraConfig, rng: jax.Array, mesh=No
                            "b": jnp.zeros(b, dt)}))
     return _nest(items)
 
-  if mesh is None:
-    return jax.jit(init)(rng)
-  return jax.jit(init, out_shardings=adapter_shardings(config, lora, mesh, rules))(rng)
+  return jax.jit(init, out_shardings=shardings)(rng)
 
 
 @flax.struct.dataclass
@@ -361,5 +347,5 @@ def count_bytes(tree) -> int:
 
 
 __all__: Sequence[str] = ("KERNELS", "LoraConfig", "Adapted", "target_paths", "adapter_specs",
-                          "abstract_adapters", "adapter_shardings", "init_adapters", "merge",
+                          "abstract_adapters", "init_adapters", "merge",
                           "variables_of", "save_peft", "load_peft", "count_bytes")

@@ -173,6 +173,26 @@ def init_adapters(config: ModelConfig, lora: LoraConfig, rng: jax.Array, shardin
   return jax.jit(init, out_shardings=shardings)(rng)
 
 
+def start_adapters(config: ModelConfig, lora: LoraConfig, params, rng, shardings=None):
+  """A run's first adapters: those of `params` if it is an `Adapted` policy (a copy), else
+  those of `lora.init_from`, else fresh ones (`init_adapters`).
+
+  Raises:
+    ValueError: `lora.init_from` has another rank, alpha or set of adapted kernels.
+  """
+  if isinstance(params, Adapted):
+    return jax.tree.map(lambda x: jnp.array(x, copy=True), params.lora)
+  if not lora.init_from:
+    return init_adapters(config, lora, rng, shardings)
+  adapters, got = load_peft(lora.init_from, config)
+  if (got.rank, got.scale) != (lora.rank, lora.scale) or \
+      target_paths(config, got) != target_paths(config, lora):
+    raise ValueError(f"config.model.lora.init_from={lora.init_from!r} has rank {got.rank}, "
+                     f"alpha {got.alpha} and targets {got.targets}; the config asks for rank "
+                     f"{lora.rank}, alpha {lora.alpha}, targets {lora.targets}")
+  return adapters if shardings is None else jax.device_put(adapters, shardings)
+
+
 @flax.struct.dataclass
 class Adapted:
   """A LoRA policy: the frozen `base` params, the `lora` adapters and the scale alpha / R.
@@ -347,5 +367,5 @@ def count_bytes(tree) -> int:
 
 
 __all__: Sequence[str] = ("KERNELS", "LoraConfig", "Adapted", "target_paths", "adapter_specs",
-                          "abstract_adapters", "init_adapters", "merge",
+                          "abstract_adapters", "init_adapters", "start_adapters", "merge",
                           "variables_of", "save_peft", "load_peft", "count_bytes")

@@ -395,7 +395,11 @@ class Learner:
     ``lora.init_from``) or an ``Adapted`` policy (its adapters continue); the base is
     never copied into the state."""
     if self.lora is not None:
-      return self.place_state(init_train_state(self._init_adapters(params, rng), self.tx))
+      from mr_rl.models import lora as lora_lib  # local import: rl math does not need models
+      shardings = None if self.mesh is None else sharding.adapter_shardings(
+          self.model.config, self.lora, self.mesh)
+      adapters = lora_lib.start_adapters(self.model.config, self.lora, params, rng, shardings)
+      return self.place_state(init_train_state(adapters, self.tx))
     params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
     if self.value_tx is None:
       state = init_train_state(params, self.tx)
@@ -404,22 +408,6 @@ class Learner:
                                critic_lib.init_value_params(self.model, params, rng),
                                self.value_tx)
     return self.place_state(state)
-
-  def _init_adapters(self, params, rng):
-    from mr_rl.models import lora as lora_lib  # local import: rl math does not need models
-    cfg, config = self.lora, self.model.config
-    if isinstance(params, lora_lib.Adapted):
-      return jax.tree.map(lambda x: jnp.array(x, copy=True), params.lora)
-    if not cfg.init_from:
-      return lora_lib.init_adapters(config, cfg, rng, None if self.mesh is None else
-                                    sharding.adapter_shardings(config, cfg, self.mesh))
-    adapters, got = lora_lib.load_peft(cfg.init_from, config)
-    if (got.rank, got.scale) != (cfg.rank, cfg.scale) or \
-        lora_lib.target_paths(config, got) != lora_lib.target_paths(config, cfg):
-      raise ValueError(f"config.model.lora.init_from={cfg.init_from!r} has rank {got.rank}, "
-                       f"alpha {got.alpha} and targets {got.targets}; the config asks for rank "
-                       f"{cfg.rank}, alpha {cfg.alpha}, targets {cfg.targets}")
-    return adapters
 
   def policy(self, state: TrainState, base):
     """The policy of ``state``: its params, or with LoRA ``Adapted(base, adapters)``."""

@@ -178,6 +178,9 @@ def _policy_grad_fn(logits_fn, cfg: PolicyLossConfig):
 def _step_impl(state, batch, rng, base=None, *, logits_fn, tx, config, value_fn=None,
                value_tx=None, mesh=None, rules=None, batch_axes=()):
   del rng  # no stochastic layers yet; kept for the uniform step signature
+  if (base is None) != (config.lora is None):
+    raise ValueError('a LoRA step (UpdateConfig.lora) takes the frozen base params as its fourth '
+                     'argument (Learner.update); a full fine-tuning step takes none')
   if base is not None:  # LoRA: state.params are the adapters on the frozen base
     from mr_rl.models import lora as lora_lib  # local import: rl math does not need models
     full_logits_fn = logits_fn

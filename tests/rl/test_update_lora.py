@@ -2,7 +2,6 @@
 and the 8-device fake mesh (subprocess) against the single-device step."""
 
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -15,7 +14,8 @@ from mr_rl.models import lora as lora_lib
 from mr_rl.rl import update
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # (--import-mode=importlib)
-from test_update_model import CFG, make_batch, random_params  # noqa: E402
+from test_update_model import (CFG, make_batch, random_params,  # noqa: E402
+                               run_on_eight_devices)
 
 LORA = lora_lib.LoraConfig(rank=2, alpha=4.0)
 UCFG = update.UpdateConfig(lr=1e-2, lora=LORA, num_micro_batches=2)
@@ -102,9 +102,4 @@ print('SHARDED_OK')
 
 
 def test_sharded_lora_step_matches_single_device():
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             JAX_PLATFORMS='cpu', PYTHONPATH=os.pathsep.join(
-                 [os.path.dirname(__file__), os.environ.get('PYTHONPATH', '')]))
-  out = subprocess.run([sys.executable, '-c', _SHARDED], env=env, capture_output=True,
-                       text=True, timeout=600)
-  assert out.returncode == 0 and 'SHARDED_OK' in out.stdout, out.stdout + out.stderr[-4000:]
+  run_on_eight_devices(_SHARDED)

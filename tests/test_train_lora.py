@@ -92,3 +92,22 @@ def test_lora_resume_is_bit_exact_and_exports_both_formats(base_policy, tmp_path
       ours, atol=1e-6)
   with pytest.raises(ValueError, match="format=peft needs a LoRA run"):
     export_lib.export(base_policy, str(tmp_path / "x"), format="peft", log=None)
+
+
+def test_tag_probes_train_fresh_adapters_from_the_base(base_policy, tmp_path):
+  """TAG with LoRA: each probe trains fresh adapters on the same base, the drift table and
+  the election run on the adapted probes, and the final run is a LoRA policy too."""
+  import json
+  from mr_rl import pipelines
+  c = _config(base_policy, 1)
+  c.pipeline, c.checkpoint_every = "tag", 0
+  c.anchor.probe_steps, c.anchor.probe_batch_prompts = 1, 4
+  c.anchor.held_out_prompts, c.anchor.samples_per_prompt = 4, 2
+  wd = str(tmp_path / "tag")
+  res, _ = pipelines.run_tag(settings_lib.from_config(c), wd)
+  assert isinstance(res.params, lora_lib.Adapted)
+  drift = json.load(open(os.path.join(wd, "drift.json")))
+  assert [row["channel"] for row in drift["channels"]] == ["arith_acc", "arith_negative",
+                                                          "arith_fmt"]
+  assert all(np.isfinite(row["rev_kl_per_token"]) for row in drift["channels"])
+  assert drift["anchor"] in ("arith_acc", "arith_negative", "arith_fmt")

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mr_rl import distributed, sampling
-from mr_rl.models import sharding
+from mr_rl.models import lora, sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +148,7 @@ def rollout(policy: Policy, params, examples: Sequence[Any], key: jax.Array,
             sampling_settings: SamplingSettings) -> Rollout:
   """Samples `sampling_settings.group_size` responses per example with `params`."""
   s = sampling_settings
+  params = lora.merge(params)  # a LoRA policy samples merged weights (BUILD_NOTES "LoRA")
   p_tok, p_mask = policy.encode(examples)
   tok = policy.tokenizer
   out = sampling.generate_groups(

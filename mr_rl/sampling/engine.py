@@ -125,7 +125,9 @@ class Engine:
     cache_dtype: KV-cache dtype (None: the model's dtype).
     mesh, rules: optional device mesh and logical axis rules; slots, prompt store and caches
       are split over the mesh's batch axes (params should already be sharded).
-    max_traces: if set, chex.assert_max_traces bound for each jitted program.
+    max_traces: if set, raise (chex.assert_max_traces) when a jitted program is traced more
+      often than this, counted over all pool sizes: each program traces once per prompt
+      bucket and pool size (`pool_sizes()`; the initial pool only for `prefill`).
   """
 
   def __init__(self, model, *, slots: int, max_new_tokens: int, temperature: float = 1.0,
@@ -192,7 +194,8 @@ class Engine:
       sizes.append(nxt)
     return tuple(sizes)
 
-  def _prefill_size(self, group_size: int) -> int:
+  def prefill_size(self, group_size: int) -> int:
+    """M, the prompts one prefill call runs for rollouts of group size G."""
     need = math.ceil(self.slots / group_size)
     m = self.prefill_prompts or need
     if m < need:
@@ -233,7 +236,7 @@ class Engine:
                                          buckets=self.prompt_buckets)
     n_prompts, bucket = tokens_BP.shape
     group, rows, pool = group_size, n_prompts * group_size, self.slots
-    m = self._prefill_size(group)
+    m = self.prefill_size(group)
     progs = self.programs(pool, m)
     stats = self.last_stats = EngineStats(rows=rows)
     state, store = progs.init(key, bucket)
@@ -279,8 +282,8 @@ class Engine:
       slot_row[done] = -1
       free.extend(int(n) for n in done)
       n_live = int((slot_row >= 0).sum())
-      if head >= rows and 0 < n_live <= progs.shrink_at:  # tail: compact into a smaller pool
-        target = min(n for n in self.pool_sizes() if n >= n_live)
+      if head >= rows and 0 < n_live <= progs.shrink_at:  # tail: compact into the next pool
+        target = progs.shrink_at  # one level at a time: one `shrink` trace per pool size
         keep = np.concatenate([np.flatnonzero(slot_row >= 0), np.flatnonzero(slot_row < 0)])
         keep = keep[:target].astype(np.int32)
         state = progs.shrink(state, self._put(keep))

@@ -14,8 +14,7 @@ model runs under `jax.vmap` over slots: each slot is a batch of one with its own
 `cache_index` (XLA turns the per-slot cache writes into one scatter; the matmuls stay batched
 over all slots).
 
-Four jitted programs, each compiled once per (slots, prompt bucket) (`shrink` once per
-smaller pool size it compacts to):
+Four jitted programs, each compiled once per (slots, prompt bucket):
   * `prefill`: M prompts through the model once into one half of the prompt store (the G
     responses of a prompt share this prefill, `engine.py`);
   * `step`: first copies store entries into the slots the host assigned new rows (the prompt's
@@ -23,8 +22,8 @@ smaller pool size it compacts to):
     steps over all slots, stopping early once a slot is free while rows wait in the host's
     queue, so the host can refill it at once;
   * `gather`: the token and log-prob rows of up to `GATHER_ROWS` finished slots, replicated;
-  * `shrink`: the live slots compacted into a smaller pool (the engine's tail, once no rows
-    are queued and at most half the slots are live).
+  * `shrink`: the live slots compacted into the pool of the next smaller size `shrink_at`
+    (the engine's tail, once no rows are queued and at most that many slots are live).
 Draws follow the per-row key schedule `processing.row_step_keys` (key, row, s): a row's tokens
 do not depend on its slot or on when it was inserted.
 """
@@ -116,13 +115,15 @@ class SlotPrograms:
     cache_dtype: KV-cache dtype (None: the model's dtype).
     mesh, rules: optional device mesh and logical axis rules: slots, the store and the cache
       are split over the mesh's batch axes; reports and gathered rows are replicated.
-    max_traces: chex.assert_max_traces bound for each program (None: unchecked).
+    max_traces: chex.assert_max_traces bound for each program (None: unchecked); chex counts
+      the traces of a program over all SlotPrograms built at the same place (the engine's
+      pool sizes).
   """
 
   def __init__(self, model, *, slots: int, max_new_tokens: int,
                sampling: processing.SamplingParams, eos_ids: tuple, steps_per_call: int,
-               refill_at: int, shrink_at: int, prefill_prompts: int, cache_dtype=None, mesh=None, rules=None,
-               max_traces: Optional[int] = None):
+               refill_at: int, shrink_at: int, prefill_prompts: int, cache_dtype=None,
+               mesh=None, rules=None, max_traces: Optional[int] = None):
     self.model = model
     self.slots = slots
     self.max_new_tokens = max_new_tokens
@@ -135,13 +136,13 @@ class SlotPrograms:
     self.cache_dtype = cache_dtype
     self.mesh = mesh
     self.rules = rules
-    wrap = ((lambda f: f) if max_traces is None
-            else (lambda f: chex.assert_max_traces(f, n=max_traces)))
+    wrap = self._wrap = ((lambda f: f) if max_traces is None
+                         else (lambda f: chex.assert_max_traces(f, n=max_traces)))
     self._init = functools.lru_cache(maxsize=None)(self._jit_init)
     self.prefill = jax.jit(wrap(self._prefill), donate_argnums=1)
     self.step = jax.jit(wrap(self._step), donate_argnums=1)
     self.gather = jax.jit(wrap(self._gather))
-    self.shrink = jax.jit(self._shrink)
+    self.shrink = jax.jit(wrap(self._shrink))
 
   # --------------------------------------------------------------------------- shardings
   def _batch_sharded(self, x, batch_axis_size: int):
@@ -199,7 +200,7 @@ class SlotPrograms:
           length=zeros((m2,), jnp.int32))
       return state, store
 
-    return jax.jit(init)
+    return jax.jit(self._wrap(init))
 
   def _prefill(self, params, store: PromptStore, tokens_MP, mask_MP, half) -> PromptStore:
     """Runs M prompts' first P - 1 tokens through the model into store entries
@@ -309,7 +310,7 @@ class SlotPrograms:
     return self._replicate((state.tokens[slots_m], state.logprobs[slots_m]))
 
   def _shrink(self, state: SlotState, keep_n):
-    """The slots `keep_n` (int32 [n], n < N; the live ones among them) as a pool of n slots."""
+    """The slots `keep_n` (int32 [shrink_at], the live ones among them) as a smaller pool."""
     n = keep_n.shape[0]
     take = lambda a: self._batch_sharded(a[keep_n], n)
     return state.replace(

@@ -222,3 +222,29 @@ def test_invalid_settings_raise(tiny_hf_pair, prompts):
     engine(params, tokens, mask, key=jax.random.PRNGKey(0), group_size=0)
   with pytest.raises(ValueError, match="left-padded"):
     engine(params, tokens, mask[:, ::-1], key=jax.random.PRNGKey(0), group_size=4)
+
+
+def test_rollout_dispatches_to_the_continuous_engine(tmp_path):
+  """`rollout` with `engine="continuous"` returns the static engine's Rollout (greedy), and
+  an unknown engine name is an error."""
+  from mr_rl import models
+  from mr_rl.rollout import Policy, SamplingSettings, rollout
+  from mr_rl.testing.checkpoints import numpy_init, tiny_model_config
+  from mr_rl.testing.tokenizer import make_tokenizer
+  tok = make_tokenizer(str(tmp_path), vocab_size=300)
+  model = models.Transformer(tiny_model_config("qwen3", len(tok), d_model=32))
+  params = numpy_init(model, std=0.3)
+  policy = Policy(model=model, tokenizer=tok, render=lambda ex: ex, max_prompt_len=16,
+                  add_bos=False)
+  examples = ["1 + 2 =", "Question: 7 * 6", "x"]
+  base = dict(group_size=2, max_new_tokens=6, temperature=0.0, top_k=0, top_p=1.0)
+  static = rollout(policy, params, examples, jax.random.PRNGKey(0), SamplingSettings(**base))
+  cont = rollout(policy, params, examples, jax.random.PRNGKey(0),
+                 SamplingSettings(**base, engine="continuous", slots=4))
+  for name in ("prompt_tokens", "prompt_mask", "tokens", "mask", "lengths", "truncated"):
+    np.testing.assert_array_equal(getattr(cont, name), getattr(static, name), err_msg=name)
+  np.testing.assert_allclose(cont.logprobs, static.logprobs, atol=1e-5)
+  assert cont.texts == static.texts
+  with pytest.raises(ValueError, match="engine"):
+    rollout(policy, params, examples, jax.random.PRNGKey(0),
+            SamplingSettings(**base, engine="paged"))

@@ -67,3 +67,22 @@ def hf_greedy_tokens(hf, tokens, mask, max_new_tokens: int):
 def hf_greedy():
   """`hf_greedy_tokens` as a fixture (test modules do not import conftest)."""
   return hf_greedy_tokens
+
+
+def left_padded(lengths, vocab: int = 128, seed: int = 0):
+  """Left-padded random prompts of the given real lengths: tokens and mask [B, max(lengths)]."""
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  width = max(lengths)
+  tokens = np.zeros((len(lengths), width), np.int32)
+  mask = np.zeros_like(tokens)
+  for b, n in enumerate(lengths):
+    tokens[b, width - n:] = rng.integers(1, vocab, n)
+    mask[b, width - n:] = 1
+  return tokens, mask
+
+
+@pytest.fixture(scope="session")
+def left_padded_prompts():
+  """`left_padded` as a fixture (test modules do not import conftest)."""
+  return left_padded

@@ -23,15 +23,8 @@ EOS = (3, 7, 11, 19, 23, 42)
 
 
 @pytest.fixture(scope="module")
-def prompts():
-  rng = np.random.default_rng(0)
-  width = max(PROMPT_LENS)
-  tokens = np.zeros((len(PROMPT_LENS), width), np.int32)
-  mask = np.zeros_like(tokens)
-  for b, n in enumerate(PROMPT_LENS):
-    tokens[b, width - n:] = rng.integers(1, 128, n)
-    mask[b, width - n:] = 1
-  return tokens, mask
+def prompts(left_padded_prompts):
+  return left_padded_prompts(PROMPT_LENS, vocab=128, seed=0)
 
 
 def _np(out):

@@ -48,6 +48,12 @@ import op_profile  # noqa: E402
 if __name__ == "__main__" and "--profile" in sys.argv:
   op_profile.enable_thunk_tracing()  # before jax starts
 
+if (__name__ == "__main__" and "--long-tail" in sys.argv and "--quick" in sys.argv
+    and "--threads" not in sys.argv):
+  # The quick long-tail run is single-threaded on both sides: on a loaded 2-core machine torch's
+  # two OpenMP threads ran transformers `generate` ~10x slower than one (measured).
+  sys.argv += ["--threads", "1"]
+
 if __name__ == "__main__" and "--threads" in sys.argv:
   # Thread count must be fixed before jax / torch start their pools.
   _n = sys.argv[sys.argv.index("--threads") + 1]
@@ -205,7 +211,8 @@ def long_tail_main(argv):
   p.add_argument("--no-hf", action="store_true")
   p.add_argument("--threads", type=int, default=None,
                  help="CPU threads for jax and torch (1 is steadier on a loaded machine)")
-  p.add_argument("--quick", action="store_true", help="64 rows through 16 slots, cap 96, 1 run")
+  p.add_argument("--quick", action="store_true",
+                 help="64 rows through 16 slots, cap 96, 1 run, --threads 1 unless given")
   p.add_argument("--json", default=None)
   a = p.parse_args(argv)
   if a.quick:

@@ -412,7 +412,9 @@ def default_config():
       top_k=0,                    # 0 = off
       top_p=1.0,                  # 1.0 = off
       dtype="",                   # sampler compute dtype ('' = model.dtype; e.g. 'bfloat16')
-      cache_dtype=""))            # sampler KV-cache dtype ('' = the sampler's compute dtype)
+      cache_dtype="",             # sampler KV-cache dtype ('' = the sampler's compute dtype)
+      engine="static",            # 'static' (one batch of B*G rows) | 'continuous' (slot pool)
+      slots=0))                   # continuous engine's decode slots (0 = one per row)
   c.update_batch = ml_collections.ConfigDict(dict(
       trim_columns=True,          # update / reference / critic over the columns in use (bucketed)
       pack=U.pack,                # several sequences per row (segment ids); GRPO family only
@@ -619,7 +621,9 @@ def from_config(cfg) -> RunSettings:
                                                           c.rollout.temperature), True),
       top_k=_count("rollout.top_k", c.rollout.top_k, True),
       top_p=_in("rollout.top_p", c.rollout.top_p, 0.0, 1.0, lo_open=True), dtype=sample_dtype,
-      cache_dtype=cache_dtype)
+      cache_dtype=cache_dtype,
+      engine=_choice("rollout.engine", c.rollout.engine, ("static", "continuous")),
+      slots=_count("rollout.slots", c.rollout.slots, True))
   rows = data.batch_prompts * rollout.group_size
   if rows % update.num_micro_batches:
     raise ValueError(f"config.optim.num_micro_batches={update.num_micro_batches} must divide "

@@ -29,6 +29,10 @@ TEST_REQUIRES = [
     "ipykernel>=6",
     # Reference implementations only; the pin takes the CPU build from local disk.
     "torch==2.13.0",
+    # LoRA parity (tests/models/test_lora.py): PEFT loads our adapters and makes its own;
+    # peft imports accelerate (pinned as in the benchmark extra).
+    "peft==0.21.2",
+    "accelerate==1.15.0",
     # The W&B writer's tests run it in offline mode (no network, no account); it installs in
     # ~15 s from wheels (BUILD_NOTES "Researcher's workflow").
     "wandb>=0.19",

@@ -17,6 +17,13 @@ run, and our time for 64/128/256/512 new tokens.
 
 Timings alternate ours / transformers so that background load hits both alike; each
 figure is the median over `--repeats` runs after one warm-up (compilation excluded).
+
+`--long-tail` compares instead, side by side, the continuous engine
+(`mr_rl.sampling.Engine`), the static sampler in micro-batches of the same row count and
+transformers `generate`, on rows whose lengths are drawn from a lognormal (EOS forced at each
+row's drawn length, the same lengths for every engine): slot utilization and tokens/s.
+
+  python benchmarks/sampler.py --long-tail --quick --json out.json
 """
 
 from __future__ import annotations
@@ -41,6 +48,12 @@ import op_profile  # noqa: E402
 if __name__ == "__main__" and "--profile" in sys.argv:
   op_profile.enable_thunk_tracing()  # before jax starts
 
+if (__name__ == "__main__" and "--long-tail" in sys.argv and "--quick" in sys.argv
+    and "--threads" not in sys.argv):
+  # The quick long-tail run is single-threaded on both sides: on a loaded 2-core machine torch's
+  # two OpenMP threads ran transformers `generate` ~10x slower than one (measured).
+  sys.argv += ["--threads", "1"]
+
 if __name__ == "__main__" and "--threads" in sys.argv:
   # Thread count must be fixed before jax / torch start their pools.
   _n = sys.argv[sys.argv.index("--threads") + 1]
@@ -49,6 +62,7 @@ if __name__ == "__main__" and "--threads" in sys.argv:
                              f" intra_op_parallelism_threads={_n}")
   os.environ["OMP_NUM_THREADS"] = _n
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -134,7 +148,174 @@ def build_preset(name, dtype):
   return model, params
 
 
+#: ~20M-parameter random Qwen3 of the long-tail run (8 layers, d=512, 8 heads / 4 KV heads).
+LONG_TAIL_MODEL = dict(vocab_size=4096, hidden_size=512, intermediate_size=1024,
+                       num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                       head_dim=64, tie_word_embeddings=True)
+
+
+def forced_lengths(rows: int, cap: int, seed: int = 0) -> np.ndarray:
+  """Response lengths (EOS included) from a lognormal with mean about cap / 4, in [1, cap]."""
+  sigma = 1.0
+  mu = np.log(cap / 4) - sigma ** 2 / 2
+  lengths = np.random.default_rng(seed).lognormal(mu, sigma, rows)
+  return np.clip(np.round(lengths), 1, cap).astype(np.int32)
+
+
+def countdown_mask(fed, vocab: int, cap: int, xp):
+  """Benchmark-only forcing of each row's length, shared by every engine: token ids fall in
+  blocks of `vocab // (cap + 1)`; after a token of block c >= 2 only tokens of block c - 1
+  may follow (the random model's logits pick among them), after block 1 (or EOS / padding,
+  block 0) only EOS (id 0).
+  A prompt ending in a token of block L thus gets a response of exactly L tokens, sampled
+  from the model within those constraints. Returns the allowed-token mask [..., V]."""
+  width = vocab // (cap + 1)
+  block = fed // width
+  v_block = xp.arange(vocab) // width
+  allowed = v_block[None, :] == (block - 1)[:, None]
+  return xp.where((block <= 1)[:, None], xp.arange(vocab)[None, :] == 0, allowed)
+
+
+def forced_model(cfg, cap: int):
+  """The mr_rl model with `countdown_mask` applied to its logits (an nn.Module subclass)."""
+  class ForcedLength(models.Transformer):
+    @nn.compact
+    def __call__(self, tokens_NT, positions_NT, **kw):
+      logits, cache = super().__call__(tokens_NT, positions_NT, **kw)
+      n, t = tokens_NT.shape
+      allowed = countdown_mask(tokens_NT.reshape(-1), cfg.vocab_size, cap, jnp).reshape(
+          n, t, -1)
+      return jnp.where(allowed, logits, -1e9).astype(logits.dtype), cache
+  return ForcedLength(cfg)
+
+
+def long_tail_prompts(lengths, prompt_len: int, vocab: int, cap: int, seed: int = 1):
+  """Full-length prompts whose last token sets each row's response length."""
+  rng = np.random.default_rng(seed)
+  width = vocab // (cap + 1)
+  tokens = rng.integers(1, vocab, (len(lengths), prompt_len)).astype(np.int32)
+  tokens[:, -1] = lengths * width + rng.integers(0, width, len(lengths))
+  return tokens, np.ones_like(tokens)
+
+
+def long_tail_main(argv):
+  """Continuous engine vs static micro-batches vs transformers `generate` (see module doc)."""
+  p = argparse.ArgumentParser(description="--long-tail: " + __doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--rows", type=int, default=256)
+  p.add_argument("--slots", type=int, default=64, help="continuous slots = static micro-batch")
+  p.add_argument("--cap", type=int, default=256, help="max_new_tokens")
+  p.add_argument("--prompt-len", type=int, default=32)
+  p.add_argument("--steps-per-call", type=int, default=8)
+  p.add_argument("--repeats", type=int, default=2)
+  p.add_argument("--no-hf", action="store_true")
+  p.add_argument("--threads", type=int, default=None,
+                 help="CPU threads for jax and torch (1 is steadier on a loaded machine)")
+  p.add_argument("--quick", action="store_true",
+                 help="64 rows through 16 slots, cap 96, 1 run, --threads 1 unless given")
+  p.add_argument("--json", default=None)
+  a = p.parse_args(argv)
+  if a.quick:
+    a.rows, a.slots, a.cap, a.repeats = 64, 16, 96, 1
+  import torch
+  import transformers
+  from mr_rl.sampling import Engine
+  if a.threads:
+    torch.set_num_threads(a.threads)
+  torch.manual_seed(0)
+  hf_cfg = transformers.Qwen3Config(**LONG_TAIL_MODEL, max_position_embeddings=4096,
+                                    bos_token_id=None, eos_token_id=0, pad_token_id=0)
+  hf_model = transformers.Qwen3ForCausalLM(hf_cfg).eval()
+  with tempfile.TemporaryDirectory() as tmp:
+    hf_model.save_pretrained(tmp)
+    base, params = models.load_pretrained(tmp)
+  cfg = base.config
+  model = forced_model(cfg, a.cap)
+  lengths = forced_lengths(a.rows, a.cap)
+  tokens, mask = long_tail_prompts(lengths, a.prompt_len, cfg.vocab_size, a.cap)
+  res = dict(rows=a.rows, slots=a.slots, cap=a.cap, prompt_len=a.prompt_len, threads=a.threads,
+             params=models.count_params(cfg), mean_length=float(lengths.mean()),
+             max_length=int(lengths.max()), load_avg_start=os.getloadavg(), engines={})
+  print(f"{res['params'] / 1e6:.1f}M params; {a.rows} rows, lengths mean {lengths.mean():.1f} "
+        f"max {lengths.max()} (cap {a.cap}); load average {res['load_avg_start']}", flush=True)
+  total = int(lengths.sum())
+  kw = dict(max_new_tokens=a.cap, temperature=1.0, eos_id=0, pad_id=0)
+  key = jax.random.PRNGKey(0)
+  engine = Engine(model, slots=a.slots, steps_per_call=a.steps_per_call, **kw)
+  static = Sampler(model, **kw)
+  chunks = [slice(i, i + a.slots) for i in range(0, a.rows, a.slots)]
+
+  def run_continuous():
+    out = engine(params, tokens, mask, key=key)
+    return out.lengths, engine.last_stats.slot_utilization
+
+  def run_static():
+    got, slot_steps = [], 0
+    for c in chunks:
+      out = jax.device_get(static(params, tokens[c], mask[c], key=key))
+      got.append(out.lengths)
+      slot_steps += int(out.steps) * out.lengths.shape[0]
+    got = np.concatenate(got)
+    return got, got.sum() / slot_steps
+
+  class Forced(transformers.LogitsProcessor):
+    def __call__(self, input_ids, scores):
+      allowed = countdown_mask(input_ids[:, -1], cfg.vocab_size, a.cap, torch)
+      return scores.masked_fill(~allowed, -float("inf"))
+
+  def run_hf():
+    got, slot_steps = [], 0
+    for c in chunks:
+      with torch.no_grad():
+        out = hf_model.generate(torch.as_tensor(tokens[c], dtype=torch.long),
+                                attention_mask=torch.as_tensor(mask[c], dtype=torch.long),
+                                do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                max_new_tokens=a.cap, eos_token_id=0, pad_token_id=0,
+                                logits_processor=[Forced()])
+      resp = out[:, a.prompt_len:].numpy()
+      n = np.where((resp == 0).any(1), (resp == 0).argmax(1) + 1, resp.shape[1])
+      got.append(n)
+      slot_steps += resp.shape[1] * resp.shape[0]
+    got = np.concatenate(got)
+    return got, got.sum() / slot_steps
+
+  runs = {"continuous": run_continuous, "static": run_static}
+  if not a.no_hf:
+    runs["transformers"] = run_hf
+  times = {name: [] for name in runs}
+  for name, fn in runs.items():  # warm-up (compiles; transformers needs none)
+    if name != "transformers":
+      t0 = time.perf_counter()
+      fn()
+      res["engines"][name] = dict(first_run_s=time.perf_counter() - t0)
+  for _ in range(a.repeats):  # alternate, so background load hits all alike
+    for name, fn in runs.items():
+      t0 = time.perf_counter()
+      got, util = fn()
+      times[name].append(time.perf_counter() - t0)
+      np.testing.assert_array_equal(np.asarray(got), lengths, err_msg=name)
+      res["engines"].setdefault(name, {})["slot_utilization"] = float(util)
+  for name, t in times.items():
+    r = res["engines"][name]
+    r.update(times_s=t, tokens_per_s=total / statistics.median(t))
+    print(f"{name:13s} slot utilization {r['slot_utilization']:.3f}  "
+          f"{r['tokens_per_s']:7.0f} tok/s  (runs {[round(x, 2) for x in t]} s)", flush=True)
+  cont, stat = res["engines"]["continuous"], res["engines"]["static"]
+  res["continuous_over_static"] = cont["tokens_per_s"] / stat["tokens_per_s"]
+  res["calls"] = engine.last_stats.calls
+  res["load_avg_end"] = os.getloadavg()
+  print(f"continuous / static = {res['continuous_over_static']:.2f}x; "
+        f"load average at end {res['load_avg_end']}")
+  if a.json:
+    with open(a.json, "w") as f:
+      json.dump(res, f, indent=1)
+  return res
+
+
 def main(argv=None):
+  args = sys.argv[1:] if argv is None else list(argv)
+  if "--long-tail" in args:
+    return long_tail_main([x for x in args if x != "--long-tail"])
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--preset", default="tiny",
                  help="'tiny' (transformers-written random Qwen3) or an mr_rl.models preset name")

@@ -11,7 +11,9 @@ answer < 0); method = rp_only | additive ((RP+RA)/2) | weighted (0.9 RP + 0.1 RA
 lagrangian | pg_ot | mo_grpo | dr_grpo | rubric_dropout | lsc | additive_kl (beta 0.1) | tag
 (pipeline 'tag': probe each channel 300 steps, elect the anchor by per-token reverse KL, train
 TAG from pi_0); subset = auto (Qwen: Big-Math hard; Llama: Llama-calibrated) | hard |
-llama_calibrated; runlocal.
+llama_calibrated; lora = 0 (full fine-tuning, the papers') | 8 | 16 | 32 | 64 (LoRA of that
+rank on every attention and MLP kernel, alpha = 2 x rank, lr x 10: not a paper setting; the
+sweep keeps lora=0); runlocal.
 The sweep is the 4 x 2 x 12 grid plus Sec. C.3's control (Llama-3.2-3B on the hard split:
 rp_only, additive, tag on both tasks). GRPO 500 steps x 256 rollouts, lr 1e-6, clip 0.2/0.28,
 completions up to 4,096 tokens; eval: 4 samples on each test problem (pass@1 / pass@4).
@@ -30,8 +32,9 @@ from mr_rl import config_lib as cl
 
 CHOICES = {"model": ("qwen3_1_7b", "qwen3_4b", "llama3_2_3b", "llama3_1_8b"),
            "task": ("brief", "negative"), "method": cl.TAG_METHODS,
-           "subset": ("auto", "hard", "llama_calibrated")}
-DEFAULTS = {"model": "qwen3_1_7b", "task": "negative", "method": "tag", "subset": "auto"}
+           "subset": ("auto", "hard", "llama_calibrated"), "lora": ("0", "8", "16", "32", "64")}
+DEFAULTS = {"model": "qwen3_1_7b", "task": "negative", "method": "tag", "subset": "auto",
+            "lora": "0"}
 
 CHANNELS = {"brief": "accuracy,brief", "negative": "accuracy,negative"}  # RP first, then RA
 BRIEF_THRESHOLD = {"qwen3": 200, "llama": 128, "qwen3_moe": 512}  # tokens, per model family
@@ -69,6 +72,10 @@ def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/tag_math.py")
   c = base_config(a["model"], a["task"], a["subset"])
   cl.tag_method(c, a["method"], 2)
+  if int(a["lora"]):  # LoRA RL (mr_rl.models.lora): adapters only, pi_0 = the base itself
+    c.model.lora.rank = int(a["lora"])               # R
+    c.model.lora.alpha = 2.0 * int(a["lora"])        # scale alpha / R = 2
+    c.optim.lr = 10 * c.optim.lr                     # LoRA's usual ~10x the full-FT lr
   return cl.runlocal(c, a["model"]) if a["runlocal"] else c
 
 

@@ -1,6 +1,7 @@
 r"""A trained policy out of a run's workdir as a Hugging Face checkpoint (transformers, vLLM).
 
     python -m mr_rl.export --workdir=W [--step=N] --out=DIR [--base=BASE_DIR] [--overwrite]
+                           [--format=merged|peft]
 
 reads the policy parameters of checkpoint step N (default: the latest) from
 `W/checkpoints/<N>/state` and writes DIR: safetensors in transformers' layout, config.json,
@@ -51,6 +52,7 @@ from etils import epath
 from mr_rl import metrics as metrics_lib
 from mr_rl import models
 from mr_rl.models import hf_io
+from mr_rl.models import lora as lora_lib
 
 
 def checkpoint_steps(workdir: str) -> list[int]:
@@ -98,7 +100,18 @@ def params_metadata(workdir: str, step: int):
   return ocp.PyTreeCheckpointHandler().metadata(_state_dir(workdir, step)).tree["train"]["params"]
 
 
-def restore_params(workdir: str, step: int, model, mesh=None):
+def run_lora(workdir: str) -> lora_lib.LoraConfig | None:
+  """The LoRA config of a run (`model.lora` of its settings.json), or None (full fine-tuning
+  or no settings.json)."""
+  if not os.path.exists(os.path.join(workdir, metrics_lib.SETTINGS_FILE)):
+    return None
+  cfg = saved_settings(workdir)["model"].get("lora")
+  return None if not cfg else lora_lib.LoraConfig(
+      rank=cfg["rank"], alpha=cfg["alpha"], targets=tuple(cfg["targets"]),
+      init_from=cfg.get("init_from", ""))
+
+
+def restore_params(workdir: str, step: int, model, mesh=None, lora=None):
   """The policy params of checkpoint `step` (only that subtree is read).
 
   Args:
@@ -107,13 +120,15 @@ def restore_params(workdir: str, step: int, model, mesh=None):
     model: the `Transformer` whose parameter tree the checkpoint holds.
     mesh: optional `jax.sharding.Mesh`: params are restored into their shardings on it
       (`sharding.param_shardings`); else onto the host.
+    lora: the run's `LoraConfig` (`run_lora`): the checkpoint holds its adapters.
 
   Raises:
     ValueError: the checkpoint's params do not have the model's structure / shapes.
   """
   path = _state_dir(workdir, step)
   saved = params_metadata(workdir, step)
-  expected = models.abstract_params(model)
+  expected = models.abstract_params(model) if lora is None else \
+      lora_lib.abstract_adapters(model.config, lora)
   shape = lambda t: jax.tree.map(lambda x: tuple(x.shape), t)
   try:
     same = shape(saved) == shape(expected)
@@ -125,7 +140,8 @@ def restore_params(workdir: str, step: int, model, mesh=None):
                      f"{model.config.d_model}); was the run trained from another base?")
   if mesh is not None:
     from mr_rl.models import sharding
-    shardings = sharding.param_shardings(model, mesh)
+    shardings = sharding.param_shardings(model, mesh) if lora is None else \
+        sharding.adapter_shardings(model.config, lora, mesh)
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           saved, shardings)
   else:
@@ -197,6 +213,7 @@ def write_hf(model, params, out: str, base_dir: str, settings=None) -> str:
     `out`.
   """
   _check_not_base(out, base_dir)
+  params = lora_lib.merge(params)  # a LoRA policy: the base with its adapters folded in
   os.makedirs(out, exist_ok=True)
   is_writer = jax.process_index() == 0
   if is_writer:
@@ -239,9 +256,16 @@ def check_out_dir(out: str, overwrite: bool) -> None:
     raise FileExistsError(f"--out {out!r} exists and is not a directory")
 
 
+FORMATS = ("merged", "peft")
+
+
 def export(workdir: str, out: str, *, step: int | None = None, base: str | None = None,
-           mesh=None, log=print, overwrite: bool = False) -> str:
+           mesh=None, log=print, overwrite: bool = False, format: str = "merged") -> str:
   """Writes checkpoint `step` (default: the latest) of the run in `workdir` to `out`.
+
+  A LoRA run (`config.model.lora`) exports as `format` 'merged' (the default: the base with
+  the adapters folded in, a plain transformers checkpoint) or 'peft' (`adapter_config.json` +
+  `adapter_model.safetensors`, for `peft.PeftModel.from_pretrained(base, out)`).
 
   Args:
     workdir: a training run's workdir (`checkpoints/`, `settings.json`).
@@ -256,6 +280,12 @@ def export(workdir: str, out: str, *, step: int | None = None, base: str | None 
     FileExistsError: `out` holds files and not `overwrite`.
     FileNotFoundError: no checkpoints, or `step` is not one of them (the message lists them).
   """
+  if format not in FORMATS:
+    raise ValueError(f"--format must be one of {FORMATS}, got {format!r}")
+  lora = run_lora(workdir)
+  if format == "peft" and lora is None:
+    raise ValueError(f"--format=peft needs a LoRA run (config.model.lora.rank > 0); {workdir!r} "
+                     "trained every weight: export it merged")
   steps = checkpoint_steps(workdir)
   if not steps:
     raise FileNotFoundError(f"no checkpoints under {os.path.join(workdir, 'checkpoints')!r} "
@@ -268,7 +298,18 @@ def export(workdir: str, out: str, *, step: int | None = None, base: str | None 
   check_out_dir(out, overwrite)
   dtype = jax.tree.leaves(params_metadata(workdir, step))[0].dtype
   model = _model_for(base_dir, dtype)
-  params = restore_params(workdir, step, model, mesh)
+  params = restore_params(workdir, step, model, mesh, lora)
+  if format == "peft":
+    os.makedirs(out, exist_ok=True)
+    if jax.process_index() == 0:
+      lora_lib.save_peft(out, params, model.config, lora, base_model=base_dir)
+      hf_io.make_readable(out)
+    if log:
+      log(f"exported the adapters of step {step} of {workdir} to {out} (PEFT; base {base_dir})")
+    return out
+  if lora is not None:
+    _, base_params = models.load_pretrained(base_dir, dtype=dtype, mesh=mesh)
+    params = lora_lib.Adapted(base_params, params, lora.scale)
   has_settings = os.path.exists(os.path.join(workdir, metrics_lib.SETTINGS_FILE))
   write_hf(model, params, out, base_dir, settings=saved_settings(workdir) if has_settings
            else None)
@@ -287,11 +328,14 @@ def main(argv: Sequence[str] | None = None) -> str:
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
   p.add_argument("--base", default=None,
                  help="base checkpoint directory (default: the run's config.model.path)")
+  p.add_argument("--format", default="merged", choices=FORMATS,
+                 help="a LoRA run: 'merged' weights (default) or a 'peft' adapter directory")
   p.add_argument("--overwrite", action="store_true",
                  help="write into a non-empty --out (replaces an earlier export's files)")
   a = p.parse_args(argv)
   try:
-    return export(a.workdir, a.out, step=a.step, base=a.base, overwrite=a.overwrite)
+    return export(a.workdir, a.out, step=a.step, base=a.base, overwrite=a.overwrite,
+                  format=a.format)
   except FileExistsError as e:
     p.error(str(e))
 

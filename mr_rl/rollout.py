@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mr_rl import distributed, sampling
-from mr_rl.models import sharding
+from mr_rl.models import lora, sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +39,10 @@ class SamplingSettings:
     dtype: the sampler's compute dtype ('' = the model's; e.g. 'bfloat16' samples a
       float32-trained policy in bfloat16, parameters cast per layer as the model does).
     cache_dtype: the sampler's KV-cache dtype ('' = its compute dtype).
+    engine: "static" (`sampling.generate_groups`: all B * G rows decoded as one batch) or
+      "continuous" (`sampling.Engine`: a pool of `slots` decode slots kept full; sampled
+      draws follow its per-row key schedule, greedy tokens are the same).
+    slots: the continuous engine's slot count (0: one slot per row, B * G).
   """
   group_size: int
   max_new_tokens: int
@@ -47,6 +51,8 @@ class SamplingSettings:
   top_p: float
   dtype: str = ""
   cache_dtype: str = ""
+  engine: str = "static"
+  slots: int = 0
 
 
 @functools.lru_cache(maxsize=16)
@@ -148,9 +154,14 @@ def rollout(policy: Policy, params, examples: Sequence[Any], key: jax.Array,
             sampling_settings: SamplingSettings) -> Rollout:
   """Samples `sampling_settings.group_size` responses per example with `params`."""
   s = sampling_settings
+  params = lora.merge(params)  # a LoRA policy samples merged weights (BUILD_NOTES "LoRA")
   p_tok, p_mask = policy.encode(examples)
   tok = policy.tokenizer
-  out = sampling.generate_groups(
+  engines = {"static": sampling.generate_groups, "continuous": functools.partial(
+      sampling.generate_continuous, slots=s.slots)}
+  if s.engine not in engines:
+    raise ValueError(f"rollout engine must be one of {sorted(engines)}, got {s.engine!r}")
+  out = engines[s.engine](
       sampling_model(policy.model, s.dtype), params, p_tok, p_mask, group_size=s.group_size,
       key=key,
       max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,

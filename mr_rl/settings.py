@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import os
 from typing import Any, Mapping
 
 from mr_rl import aggregators
@@ -73,6 +74,43 @@ def _in(field: str, value: float, lo: float, hi: float, lo_open: bool = False,
     raise ValueError(f"config.{field} must be in {'(' if lo_open else '['}{lo:g}, {hi:g}"
                      f"{')' if hi_open else ']'}, got {value!r}")
   return value
+
+
+def _lora(lc, preset: str, advantage: str):
+  """`config.model.lora` as a `mr_rl.models.lora.LoraConfig`, or None with rank 0 (every field
+  checked either way)."""
+  from mr_rl.models import lora as lora_lib
+  rank = _count("model.lora.rank", lc.rank, True)
+  alpha = _positive("model.lora.alpha", _float("model.lora.alpha", lc.alpha))
+  if _in("model.lora.dropout", lc.dropout, 0.0, 1.0, hi_open=True):
+    raise ValueError("config.model.lora.dropout > 0 is not implemented: adapter dropout would "
+                     "make the learner's forward differ from the sampler's; set it to 0.0")
+  for name in ("targets", "init_from"):
+    if not isinstance(lc[name], str):
+      raise ValueError(f"config.model.lora.{name} must be a str, got {lc[name]!r}")
+  targets = tuple(t.strip() for t in lc.targets.split(",") if t.strip())
+  if not targets:
+    raise ValueError("config.model.lora.targets names no kernel")
+  if lc.init_from and not os.path.isfile(os.path.join(lc.init_from, "adapter_config.json")):
+    raise ValueError(f"config.model.lora.init_from={lc.init_from!r} is not a PEFT adapter "
+                     "directory (no adapter_config.json)")
+  if rank == 0:
+    return None
+  if advantage == "ppo":
+    raise ValueError("config.model.lora.rank > 0 is for the GRPO family; PPO's critic trains a "
+                     "full copy of the trunk")
+  cfg = lora_lib.LoraConfig(rank=rank, alpha=alpha, targets=targets, init_from=lc.init_from)
+  if preset in _presets():
+    try:
+      lora_lib.target_paths(_presets()[preset], cfg)
+    except ValueError as e:
+      raise ValueError(f"config.model.lora.targets: {e}") from e
+  return cfg
+
+
+def _presets():
+  from mr_rl import models
+  return models.PRESETS
 
 
 def _optional_positive(field: str, value) -> float | None:
@@ -208,6 +246,7 @@ class ModelSettings:
   path: str                # HF checkpoint directory or hub id (loaded with load_pretrained)
   preset: str              # or a named preset with random init (tests, dry runs)
   dtype: str               # parameter / activation dtype; logits are always float32
+  lora: Any = None         # a mr_rl.models.lora.LoraConfig (adapters on the frozen base) or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,7 +384,14 @@ def default_config():
   c.model = ml_collections.ConfigDict(dict(
       path="",                    # HF checkpoint dir or hub id
       preset="",                  # or a preset name with random init
-      dtype="float32"))           # 'float32' | 'bfloat16'
+      dtype="float32",            # 'float32' | 'bfloat16'
+      lora=ml_collections.ConfigDict(dict(  # LoRA RL (mr_rl.models.lora); rank 0 = off
+          rank=0,                 # R, adapter rank (0 = full fine-tuning)
+          alpha=16.0,             # the update is scaled by alpha / R (PEFT's lora_alpha)
+          dropout=0.0,            # adapter dropout; only 0 (the sampler and learner agree)
+          targets="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",  # kernel names
+                                  # or path patterns ('layers_1/attn/*'); not MoE experts
+          init_from=""))))        # a PEFT adapter directory to start from ('' = fresh)
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))  # -1 fills
   c.data = ml_collections.ConfigDict(dict(
       name="",                    # a mr_rl.data registry name (required)
@@ -366,7 +412,9 @@ def default_config():
       top_k=0,                    # 0 = off
       top_p=1.0,                  # 1.0 = off
       dtype="",                   # sampler compute dtype ('' = model.dtype; e.g. 'bfloat16')
-      cache_dtype=""))            # sampler KV-cache dtype ('' = the sampler's compute dtype)
+      cache_dtype="",             # sampler KV-cache dtype ('' = the sampler's compute dtype)
+      engine="static",            # 'static' (one batch of B*G rows) | 'continuous' (slot pool)
+      slots=0))                   # continuous engine's decode slots (0 = one per row)
   c.update_batch = ml_collections.ConfigDict(dict(
       trim_columns=True,          # update / reference / critic over the columns in use (bucketed)
       pack=U.pack,                # several sequences per row (segment ids); GRPO family only
@@ -521,6 +569,7 @@ def from_config(cfg) -> RunSettings:
     raise ValueError("config.update_batch.pack is for the GRPO family; PPO's critic and GAE run "
                      "on unpacked rows")
   o = c.optim
+  lora = _lora(c.model.lora, c.model.preset, advantage)
   update = UpdateConfig(
       loss=loss, num_micro_batches=_count("optim.num_micro_batches", o.num_micro_batches),
       lr=_positive("optim.lr", _float("optim.lr", o.lr)),
@@ -532,9 +581,11 @@ def from_config(cfg) -> RunSettings:
       adam_eps=_positive("optim.adam_eps", _float("optim.adam_eps", o.adam_eps)),
       value_lr=_positive("optim.value_lr", _float("optim.value_lr", o.value_lr)),
       max_grad_norm=_optional_positive("optim.max_grad_norm", o.max_grad_norm),
-      vf_clip=_optional_positive("optim.vf_clip", o.vf_clip), pack=c.update_batch.pack)
+      vf_clip=_optional_positive("optim.vf_clip", o.vf_clip), pack=c.update_batch.pack,
+      lora=lora)
 
-  model = ModelSettings(path=c.model.path, preset=c.model.preset, dtype=model_dtype)
+  model = ModelSettings(path=c.model.path, preset=c.model.preset, dtype=model_dtype,
+                        lora=lora)
   if bool(model.path) == bool(model.preset):
     raise ValueError("set exactly one of config.model.path (checkpoint) and config.model.preset "
                      f"(random init); got path={model.path!r}, preset={model.preset!r}")
@@ -570,7 +621,9 @@ def from_config(cfg) -> RunSettings:
                                                           c.rollout.temperature), True),
       top_k=_count("rollout.top_k", c.rollout.top_k, True),
       top_p=_in("rollout.top_p", c.rollout.top_p, 0.0, 1.0, lo_open=True), dtype=sample_dtype,
-      cache_dtype=cache_dtype)
+      cache_dtype=cache_dtype,
+      engine=_choice("rollout.engine", c.rollout.engine, ("static", "continuous")),
+      slots=_count("rollout.slots", c.rollout.slots, True))
   rows = data.batch_prompts * rollout.group_size
   if rows % update.num_micro_batches:
     raise ValueError(f"config.optim.num_micro_batches={update.num_micro_batches} must divide "

@@ -288,8 +288,8 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
       key = jax.random.fold_in(state["key"], step)
       k_roll, k_agg, k_upd = jax.random.split(key, 3)
       # draw + score
-      draw = draw_groups(comp, state["train"].params, state["agg"], data_iter, signal, k_roll,
-                         k_agg)
+      draw = draw_groups(comp, learner.policy(state["train"], comp.base_params), state["agg"],
+                         data_iter, signal, k_roll, k_agg)
       t0 = time.perf_counter()
       # signal
       sig = signal(state["agg"], jnp.asarray(draw.r_BGK[:draw.signal_groups]), k_agg)
@@ -309,7 +309,7 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
           batch = batch.replace(ref_logp=ref_logp)
       # step
       placed = learner.place_batch(batch)
-      state["train"], upd_m = learner.step(state["train"], placed, k_upd)
+      state["train"], upd_m = learner.update(state["train"], placed, k_upd, comp.base_params)
       kl_m = None if ref_logp is None else reference_kl(ref_logp, placed.old_logp,
                                                         placed.response_mask)
       # log (the device values of the step come to the host here)
@@ -327,7 +327,8 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
                 "time/update": t1 - t0})
       if s.eval.every and (step + 1) % s.eval.every == 0:
         m.update(evaluation.run_evaluation(
-            comp.policy, comp.runner, s, comp.eval_data, state["train"].params,
+            comp.policy, comp.runner, s, comp.eval_data,
+            learner.policy(state["train"], comp.base_params),
             jax.random.fold_in(root, 10**9 + step)))
       if not np.isfinite(m.get("loss/policy", 0.0)):
         raise FloatingPointError(f"non-finite policy loss at step {step}: {m.get('loss/policy')}")
@@ -356,7 +357,7 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
     ckpt.close()
   if writer:
     writer.close()
-  return TrainResult(state["train"].params, state["agg"], history)
+  return TrainResult(learner.policy(state["train"], comp.base_params), state["agg"], history)
 
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: run the same command again to resume

@@ -51,6 +51,8 @@ def test_the_demo_config_resolves():
     ("rollout.top_p", 0.0, r"config.rollout.top_p must be in \(0, 1\]"),
     ("rollout.top_p", 1.5, r"config.rollout.top_p must be in \(0, 1\]"),
     ("rollout.top_k", -1, r"config.rollout.top_k must be >= 0"),
+    ("rollout.engine", "paged", r"config.rollout.engine='paged' is not valid"),
+    ("rollout.slots", -1, r"config.rollout.slots must be >= 0"),
     ("rollout.temperature", math.inf, r"config.rollout.temperature must be a finite number"),
     ("optim.num_micro_batches", 0, r"config.optim.num_micro_batches must be > 0"),
     ("optim.num_micro_batches", 3, r"config.optim.num_micro_batches=3 must divide the rollout "

@@ -41,6 +41,20 @@ def param_with_axes(module: nn.Module, name: str, init_fn, shape, axes, dtype):
   return module.param(name, nn.with_logical_partitioning(init_fn, axes), shape, dtype)
 
 
+def lora_delta(module: nn.Module, name: str, x, a_spec: str, b_spec: str, prec):
+  """The low-rank update (x @ a) @ b of kernel `name`'s adapter in the 'lora' collection, or 0.
+
+  The collection holds {'a': [*in, R], 'b': [R, *out]} per adapted kernel, b already scaled
+  by alpha / R (`mr_rl.models.lora.Adapted.variables`); without the collection (the base,
+  the reference policy) the kernel is used alone.
+  """
+  if not module.has_variable("lora", name):
+    return 0.0
+  ab = module.get_variable("lora", name)
+  h = jnp.einsum(a_spec, x, ab["a"].astype(x.dtype), precision=prec)
+  return jnp.einsum(b_spec, h, ab["b"].astype(x.dtype), precision=prec)
+
+
 @flax.struct.dataclass
 class LayerCache:
   """KV cache of one layer: keys k [N, J, W, C] (stored transposed) and values v [N, J, C, W]
@@ -193,6 +207,9 @@ class Attention(nn.Module):
     q_NTHW = jnp.einsum("ntd,dhw->nthw", x, wq.astype(dt), precision=prec)
     k_NTJW = jnp.einsum("ntd,djw->ntjw", x, wk.astype(dt), precision=prec)
     v_NTJW = jnp.einsum("ntd,djw->ntjw", x, wv.astype(dt), precision=prec)
+    q_NTHW += lora_delta(self, "q_proj", x, "ntd,dr->ntr", "ntr,rhw->nthw", prec)
+    k_NTJW += lora_delta(self, "k_proj", x, "ntd,dr->ntr", "ntr,rjw->ntjw", prec)
+    v_NTJW += lora_delta(self, "v_proj", x, "ntd,dr->ntr", "ntr,rjw->ntjw", prec)
     if cfg.qk_norm:
       q_NTHW = RMSNorm(cfg.norm_eps, pd, axis_name="kv", name="q_norm")(q_NTHW)
       k_NTJW = RMSNorm(cfg.norm_eps, pd, axis_name="kv", name="k_norm")(k_NTJW)
@@ -213,7 +230,7 @@ class Attention(nn.Module):
       probs = jax.nn.softmax(scores, axis=-1).astype(dt)
       out_NTHW = jnp.einsum("njqtc,ncjw->ntjqw", probs, v_NTJW,
                             precision=prec).reshape(N, T, H, W)
-      return jnp.einsum("nthw,hwd->ntd", out_NTHW, wo.astype(dt), precision=prec), None
+      return self._out(out_NTHW, wo, prec), None
 
     # With a cache (see LayerCache for the layouts): write the T new entries at slots
     # [cache_index, cache_index + T).
@@ -237,8 +254,12 @@ class Attention(nn.Module):
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
     out_NJIW = jnp.einsum("njic,njcw->njiw", probs, values_NJCW, precision=prec)
     out_NTHW = jnp.transpose(out_NJIW.reshape(N, J, Q, T, W), (0, 3, 1, 2, 4)).reshape(N, T, H, W)
-    y = jnp.einsum("nthw,hwd->ntd", out_NTHW, wo.astype(dt), precision=prec)
-    return y, new_cache
+    return self._out(out_NTHW, wo, prec), new_cache
+
+  def _out(self, out_NTHW, wo, prec):
+    """The output projection (with its adapter, if any)."""
+    y = jnp.einsum("nthw,hwd->ntd", out_NTHW, wo.astype(out_NTHW.dtype), precision=prec)
+    return y + lora_delta(self, "o_proj", out_NTHW, "nthw,hwr->ntr", "ntr,rd->ntd", prec)
 
 
 class MLP(nn.Module):
@@ -256,6 +277,9 @@ class MLP(nn.Module):
     x = x_NTD.astype(dt)
     g = jnp.einsum("ntd,df->ntf", x, wg.astype(dt), precision=prec)
     u = jnp.einsum("ntd,df->ntf", x, wu.astype(dt), precision=prec)
+    g += lora_delta(self, "gate_proj", x, "ntd,dr->ntr", "ntr,rf->ntf", prec)
+    u += lora_delta(self, "up_proj", x, "ntd,dr->ntr", "ntr,rf->ntf", prec)
     h = nn.with_logical_constraint(jax.nn.silu(g) * u, ("activation_batch", "activation_length",
                                                        "activation_mlp"))
-    return jnp.einsum("ntf,fd->ntd", h, wd.astype(dt), precision=prec)
+    y = jnp.einsum("ntf,fd->ntd", h, wd.astype(dt), precision=prec)
+    return y + lora_delta(self, "down_proj", h, "ntf,fr->ntr", "ntr,rd->ntd", prec)

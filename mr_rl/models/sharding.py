@@ -34,6 +34,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from mr_rl.models import lora as lora_lib
 from mr_rl.models.config import ModelConfig
 from mr_rl.models.layers import CACHE_K_AXES, CACHE_V_AXES, LayerCache, cache_shapes
 from mr_rl.models.transformer import Transformer, abstract_params
@@ -52,6 +53,7 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("expert", "expert"),
     ("router", None),
     ("norm", None),
+    ("lora_rank", None),  # LoRA adapters: a [*in, R], b [R, *out] (mr_rl.models.lora)
     # activations
     ("activation_batch", BATCH_AXES),
     ("activation_length", None),
@@ -149,6 +151,16 @@ def param_shardings(model: Transformer, mesh: Mesh, rules=None):
   out = [_sharding_for(spec, s.shape, mesh, f"param {jax.tree_util.keystr(path)}")
          for (path, spec), s in zip(flat, shape_leaves)]
   return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def adapter_shardings(config: ModelConfig, lora: lora_lib.LoraConfig, mesh: Mesh, rules=None):
+  """NamedSharding of every LoRA adapter leaf (`mr_rl.models.lora.adapter_specs`: a has its
+  kernel's input axes, b its output axes, the rank replicated)."""
+  rules = validate_rules(DEFAULT_RULES if rules is None else rules)
+  mesh_specs = nn.logical_to_mesh(lora_lib.adapter_specs(config, lora), rules)
+  return jax.tree.map(lambda spec, s: _sharding_for(spec, s.shape, mesh, "LoRA adapter"),
+                      mesh_specs, lora_lib.abstract_adapters(config, lora),
+                      is_leaf=lambda x: isinstance(x, P))
 
 
 def init_sharded(model: Transformer, rng: jax.Array, mesh: Mesh, rules=None):

@@ -168,16 +168,18 @@ def logits(model: Transformer, params, tokens_NT: jax.Array, mask_NT: jax.Array 
   packed rows (`segment_ids_NT`: 1, 2, ... per sequence, 0 on padding; positions restart and
   attention stays within each segment).
 
+  `params` may be a LoRA policy (`mr_rl.models.lora.Adapted`: base plus adapters).
   Values at padded positions are finite but meaningless.
   """
   if mask_NT is None:
     mask_NT = jnp.ones(tokens_NT.shape, jnp.int32)
   if mask_NT.shape != tokens_NT.shape:
     raise ValueError(f"mask_NT shape {mask_NT.shape} != tokens_NT shape {tokens_NT.shape}")
+  from mr_rl.models import lora  # local import: lora reads the model's layout
+  variables = lora.variables_of(params)
   if segment_ids_NT is None:
-    out, _ = model.apply({"params": params}, tokens_NT, positions_from_mask(mask_NT),
-                         kv_mask_NC=mask_NT)
+    out, _ = model.apply(variables, tokens_NT, positions_from_mask(mask_NT), kv_mask_NC=mask_NT)
     return out
-  out, _ = model.apply({"params": params}, tokens_NT, positions_from_segments(segment_ids_NT),
+  out, _ = model.apply(variables, tokens_NT, positions_from_segments(segment_ids_NT),
                        kv_mask_NC=mask_NT, segment_ids_NT=segment_ids_NT)
   return out

@@ -74,6 +74,9 @@ class UpdateConfig:
     value_lr: AdamW learning rate of the PPO critic.
     vf_clip: PPO value clip range (None = unclipped).
     pack: the step takes packed batches (module docstring; GRPO family only).
+    lora: None (full fine-tuning) or a ``mr_rl.models.lora.LoraConfig``: the state holds the
+      adapters only and the step takes the frozen base as a fourth, not donated, argument
+      (``Learner.update``); GRPO family only.
   """
   loss: PolicyLossConfig = PolicyLossConfig()
   num_micro_batches: int = 1
@@ -87,6 +90,7 @@ class UpdateConfig:
   value_lr: float = 1e-5
   vf_clip: Optional[float] = 0.2
   pack: bool = False
+  lora: Any = None
 
   def __post_init__(self):
     if not isinstance(self.loss, PolicyLossConfig):
@@ -171,9 +175,17 @@ def _policy_grad_fn(logits_fn, cfg: PolicyLossConfig):
   return jax.value_and_grad(loss_fn, has_aux=True)
 
 
-def _step_impl(state, batch, rng, *, logits_fn, tx, config, value_fn=None, value_tx=None,
-               mesh=None, rules=None, batch_axes=()):
+def _step_impl(state, batch, rng, base=None, *, logits_fn, tx, config, value_fn=None,
+               value_tx=None, mesh=None, rules=None, batch_axes=()):
   del rng  # no stochastic layers yet; kept for the uniform step signature
+  if (base is None) != (config.lora is None):
+    raise ValueError('a LoRA step (UpdateConfig.lora) takes the frozen base params as its fourth '
+                     'argument (Learner.update); a full fine-tuning step takes none')
+  if base is not None:  # LoRA: state.params are the adapters on the frozen base
+    from mr_rl.models import lora as lora_lib  # local import: rl math does not need models
+    full_logits_fn = logits_fn
+    logits_fn = lambda ad, *rows: full_logits_fn(
+        lora_lib.Adapted(base, ad, config.lora.scale), *rows)
   ppo = value_fn is not None
   rmask = batch.response_mask
   if batch.weights is None:  # over the whole batch, before the micro-batch split
@@ -212,7 +224,7 @@ def _step_impl(state, batch, rng, *, logits_fn, tx, config, value_fn=None, value
   return new, metrics
 
 
-def _jit(impl, mesh, rules, state_sharding, batch_example):
+def _jit(impl, mesh, rules, state_sharding, batch_example, base_sharding=None):
   if mesh is None:
     return jax.jit(impl, donate_argnums=0)
   if state_sharding is None or batch_example is None:
@@ -224,19 +236,20 @@ def _jit(impl, mesh, rules, state_sharding, batch_example):
                      'activation constraints would replicate activations.')
   b_sh = sharding.batch_shardings(batch_example, mesh)
   repl = NamedSharding(mesh, P())
-  jitted = jax.jit(impl, in_shardings=(state_sharding, b_sh, repl),
+  base_sh = () if base_sharding is None else (base_sharding,)
+  jitted = jax.jit(impl, in_shardings=(state_sharding, b_sh, repl, *base_sh),
                    out_shardings=(state_sharding, repl), donate_argnums=0)
 
-  def step(state, batch, rng):
+  def step(state, batch, rng, *base):
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      return jitted(state, batch, rng)
+      return jitted(state, batch, rng, *base)
 
   step.jitted = jitted
   return step
 
 
 def make_policy_step(logits_fn: LogitsFn, config: UpdateConfig, tx=None, *, mesh=None,
-                     rules=None, state_sharding=None, batch_example=None):
+                     rules=None, state_sharding=None, batch_example=None, base_sharding=None):
   """Builds the jitted GRPO-family step ``step(state, batch, rng) -> (state, metrics)``.
 
   Args:
@@ -248,6 +261,8 @@ def make_policy_step(logits_fn: LogitsFn, config: UpdateConfig, tx=None, *, mesh
       ShapeDtypeStructs) are required. Batch rows are split over the mesh's data axes
       (``mr_rl.models.sharding.batch_shardings``).
     rules: logical-axis rules active while tracing (for the model's constraints).
+    base_sharding: with ``config.lora`` and a mesh, the shardings of the frozen base params
+      (the step is then ``step(state, batch, rng, base)``).
 
   Returns:
     The step function; ``metrics`` holds policy_loss, pg_loss, clip fractions,
@@ -259,7 +274,7 @@ def make_policy_step(logits_fn: LogitsFn, config: UpdateConfig, tx=None, *, mesh
   batch_axes = () if mesh is None else sharding.data_axes(mesh)
   impl = functools.partial(_step_impl, logits_fn=logits_fn, tx=tx, config=config, mesh=mesh,
                            rules=rules, batch_axes=batch_axes)
-  return _jit(impl, mesh, rules, state_sharding, batch_example)
+  return _jit(impl, mesh, rules, state_sharding, batch_example, base_sharding)
 
 
 def make_ppo_step(logits_fn: LogitsFn, value_fn: ValueFn, config: UpdateConfig, tx=None,
@@ -361,6 +376,8 @@ class Learner:
       (PPO), else None.
     state_sharding, batch_sharding: the step's in/out shardings (None without a mesh).
     fields: the `LearnerBatch` fields the step takes (`batch_fields`).
+    lora: the `mr_rl.models.lora.LoraConfig` of a LoRA run (the state's params are its
+      adapters; run the step with `update`, get the policy with `policy`), else None.
   """
   model: Any
   tx: optax.GradientTransformation
@@ -370,10 +387,22 @@ class Learner:
   state_sharding: Any
   batch_sharding: Optional[LearnerBatch]
   fields: Optional[tuple[str, ...]] = None
+  lora: Any = None
+  mesh: Any = None
 
   def init(self, params, rng) -> TrainState:
     """A fresh TrainState from ``params`` (a copy: the step donates its state), placed on
-    the mesh; PPO's critic starts from the same params (AMRP Table 4) and ``rng``."""
+    the mesh; PPO's critic starts from the same params (AMRP Table 4) and ``rng``.
+
+    With LoRA, ``params`` is the base (fresh adapters from ``rng``, or those of
+    ``lora.init_from``) or an ``Adapted`` policy (its adapters continue); the base is
+    never copied into the state."""
+    if self.lora is not None:
+      from mr_rl.models import lora as lora_lib  # local import: rl math does not need models
+      shardings = None if self.mesh is None else sharding.adapter_shardings(
+          self.model.config, self.lora, self.mesh)
+      adapters = lora_lib.start_adapters(self.model.config, self.lora, params, rng, shardings)
+      return self.place_state(init_train_state(adapters, self.tx))
     params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
     if self.value_tx is None:
       state = init_train_state(params, self.tx)
@@ -382,6 +411,20 @@ class Learner:
                                critic_lib.init_value_params(self.model, params, rng),
                                self.value_tx)
     return self.place_state(state)
+
+  def policy(self, state: TrainState, base):
+    """The policy of ``state``: its params, or with LoRA ``Adapted(base, adapters)``."""
+    if self.lora is None:
+      return state.params
+    from mr_rl.models import lora as lora_lib  # local import: rl math does not need models
+    return lora_lib.Adapted(base, state.params, self.lora.scale)
+
+  def update(self, state: TrainState, batch: LearnerBatch, rng, base):
+    """``step(state, batch, rng)``; with LoRA ``step(state, batch, rng, base)`` (the frozen
+    base params, not donated)."""
+    if self.lora is None:
+      return self.step(state, batch, rng)
+    return self.step(state, batch, rng, base)
 
   def place_state(self, state: TrainState) -> TrainState:
     """``state`` on the step's shardings (identity without a mesh)."""
@@ -410,6 +453,9 @@ def learner(model, config: UpdateConfig, mesh=None, ppo: bool = False) -> Learne
   demo's methods) share one compile. Parameters follow ``mr_rl.models.sharding``'s logical
   rules; the critic's trunk shards like the policy (``mr_rl.rl.critic``).
   """
+  if ppo and config.lora is not None:
+    raise ValueError('LoRA (config.model.lora) is for the GRPO family; PPO\'s critic trains a '
+                     'full copy of the trunk.')
   if ppo and config.pack:
     raise ValueError('packed update batches (config.update_batch.pack) are for the GRPO family; '
                      'PPO\'s critic and GAE run on unpacked rows.')
@@ -420,22 +466,28 @@ def learner(model, config: UpdateConfig, mesh=None, ppo: bool = False) -> Learne
   mesh_kw, st_sh, b_sh = {}, None, None
   if mesh is not None:
     from mr_rl import models  # local import: rl math does not need the model package
+    from mr_rl.models import lora as lora_lib
     rules = sharding.DEFAULT_RULES
-    p_sh = sharding.param_shardings(model, mesh, rules)
+    if config.lora is None:
+      p_sh, p_abs = sharding.param_shardings(model, mesh, rules), models.abstract_params(model)
+    else:
+      p_sh = sharding.adapter_shardings(model.config, config.lora, mesh, rules)
+      p_abs = lora_lib.abstract_adapters(model.config, config.lora)
+      mesh_kw['base_sharding'] = sharding.param_shardings(model, mesh, rules)
     v_sh = critic_lib.value_param_shardings(model, mesh, rules) if ppo else None
 
     def init_abstract(p):
       vp = critic_lib.init_value_params(model, p, jax.random.PRNGKey(0)) if ppo else None
       return init_train_state(p, tx, vp, value_tx)
 
-    state_abs = jax.eval_shape(init_abstract, models.abstract_params(model))
+    state_abs = jax.eval_shape(init_abstract, p_abs)
     st_sh = sharding.train_state_shardings(state_abs, tx, p_sh, mesh, value_tx, v_sh)
     batch_example = example_batch(config, ppo)
     b_sh = sharding.batch_shardings(batch_example, mesh)
-    mesh_kw = dict(mesh=mesh, rules=rules, state_sharding=st_sh, batch_example=batch_example)
+    mesh_kw.update(mesh=mesh, rules=rules, state_sharding=st_sh, batch_example=batch_example)
   if ppo:
     step = make_ppo_step(logits_fn, value_fn, config, tx, value_tx, **mesh_kw)
   else:
     step = make_policy_step(logits_fn, config, tx, **mesh_kw)
   return Learner(model, tx, value_tx, step, None if value_fn is None else jax.jit(value_fn),
-                 st_sh, b_sh, batch_fields(config, ppo))
+                 st_sh, b_sh, batch_fields(config, ppo), config.lora, mesh)

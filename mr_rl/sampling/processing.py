@@ -155,6 +155,40 @@ def inverse_cdf_sample(x_NV: jax.Array, key: jax.Array) -> jax.Array:
   Returns:
     int32 token ids [...].
   """
+  return inverse_cdf_from_uniform(x_NV, jax.random.uniform(key, x_NV.shape[:-1], jnp.float32))
+
+
+def row_step_keys(key: jax.Array, row_N: jax.Array, s_N: jax.Array) -> jax.Array:
+  """The per-row key schedule: `fold_in(fold_in(key, row), s)` for each row's index in the
+  rollout and its decode step `s`, so a draw depends on (key, row, s) only -- not on the
+  batch, slot or time the row is decoded in (`engine.py`; `Sampler(key_schedule="row")`)."""
+  return jax.vmap(lambda r, s: jax.random.fold_in(jax.random.fold_in(key, r), s))(row_N, s_N)
+
+
+def row_uniforms(keys_N: jax.Array) -> jax.Array:
+  """One uniform in [0, 1) per row from that row's own key (`keys_N` [N] typed or [N, 2] raw)."""
+  return jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys_N)
+
+
+def sample_tokens_rows(logits_NV: jax.Array, keys_N: jax.Array,
+                       params: SamplingParams) -> jax.Array:
+  """`sample_tokens` with one PRNG key per row (the per-row key schedule of `engine.py`).
+
+  Args:
+    logits_NV: raw model logits [N, V].
+    keys_N: a key per row (unused when greedy).
+    params: sampling settings.
+
+  Returns:
+    int32 token ids [N].
+  """
+  if params.greedy:
+    return jnp.argmax(logits_NV, axis=-1).astype(jnp.int32)
+  return inverse_cdf_from_uniform(filtered_logits(logits_NV, params), row_uniforms(keys_N))
+
+
+def inverse_cdf_from_uniform(x_NV: jax.Array, u_N: jax.Array) -> jax.Array:
+  """The draw of `inverse_cdf_sample` for given uniforms `u_N` in [0, 1) (shape x_NV.shape[:-1])."""
   lead, vocab = x_NV.shape[:-1], x_NV.shape[-1]
   e_NV = jnp.exp(x_NV - jnp.max(x_NV, axis=-1, keepdims=True))
   width = _block_size(vocab)
@@ -163,12 +197,12 @@ def inverse_cdf_sample(x_NV: jax.Array, key: jax.Array) -> jax.Array:
       lead + (n_blocks, width))  # [..., n_blocks, width]
   block_mass = jnp.sum(e_blocks, axis=-1)  # [..., n_blocks]
   block_cdf = jnp.cumsum(block_mass, axis=-1)
-  u_N = jax.random.uniform(key, lead, jnp.float32) * block_cdf[..., -1]
-  block_N = _invert(block_cdf, u_N, block_mass)
+  mass_N = u_N * block_cdf[..., -1]  # the uniform scaled to the total mass
+  block_N = _invert(block_cdf, mass_N, block_mass)
   before_N = jnp.take_along_axis(block_cdf - block_mass, block_N[..., None], axis=-1)[..., 0]
   # The drawn block's entries, [..., width].
   inner = jnp.take_along_axis(e_blocks, block_N[..., None, None], axis=-2)[..., 0, :]
-  offset_N = _invert(jnp.cumsum(inner, axis=-1), u_N - before_N, inner)
+  offset_N = _invert(jnp.cumsum(inner, axis=-1), mass_N - before_N, inner)
   return block_N * width + offset_N
 
 

@@ -29,7 +29,10 @@ Layout of one call (all inside a single `jax.jit`):
     PRNG key travels in the loop state, as in gemma's `text/_sampler_loop.py` (which splits
     it every step); here the base key is carried unchanged from step to step and segment to
     segment, and step `s` draws all rows' tokens with `fold_in(key, s)`, so a draw depends
-    only on (key, s), not on the segment layout (docs/style.md §6).
+    only on (key, s), not on the segment layout (docs/style.md §6). With
+    `key_schedule="row"` row n draws from `fold_in(fold_in(key, n), s)` instead, the schedule
+    of the continuous engine (`engine.py`), where a row's draws cannot depend on its batch
+    position.
 
 Returned log-probabilities are those of the *policy* -- `log_softmax(logits)` at
 temperature 1 with no top-k/top-p filter -- at the sampled tokens, so the RL update can
@@ -63,6 +66,8 @@ MIN_PROMPT_BUCKET = 8
 DEFAULT_SEGMENT_TOKENS = 64
 # Upper bound on the number of segments (each one is a separately compiled loop body).
 MAX_SEGMENTS = 8
+# Key schedules of sampled draws (see `Sampler`).
+KEY_SCHEDULES = ("step", "row")
 
 
 @flax.struct.dataclass
@@ -109,7 +114,38 @@ def segment_ends(max_new_tokens: int, segment_tokens: int) -> tuple[int, ...]:
   return tuple(min(e, max_new_tokens) for e in range(seg, max_new_tokens + seg, seg))
 
 
-def _normalize_eos(eos_id: EosIds) -> tuple[int, ...]:
+def prepare_prompts(prompts_NP, prompt_mask_NP, *, pad_id: int, vocab_size: int,
+                    buckets: Optional[Sequence[int]] = None) -> tuple[np.ndarray, np.ndarray]:
+  """Validates a left-padded prompt batch `[N, P]` and re-pads it (host numpy, int32) to the
+  prompt bucket of its longest row: the layout `Sampler` and the continuous engine decode."""
+  tokens = np.asarray(prompts_NP)
+  mask = np.asarray(prompt_mask_NP)
+  if tokens.ndim != 2:
+    raise ValueError(f"prompts_NP must be [N, P] (rows, prompt columns), got shape "
+                     f"{tokens.shape}")
+  if mask.shape != tokens.shape:
+    raise ValueError(f"prompt_mask_NP shape {mask.shape} != prompts_NP shape {tokens.shape}")
+  if not np.issubdtype(tokens.dtype, np.integer):
+    raise TypeError(f"prompts_NP must hold integer token ids, got dtype {tokens.dtype}")
+  mask = mask.astype(bool)
+  lengths = mask.sum(axis=1)
+  if (lengths == 0).any():
+    raise ValueError(f"prompt_mask_NP has empty rows: {np.flatnonzero(lengths == 0).tolist()}")
+  if (np.diff(mask.astype(np.int8), axis=1) < 0).any():
+    raise ValueError("prompt_mask_NP must be left-padded (each row 0...0 1...1)")
+  if tokens[mask].min() < 0 or tokens[mask].max() >= vocab_size:
+    raise ValueError(f"prompts_NP holds token ids outside [0, {vocab_size})")
+  longest = int(lengths.max())
+  bucket = prompt_bucket(longest, buckets)
+  batch = tokens.shape[0]
+  out_tokens = np.full((batch, bucket), pad_id, dtype=np.int32)
+  out_mask = np.zeros((batch, bucket), dtype=np.int32)
+  out_tokens[:, bucket - longest:] = np.where(mask, tokens, pad_id)[:, -longest:]
+  out_mask[:, bucket - longest:] = mask[:, -longest:]
+  return out_tokens, out_mask
+
+
+def normalize_eos(eos_id: EosIds) -> tuple[int, ...]:
   if eos_id is None:
     return ()
   ids = (eos_id,) if isinstance(eos_id, (int, np.integer)) else tuple(eos_id)
@@ -148,13 +184,17 @@ class Sampler:
     rules: logical axis rules for the mesh (default `sharding.DEFAULT_RULES`).
     max_traces: if set, raise (chex.assert_max_traces) when the jitted body is traced
       more often than this -- a guard against silent recompiles.
+    key_schedule: "step" (default): step s draws all rows' uniforms from `fold_in(key, s)`, so
+      a row's draw depends on its batch position; "row": row n draws from
+      `fold_in(fold_in(key, n), s)` (`processing.row_step_keys`), the schedule of the
+      continuous engine (`engine.py`), whose draws do not depend on the slot a row gets.
   """
 
   def __init__(self, model, *, max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
                top_p: float = 1.0, eos_id: EosIds = None, pad_id: int = 0,
                prompt_buckets: Optional[Sequence[int]] = None,
                segment_tokens: int = DEFAULT_SEGMENT_TOKENS, cache_dtype=None, mesh=None,
-               rules=None, max_traces: Optional[int] = None):
+               rules=None, max_traces: Optional[int] = None, key_schedule: str = "step"):
     if (not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool)
         or max_new_tokens < 1):
       raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
@@ -162,6 +202,8 @@ class Sampler:
       raise ValueError(f"pad_id must be a non-negative int, got {pad_id!r}")
     if not isinstance(segment_tokens, int) or segment_tokens < 1:
       raise ValueError(f"segment_tokens must be an int >= 1, got {segment_tokens!r}")
+    if key_schedule not in KEY_SCHEDULES:
+      raise ValueError(f"key_schedule must be one of {KEY_SCHEDULES}, got {key_schedule!r}")
     if prompt_buckets is not None:
       prompt_buckets = tuple(int(b) for b in prompt_buckets)
       if not prompt_buckets or min(prompt_buckets) < 1:
@@ -169,13 +211,14 @@ class Sampler:
     self.model = model
     self.max_new_tokens = max_new_tokens
     self.sampling = processing.SamplingParams(temperature, top_k, top_p)
-    self.eos_ids = _normalize_eos(eos_id)
+    self.eos_ids = normalize_eos(eos_id)
     self.pad_id = pad_id
     self.prompt_buckets = prompt_buckets
     self.segments = segment_ends(max_new_tokens, segment_tokens)
     self.cache_dtype = cache_dtype
     self.mesh = mesh
     self.rules = rules
+    self.key_schedule = key_schedule
     fn = self._sample
     if max_traces is not None:
       fn = chex.assert_max_traces(fn, n=max_traces)
@@ -184,32 +227,8 @@ class Sampler:
   # ----------------------------------------------------------------------------- host side
   def prepare(self, prompts_NP, prompt_mask_NP) -> tuple[np.ndarray, np.ndarray]:
     """Validates a left-padded batch and re-pads it to its prompt bucket (host numpy)."""
-    tokens = np.asarray(prompts_NP)
-    mask = np.asarray(prompt_mask_NP)
-    if tokens.ndim != 2:
-      raise ValueError(f"prompts_NP must be [N, P] (rows, prompt columns), got shape "
-                       f"{tokens.shape}")
-    if mask.shape != tokens.shape:
-      raise ValueError(f"prompt_mask_NP shape {mask.shape} != prompts_NP shape {tokens.shape}")
-    if not np.issubdtype(tokens.dtype, np.integer):
-      raise TypeError(f"prompts_NP must hold integer token ids, got dtype {tokens.dtype}")
-    mask = mask.astype(bool)
-    lengths = mask.sum(axis=1)
-    if (lengths == 0).any():
-      raise ValueError(f"prompt_mask_NP has empty rows: {np.flatnonzero(lengths == 0).tolist()}")
-    if (np.diff(mask.astype(np.int8), axis=1) < 0).any():
-      raise ValueError("prompt_mask_NP must be left-padded (each row 0...0 1...1)")
-    vocab = self.model.config.vocab_size
-    if tokens[mask].min() < 0 or tokens[mask].max() >= vocab:
-      raise ValueError(f"prompts_NP holds token ids outside [0, {vocab})")
-    longest = int(lengths.max())
-    bucket = prompt_bucket(longest, self.prompt_buckets)
-    batch = tokens.shape[0]
-    out_tokens = np.full((batch, bucket), self.pad_id, dtype=np.int32)
-    out_mask = np.zeros((batch, bucket), dtype=np.int32)
-    out_tokens[:, bucket - longest:] = np.where(mask, tokens, self.pad_id)[:, -longest:]
-    out_mask[:, bucket - longest:] = mask[:, -longest:]
-    return out_tokens, out_mask
+    return prepare_prompts(prompts_NP, prompt_mask_NP, pad_id=self.pad_id,
+                           vocab_size=self.model.config.vocab_size, buckets=self.prompt_buckets)
 
   def __call__(self, params, prompts_NP, prompt_mask_NP, *, key: jax.Array) -> SampleOutput:
     """Samples up to `max_new_tokens` tokens for each left-padded prompt row (`[N, P]`)."""
@@ -255,6 +274,7 @@ class Sampler:
     n_new = self.max_new_tokens
     mask_NP = mask_NP.astype(jnp.bool_)
     len_N = jnp.sum(mask_NP, axis=1, dtype=jnp.int32)
+    row_N = jnp.arange(rows, dtype=jnp.int32)  # row indices of the "row" key schedule
 
     # Prefill: slots [0, P-1) of a cache of the prompt's P slots, so its attention covers the
     # prompt's columns only; then the cache grows (one copy) to the first segment's window.
@@ -291,8 +311,13 @@ class Sampler:
       pos_N1 = (len_N - 1 + s)[:, None]
       logits_N1V, cache = self._apply(params, st["x"][:, None], pos_N1, kv_mask, st["cache"], slot)
       logits_NV = logits_N1V[:, 0]
-      tok_N = processing.sample_tokens(logits_NV, jax.random.fold_in(st["key"], s),
-                                       self.sampling)
+      if self.key_schedule == "row":
+        tok_N = processing.sample_tokens_rows(
+            logits_NV, processing.row_step_keys(st["key"], row_N, jnp.full((rows,), s)),
+            self.sampling)
+      else:
+        tok_N = processing.sample_tokens(logits_NV, jax.random.fold_in(st["key"], s),
+                                         self.sampling)
       lp_N = processing.token_log_probs(logits_NV, tok_N)
       live_N = ~st["done"]
       tok_N = jnp.where(live_N, tok_N, self.pad_id)
@@ -333,16 +358,17 @@ class Sampler:
 
 @functools.lru_cache(maxsize=32)
 def _cached_sampler(model, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id,
-                    prompt_buckets, mesh, cache_dtype=None) -> Sampler:
+                    prompt_buckets, mesh, cache_dtype=None, key_schedule="step") -> Sampler:
   return Sampler(model, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                  top_p=top_p, eos_id=eos_ids, pad_id=pad_id, prompt_buckets=prompt_buckets,
-                 mesh=mesh, cache_dtype=cache_dtype)
+                 mesh=mesh, cache_dtype=cache_dtype, key_schedule=key_schedule)
 
 
 def generate(model, params, prompts_NP, prompt_mask_NP, *, key: jax.Array, max_new_tokens: int,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, eos_id: EosIds = None,
              pad_id: int = 0, prompt_buckets: Optional[Sequence[int]] = None,
-             mesh=None, cache_dtype: Optional[str] = None) -> SampleOutput:
+             mesh=None, cache_dtype: Optional[str] = None,
+             key_schedule: str = "step") -> SampleOutput:
   """Samples continuations of a left-padded prompt batch (functional form of `Sampler`).
 
   Args:
@@ -358,15 +384,17 @@ def generate(model, params, prompts_NP, prompt_mask_NP, *, key: jax.Array, max_n
     prompt_buckets: prompt-length buckets (None: powers of two).
     mesh: optional device mesh (see `Sampler`).
     cache_dtype: KV-cache dtype name (None: the model's dtype).
+    key_schedule: "step" or "row" (see `Sampler`).
 
   Returns:
     SampleOutput with `[N, S]` tokens / logprobs / mask and `[N]` lengths / truncated.
     Compiled samplers are cached per (model, settings), so repeated calls do not retrace.
   """
-  eos_ids = _normalize_eos(eos_id)
+  eos_ids = normalize_eos(eos_id)
   buckets = None if prompt_buckets is None else tuple(int(b) for b in prompt_buckets)
   sampler = _cached_sampler(model, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id,
-                            buckets, mesh, None if cache_dtype is None else str(cache_dtype))
+                            buckets, mesh, None if cache_dtype is None else str(cache_dtype),
+                            key_schedule)
   return sampler(params, prompts_NP, prompt_mask_NP, key=key)
 
 

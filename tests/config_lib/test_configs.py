@@ -120,6 +120,16 @@ def test_bad_arguments_name_the_choices():
     m.sweep("model=qwen3_4b,subset=hard")
 
 
+def test_tag_math_has_a_lora_variant():
+  m = _module("tag_math")
+  full, lora = m.get_config("method=additive"), m.get_config("method=additive,lora=16")
+  assert full.model.lora.rank == 0 and lora.model.lora.rank == 16
+  assert lora.model.lora.alpha == 32.0 and lora.optim.lr == 10 * full.optim.lr
+  s, _ = _resolve(m.get_config("method=additive,lora=16,runlocal"))
+  if s is not None:
+    assert s.update.lora is not None and s.update.lora.rank == 16 and s.model.lora == s.update.lora
+
+
 def test_paper_values():
   g = lambda name, arg=None: _module(name).get_config(arg)
   c = g("amrp_math", "model=deepseek_math_7b,method=amrp")

@@ -5,15 +5,11 @@ sampling."""
 
 from __future__ import annotations
 
-import functools
-
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import transformers
 
 from mr_rl import models
 from mr_rl.sampling import (Sampler, SamplingParams, filtered_log_probs, generate, generate_groups,
@@ -24,69 +20,23 @@ N_NEW = 32
 PROMPT_LENS = (7, 3, 12, 1)
 
 
-def _hf_config(family: str):
-  common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                max_position_embeddings=512, initializer_range=0.1, bos_token_id=None,
-                eos_token_id=None, pad_token_id=0)
-  if family == "qwen3":
-    return transformers.Qwen3Config(**common, tie_word_embeddings=True,
-                                    rope_parameters=dict(rope_type="default", rope_theta=1e6))
-  return transformers.LlamaConfig(
-      **common, tie_word_embeddings=False,
-      rope_parameters=dict(rope_type="llama3", rope_theta=5e5, factor=8.0, low_freq_factor=1.0,
-                           high_freq_factor=4.0, original_max_position_embeddings=16))
-
-
-@functools.cache
-def _pair(family: str, tmp_root: str):
-  """A random model written by transformers and the same weights loaded by mr_rl."""
-  torch.manual_seed({"qwen3": 0, "llama": 1}[family])
-  cls = transformers.Qwen3ForCausalLM if family == "qwen3" else transformers.LlamaForCausalLM
-  hf = cls(_hf_config(family)).eval()
-  path = f"{tmp_root}/{family}"
-  hf.save_pretrained(path)
-  model, params = models.load_pretrained(path)
-  return hf, model, params
+@pytest.fixture(scope="module")
+def prompts(left_padded_prompts):
+  return left_padded_prompts(PROMPT_LENS, vocab=128, seed=0)
 
 
 @pytest.fixture(scope="module")
-def tmp_root(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("sampling_models"))
-
-
-@pytest.fixture(scope="module")
-def prompts():
-  rng = np.random.default_rng(0)
-  width = max(PROMPT_LENS)
-  tokens = np.zeros((len(PROMPT_LENS), width), np.int32)
-  mask = np.zeros_like(tokens)
-  for b, n in enumerate(PROMPT_LENS):
-    tokens[b, width - n:] = rng.integers(1, 128, n)
-    mask[b, width - n:] = 1
-  return tokens, mask
-
-
-@pytest.fixture(scope="module")
-def greedy_ref(tmp_root, prompts):
+def greedy_ref(tiny_hf_pair, hf_greedy, prompts):
   """Greedy tokens of the Qwen3 model from transformers `generate` (the reference)."""
-  hf, _, _ = _pair("qwen3", tmp_root)
-  return _hf_greedy(hf, *prompts)
-
-
-def _hf_greedy(hf, tokens, mask):
-  with torch.no_grad():
-    out = hf.generate(torch.as_tensor(tokens, dtype=torch.long),
-                      attention_mask=torch.as_tensor(mask, dtype=torch.long), do_sample=False,
-                      max_new_tokens=N_NEW, eos_token_id=None, pad_token_id=0)
-  assert out.shape[1] == tokens.shape[1] + N_NEW
-  return out[:, tokens.shape[1]:].numpy()
+  hf, _, _ = tiny_hf_pair("qwen3")
+  return hf_greedy(hf, *prompts, N_NEW)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
-def test_greedy_matches_transformers_generate(family, tmp_root, prompts, greedy_ref):
-  hf, model, params = _pair(family, tmp_root)
-  ref = greedy_ref if family == "qwen3" else _hf_greedy(hf, *prompts)
+def test_greedy_matches_transformers_generate(family, tiny_hf_pair, hf_greedy, prompts,
+                                              greedy_ref):
+  hf, model, params = tiny_hf_pair(family)
+  ref = greedy_ref if family == "qwen3" else hf_greedy(hf, *prompts, N_NEW)
   # Short segments so the attention window grows three times (12, 24, 32) within the run.
   sampler = Sampler(model, max_new_tokens=N_NEW, temperature=0.0, segment_tokens=12)
   assert sampler.segments == (12, 24, 32)
@@ -107,8 +57,8 @@ def _fresh_logprobs(model, params, prompt_tokens, prompt_mask, out):
   return jnp.take_along_axis(logp, out.tokens[..., None], axis=-1)[..., 0]
 
 
-def test_eos_stops_rows(tmp_root, prompts, greedy_ref):
-  _, model, params = _pair("qwen3", tmp_root)
+def test_eos_stops_rows(tiny_hf_pair, prompts, greedy_ref):
+  _, model, params = tiny_hf_pair("qwen3")
   # (a) one EOS id: rows whose greedy sequence contains it stop there, the others run to N.
   eos = int(greedy_ref[2, 4])
   out = generate(model, params, *prompts, key=jax.random.PRNGKey(0), max_new_tokens=N_NEW,
@@ -137,8 +87,8 @@ def test_eos_stops_rows(tmp_root, prompts, greedy_ref):
     assert (np.asarray(out.tokens)[b, n:] == 7).all()
 
 
-def test_prompt_buckets_compile_once(tmp_root, prompts, greedy_ref):
-  _, model, params = _pair("qwen3", tmp_root)
+def test_prompt_buckets_compile_once(tiny_hf_pair, prompts, greedy_ref):
+  _, model, params = tiny_hf_pair("qwen3")
   tokens, mask = prompts  # width 12 -> bucket 16
   sampler = Sampler(model, max_new_tokens=8, temperature=0.0, max_traces=1)
   key = jax.random.PRNGKey(0)
@@ -153,8 +103,8 @@ def test_prompt_buckets_compile_once(tmp_root, prompts, greedy_ref):
     sampler(params, np.full((4, 17), 3), np.ones((4, 17)), key=key)
 
 
-def test_lower_is_the_program_a_call_runs(tmp_root, prompts, greedy_ref):
-  _, model, params = _pair("qwen3", tmp_root)
+def test_lower_is_the_program_a_call_runs(tiny_hf_pair, prompts, greedy_ref):
+  _, model, params = tiny_hf_pair("qwen3")
   tokens, mask = prompts
   sampler = Sampler(model, max_new_tokens=8, temperature=0.0)
   key = jax.random.PRNGKey(0)
@@ -284,10 +234,10 @@ def test_draws_match_reference_run():
   assert (np.asarray(other.tokens) != ref).mean() > 0.5  # the key matters
 
 
-def test_group_sampling_distribution_and_logprobs(tmp_root, prompts, greedy_ref):
+def test_group_sampling_distribution_and_logprobs(tiny_hf_pair, prompts, greedy_ref):
   """GRPO groups: first tokens follow the filtered softmax of a fresh forward pass, the G
   draws are independent, and the returned log-probs are the plain policy log-probs."""
-  _, model, params = _pair("qwen3", tmp_root)
+  _, model, params = tiny_hf_pair("qwen3")
   tokens, mask = prompts
   g, temperature, top_k, top_p, n_new = 512, 0.8, 40, 0.9, 12
   eos = int(greedy_ref[0, 5])  # likely enough to end some rows early
@@ -317,8 +267,8 @@ def test_group_sampling_distribution_and_logprobs(tmp_root, prompts, greedy_ref)
   np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(out.mask).sum(-1))
 
 
-def test_invalid_inputs_raise(tmp_root, prompts):
-  _, model, params = _pair("qwen3", tmp_root)
+def test_invalid_inputs_raise(tiny_hf_pair, prompts):
+  _, model, params = tiny_hf_pair("qwen3")
   tokens, mask = prompts
   sampler = Sampler(model, max_new_tokens=4)
   key = jax.random.PRNGKey(0)

@@ -1,5 +1,6 @@
 """Sharded sampling: greedy decoding on a (data 2, fsdp 2, tensor 2, expert 1) mesh of 8 fake
-CPU devices equals the single-device result. The worker (this file run as a script, with
+CPU devices equals the single-device result, for the static sampler and the continuous engine
+(its slots and caches split over the batch axes, sampled draws too). The worker (this file run as a script, with
 XLA_FLAGS set before jax is imported) prints one JSON dict; pytest asserts on it."""
 
 import pathlib
@@ -18,7 +19,7 @@ import pytest  # noqa: E402
 
 from mr_rl import models  # noqa: E402
 from mr_rl.models import sharding as shd  # noqa: E402
-from mr_rl.sampling import Sampler  # noqa: E402
+from mr_rl.sampling import Engine, Sampler  # noqa: E402
 
 ROWS, WIDTH, N_NEW = 8, 9, 12  # rows decoded together (R in sampler.py)
 
@@ -44,7 +45,22 @@ def _worker():
   sharded_params = shd.shard_params(params, model, mesh)
   sampler = Sampler(model, max_new_tokens=N_NEW, temperature=0.0, segment_tokens=6, mesh=mesh)
   out = sampler(sharded_params, tokens, mask, key=key)
+
+  # The continuous engine: 4 prompts x G = 2 through 4 slots (one per batch shard), sampled
+  # with EOS so rows end early, against the single-device static sampler's per-row schedule.
+  kw = dict(max_new_tokens=N_NEW, temperature=1.0, eos_id=(3, 7, 11, 20))
+  eng_ref = Sampler(model, key_schedule="row", **kw)(
+      jax.device_put(params, jax.devices()[0]), np.repeat(tokens[:4], 2, 0),
+      np.repeat(mask[:4], 2, 0), key=key)
+  engine = Engine(model, slots=4, mesh=mesh, steps_per_call=4, **kw)
+  eng = engine(sharded_params, tokens[:4], mask[:4], key=key, group_size=2)
+  state, _ = engine.programs(4, engine.prefill_size(2)).init(key, 16)
   return dict(
+      engine_ref_tokens=np.asarray(eng_ref.tokens).tolist(),
+      engine_tokens=eng.tokens.tolist(),
+      engine_lengths=eng.lengths.tolist(),
+      engine_logprob_diff=float(np.abs(eng.logprobs - np.asarray(eng_ref.logprobs)).max()),
+      engine_cache_spec=str(state.cache[0].k.sharding.spec),
       ref_tokens=np.asarray(ref.tokens).tolist(),
       tokens=np.asarray(out.tokens).tolist(),
       logprob_diff=float(np.abs(np.asarray(out.logprobs) - np.asarray(ref.logprobs)).max()),
@@ -72,6 +88,14 @@ def test_sharded_greedy_matches_single_device(worker_results):
   assert r["logprob_diff"] < 1e-4
   assert "tensor" in r["q_spec"] and "fsdp" in r["q_spec"]  # params really were sharded
   assert r["out_devices"] == 8
+
+
+def test_sharded_engine_matches_single_device(worker_results):
+  r = worker_results
+  assert r["engine_tokens"] == r["engine_ref_tokens"]
+  assert r["engine_logprob_diff"] < 1e-4
+  assert 1 < len(set(r["engine_lengths"]))  # rows ended at different steps
+  assert "data" in r["engine_cache_spec"] and "tensor" in r["engine_cache_spec"]
 
 
 if __name__ == "__main__":

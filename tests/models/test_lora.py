@@ -1,0 +1,129 @@
+"""mr_rl.models.lora against peft (tiny random fp32 checkpoints), merge, PEFT IO, targets."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from mr_rl import models as M
+from mr_rl.models import lora as L
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+COMMON = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, intermediate_size=128,
+              max_position_embeddings=256, initializer_range=0.1)
+TOK = np.random.default_rng(0).integers(0, 256, (2, 9)).astype(np.int32)
+MASK = np.ones_like(TOK)
+MASK[1, :3] = 0
+
+
+def _hf(family):
+  t = transformers
+  if family == "qwen3":
+    return t.Qwen3ForCausalLM(t.Qwen3Config(**COMMON, rope_theta=1e6, tie_word_embeddings=True))
+  return t.LlamaForCausalLM(t.LlamaConfig(**COMMON, rope_theta=5e5, tie_word_embeddings=False))
+
+
+def _hf_logits(hf):
+  pos = np.maximum(np.cumsum(MASK, -1) - 1, 0)
+  with torch.no_grad():
+    return hf(input_ids=torch.tensor(TOK, dtype=torch.long),
+              attention_mask=torch.tensor(MASK, dtype=torch.long),
+              position_ids=torch.tensor(pos, dtype=torch.long)).logits.numpy()
+
+
+def _ours(model, params):
+  return np.asarray(jax.jit(M.logits, static_argnums=0)(model, params, TOK, MASK))
+
+
+def _real(a, b):  # a real mask row: padded positions are meaningless
+  np.testing.assert_allclose(a[0], b[0], atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(a[1, 3:], b[1, 3:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def base_dirs(tmp_path_factory):
+  torch.manual_seed(0)
+  out = {}
+  for family in ("qwen3", "llama"):
+    d = tmp_path_factory.mktemp(family)
+    _hf(family).save_pretrained(d)
+    out[family] = str(d)
+  return out
+
+
+def _random_adapters(model, cfg, seed=1):
+  """Adapters with b non-zero too (a fresh b is zero, which would test nothing)."""
+  ad = L.init_adapters(model.config, cfg, jax.random.PRNGKey(seed))
+  return jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.PRNGKey(seed + 1),
+                                                             x.shape, x.dtype), ad)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_peft_export_and_logits_match_peft(family, base_dirs, tmp_path):
+  """Our adapted logits == peft's on the same weights; the merge gives the same too."""
+  model, base = M.load_pretrained(base_dirs[family])
+  cfg = L.LoraConfig(rank=4, alpha=8.0, targets=("*/attn/*", "gate_proj", "down_proj",
+                                                 "layers_1/mlp/up_proj"))
+  ad = _random_adapters(model, cfg)
+  pol = L.Adapted(base, ad, cfg.scale)
+  ours = _ours(model, pol)
+  _real(_ours(model, L.merge(pol)), ours)
+  L.save_peft(str(tmp_path), ad, model.config, cfg, base_dirs[family])
+  hf = transformers.AutoModelForCausalLM.from_pretrained(base_dirs[family])
+  pm = peft.PeftModel.from_pretrained(hf, str(tmp_path)).eval()
+  _real(ours, _hf_logits(pm))
+  # and back: the PEFT directory loads into the same adapters
+  back, back_cfg = L.load_peft(str(tmp_path), model.config)
+  chex.assert_trees_all_close(back, ad, atol=0, rtol=0)
+  assert back_cfg.scale == cfg.scale
+  assert L.target_paths(model.config, back_cfg) == L.target_paths(model.config, cfg)
+
+
+def test_adapter_trained_by_peft_loads(base_dirs, tmp_path):
+  """An adapter peft made (its own init, then perturbed as training would) gives our model
+  peft's logits."""
+  hf = transformers.AutoModelForCausalLM.from_pretrained(base_dirs["qwen3"])
+  pc = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj"],
+                       lora_dropout=0.0, task_type="CAUSAL_LM")
+  pm = peft.get_peft_model(hf, pc)
+  torch.manual_seed(3)
+  with torch.no_grad():
+    for n, p in pm.named_parameters():
+      if "lora_" in n:
+        p.add_(0.05 * torch.randn_like(p))
+  pm.save_pretrained(str(tmp_path))
+  ref = _hf_logits(pm.eval())
+  model, base = M.load_pretrained(base_dirs["qwen3"])
+  ad, cfg = L.load_peft(str(tmp_path), model.config)
+  assert cfg.rank == 8 and cfg.scale == 2.0 and len(L.target_paths(model.config, cfg)) == 6
+  _real(_ours(model, L.Adapted(base, ad, cfg.scale)), ref)
+
+
+def test_fresh_adapters_are_the_base_and_no_collection_is_the_reference():
+  model = M.Transformer(M.get_preset("tiny_qwen3"))
+  base = M.init_params(model, jax.random.PRNGKey(0))
+  cfg = L.LoraConfig(rank=2)
+  ad = L.init_adapters(model.config, cfg, jax.random.PRNGKey(1))
+  np.testing.assert_array_equal(_ours(model, L.Adapted(base, ad, cfg.scale)), _ours(model, base))
+  chex.assert_trees_all_equal_shapes_and_dtypes(ad, L.abstract_adapters(model.config, cfg))
+  # 7 kernels x 2 layers, a [*in, R] and b [R, *out]
+  assert len(L.target_paths(model.config, cfg)) == 14
+  assert ad["layers_0"]["attn"]["o_proj"]["a"].shape == (4, 16, 2)
+  assert ad["layers_0"]["attn"]["q_proj"]["b"].shape == (2, 4, 16)
+  assert L.merge(base) is base
+
+
+def test_targets_are_checked():
+  c = M.get_preset("tiny_qwen3")
+  with pytest.raises(ValueError, match="match no kernel"):
+    L.target_paths(c, L.LoraConfig(targets=("q_prj",)))
+  with pytest.raises(ValueError, match="MoE expert"):
+    L.target_paths(M.get_preset("tiny_moe"), L.LoraConfig())
+  assert len(L.target_paths(M.get_preset("tiny_moe"), L.LoraConfig(targets=("*/attn/*",)))) == 8
+  with pytest.raises(ValueError, match="rank"):
+    L.LoraConfig(rank=0)

@@ -32,14 +32,14 @@ config's `runlocal` run in one process.
 """
 
 from mr_rl.testing.assets import FAMILIES, VERSION, asset_dir, build_once, cache_root
-from mr_rl.testing.checkpoints import (make_tiny_checkpoint, numpy_init, tiny_checkpoint_for,
-                                       tiny_model_config)
+from mr_rl.testing.checkpoints import (host_params, make_tiny_checkpoint, numpy_init,
+                                       tiny_checkpoint_for, tiny_model_config)
 from mr_rl.testing.datasets import RUNLOCAL_DATA_OPTIONS, make_tiny_data, runlocal_data
 from mr_rl.testing.reward_model import REWARD_OBJECTIVES, make_tiny_reward_model, tiny_reward_model
 from mr_rl.testing.tokenizer import (CHATML_TEMPLATE, LLAMA3_TEMPLATE, SPECIAL_TOKENS, corpus,
                                      make_tokenizer)
 
-__all__ = ["CHATML_TEMPLATE", "FAMILIES", "LLAMA3_TEMPLATE", "REWARD_OBJECTIVES",
+__all__ = ["CHATML_TEMPLATE", "host_params", "FAMILIES", "LLAMA3_TEMPLATE", "REWARD_OBJECTIVES",
            "RUNLOCAL_DATA_OPTIONS", "SPECIAL_TOKENS", "VERSION", "asset_dir", "build_once",
            "cache_root", "corpus", "make_tiny_checkpoint", "make_tiny_data",
            "make_tiny_reward_model", "make_tokenizer", "numpy_init", "runlocal_data",

@@ -100,3 +100,15 @@ def tiny_checkpoint_for(model_name: str, family: str, root: str | None = None) -
   source = make_tiny_checkpoint(os.path.join(root, "families", family), family)
   return build_once(os.path.join(root, "models", family, model_name),
                      lambda tmp: shutil.copytree(source, tmp, dirs_exist_ok=True))
+
+
+def host_params(model, rng: np.random.Generator, std: float = 0.1):
+  """`model`'s parameters drawn on the host from `rng` (normal with `std`; norm scales around
+  1): no jax init, so tests and their subprocess workers build equal weights cheaply."""
+  import jax
+  from mr_rl.models import abstract_params
+  return jax.tree_util.tree_map_with_path(
+      lambda path, s: (rng.normal(0.0, std, s.shape) +
+                       (1.0 if jax.tree_util.keystr(path).endswith("['scale']") else 0.0)
+                       ).astype(np.float32),
+      abstract_params(model))

@@ -17,7 +17,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from mr_rl import models  # noqa: E402
+from mr_rl import models, testing  # noqa: E402
 from mr_rl.models import sharding as shd  # noqa: E402
 from mr_rl.sampling import Engine, Sampler  # noqa: E402
 
@@ -29,11 +29,7 @@ def _worker():
   model = models.Transformer(models.get_preset("tiny_qwen3"))
   rng = np.random.default_rng(0)
   # Host-drawn weights (std 0.1 so greedy continuations are not one repeated token).
-  params = jax.tree_util.tree_map_with_path(
-      lambda path, s: (rng.normal(0.0, 0.1, s.shape) +
-                       (1.0 if jax.tree_util.keystr(path).endswith("['scale']") else 0.0)
-                       ).astype(np.float32),
-      models.abstract_params(model))
+  params = testing.host_params(model, rng)
   tokens = rng.integers(1, 256, (ROWS, WIDTH)).astype(np.int32)
   mask = (np.arange(WIDTH)[None, :] >= (np.arange(ROWS) % 4)[:, None]).astype(np.int32)
   key = jax.random.PRNGKey(0)

@@ -347,7 +347,6 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
       if preempted:
         if ckpt:
           ckpt.save(step + 1, state, meta)  # no-op if just saved
-        if ckpt:
           ckpt.close()
         if writer:
           writer.close()

@@ -17,8 +17,6 @@ On SIGTERM a run saves a checkpoint at the next step boundary and exits with sta
 
 import sys
 
-import sys
-
 from absl import app, flags
 from ml_collections import config_flags
 

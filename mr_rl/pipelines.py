@@ -25,13 +25,15 @@ from mr_rl import distributed, evaluation
 from mr_rl import metrics as metrics_lib
 from mr_rl import settings as settings_lib
 from mr_rl import train as train_lib
-from mr_rl.registry import PIPELINES, import_plugins
+from mr_rl.registry import PIPELINES, import_plugins, run_setup
 from mr_rl.rl import anchor as anchor_lib
 
 
 def run(config, workdir: str):
-  """Imports `config.plugins`, then runs the pipeline `config.pipeline`."""
+  """Imports `config.plugins`, calls the `config.setup` hooks (they build what the run needs,
+  e.g. runlocal's tiny assets), then runs the pipeline `config.pipeline`."""
   import_plugins(config.get("plugins", ""))
+  run_setup(config)
   return PIPELINES.get(config.pipeline)(config, workdir)
 
 

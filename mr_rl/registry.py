@@ -160,6 +160,40 @@ def import_plugins(modules: str | Sequence[str], field: str = "config.plugins") 
       raise ImportError(f"{field}: plugin module {module!r} did not import: {e!r}") from e
 
 
+def setup_hooks(spec: str, field: str = "config.setup") -> list[Callable]:
+  """The `package.module:function` hooks named in `spec` (comma-separated), imported now.
+
+  Raises:
+    ValueError: naming `field` and the hook that is malformed, does not import or is not
+      callable.
+  """
+  hooks = []
+  for item in (h.strip() for h in str(spec).split(",")):
+    if not item:
+      continue
+    module, sep, attr = item.partition(":")
+    if not (sep and module and attr):
+      raise ValueError(f"{field}: {item!r} is not 'package.module:function'")
+    try:
+      fn = importlib.import_module(module)
+      for part in attr.split("."):
+        fn = getattr(fn, part)
+    except (ImportError, AttributeError) as e:
+      raise ValueError(f"{field}: hook {item!r} does not resolve: {e!r}") from e
+    if not callable(fn):
+      raise ValueError(f"{field}: hook {item!r} is not callable")
+    hooks.append(fn)
+  return hooks
+
+
+def run_setup(config) -> None:
+  """Calls each `config.setup` hook with the config: what a run needs built before it starts
+  (runlocal's tiny model and data). `mr_rl.pipelines.run` calls it; `--dry_run` never does,
+  so a dry run writes nothing."""
+  for hook in setup_hooks(config.get("setup", "")):
+    hook(config)
+
+
 # What `mr_rl.main` runs, by `config.pipeline`: every pipeline is `fn(config, workdir)`. The
 # registry lives in this leaf module so settings can check a pipeline name without importing
 # the pipelines; the built-in ones (`train`, `tag`) register when `mr_rl.pipelines` is imported

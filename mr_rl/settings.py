@@ -21,7 +21,7 @@ import os
 from typing import Any, Mapping
 
 from mr_rl import aggregators
-from mr_rl.registry import PIPELINES, import_plugins
+from mr_rl.registry import PIPELINES, import_plugins, setup_hooks
 from mr_rl.rl import advantages as adv_lib
 from mr_rl.rl import dynamic_sampling
 from mr_rl.rl.losses import PolicyLossConfig
@@ -149,7 +149,7 @@ def check_field_path(config, path: str) -> None:
 
 
 def _check_strings(c) -> None:
-  for field in ("plugins", "model.path", "model.preset", "data.name", "data.path", "data.split",
+  for field in ("plugins", "setup", "model.path", "model.preset", "data.name", "data.path", "data.split",
                 "data.eval_split", "data.template", "data.eval_sets", "logging.wandb_project",
                 "logging.wandb_entity", "logging.wandb_name", "logging.wandb_mode"):
     node = c
@@ -374,6 +374,9 @@ def default_config():
   c.seed = 0                      # root PRNG seed; steps use fold_in(key, step)
   c.plugins = ""                  # comma-separated modules imported first; they register
                                   # data sets, reward channels or pipelines (e.g. mr_rl.demo)
+  c.setup = ""                    # comma-separated 'module:function' hooks called with the
+                                  # config when a run starts (not by --dry_run): runlocal's
+                                  # tiny assets are built there
   c.pipeline = "train"            # 'train' | 'tag' (probe, elect anchor, train TAG) | a plugin's
   c.total_steps = 500             # GRPO steps (papers: 500)
   c.checkpoint_every = 50         # orbax checkpoint interval in steps (0 = never)
@@ -495,6 +498,7 @@ def from_config(cfg) -> RunSettings:
   _check_known_fields(c)
   _check_strings(c)
   import_plugins(c.get("plugins", ""))
+  setup_hooks(c.setup)  # they import and are callable; they run when the run starts
   pipeline = _choice("pipeline", c.pipeline, _registered(PIPELINES))
   specs = tuple(s.strip() for s in str(c.rewards.channels).split(",") if s.strip())
   if not specs:

@@ -328,3 +328,42 @@ def test_sigterm_saves_the_step_and_the_resumed_run_equals_an_uninterrupted_one(
   train_lib.train(s, ref_dir, log=None)
   _assert_same_metrics(resumed, metrics_lib.read_jsonl(os.path.join(ref_dir, "metrics.jsonl")),
                        rtol=1e-5)
+
+
+_SYNC_WORKER = textwrap.dedent("""
+    import os, signal, sys, time
+    pid, port, term_at = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    from mr_rl import distributed, train
+    distributed.initialize(f"127.0.0.1:{port}", 2, pid)
+    stopped = None
+    with train.Preemption() as p:
+      for step in range(400):
+        if pid == 1 and step == term_at:
+          os.kill(os.getpid(), signal.SIGTERM)  # only process 1 is preempted
+        time.sleep(0.02 * (1 + pid))  # the processes run at different speeds
+        if p.reached(step):
+          stopped = step
+          break
+    print("STOPPED", stopped, flush=True)
+""")
+
+
+def test_with_two_processes_a_sigterm_to_one_stops_both_at_the_same_step(tmp_path):
+  """`train.Preemption` with several processes: jax's preemption sync point tells every
+  process at the same step that one of them got SIGTERM, so all save that step (two CPU
+  processes over jax.distributed, no training: the loop of `train.train` reduced to its
+  step-boundary check)."""
+  sys.path.insert(0, os.path.join(REPO, "launch"))
+  import local_multiprocess  # launch/local_multiprocess.py
+  worker = tmp_path / "worker.py"
+  worker.write_text(_SYNC_WORKER)
+  env = dict(os.environ, PYTHONPATH=REPO)
+  rcs = local_multiprocess.launch(
+      2, 1, lambda i, port: [sys.executable, str(worker), str(i), str(port), "10"],
+      str(tmp_path / "logs"), timeout_s=240, env=env)
+  logs = [(tmp_path / "logs" / f"process-{i}.log").read_text() for i in range(2)]
+  assert rcs == [0, 0], logs
+  stops = [[line.split()[1] for line in log.splitlines() if line.startswith("STOPPED")]
+           for log in logs]
+  assert stops[0] == stops[1] and stops[0][0] != "None", logs
+  assert int(stops[0][0]) >= 10, logs  # not before the signal

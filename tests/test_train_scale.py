@@ -254,7 +254,7 @@ def math_config(math_files):
   return c
 
 
-def test_eval_sets_report_per_set_and_overall(math_files, tmp_path):
+def test_eval_sets_report_per_set_and_overall(math_files, tmp_path, monkeypatch):
   from mr_rl import pipelines
   c = math_config(math_files)
   c.data.eval_sets = "math500,amc"
@@ -267,9 +267,16 @@ def test_eval_sets_report_per_set_and_overall(math_files, tmp_path):
   assert len(comp.eval_sets["amc"]) == 2 * len(comp.eval_sets["math500"])  # replicas=2
   examples = evaluation.evaluation_examples(comp.eval_data, s.eval.num_prompts)
   assert [ex.dataset for ex in examples] == ["math500"] * 3 + ["amc"] * 3
+  real_eval = evaluation.final_eval
+
+  def final_eval_with_a_nan(*args, **kwargs):  # a metric with no value (a NaN) in the report
+    return dict(real_eval(*args, **kwargs), **{"eval/undefined": float("nan")})
+
+  monkeypatch.setattr(evaluation, "final_eval", final_eval_with_a_nan)
   pipelines.run_train(s, str(tmp_path), comp=comp)
-  with open(tmp_path / "eval.json") as f:
-    ev = json.load(f)
+  with open(tmp_path / "eval.json") as f:  # strict JSON: NaN written as null
+    ev = json.load(f, parse_constant=lambda name: pytest.fail(f"eval.json holds {name}"))
+  assert ev["eval/undefined"] is None
   for group in ("", "math500/", "amc/", "macro/"):
     assert f"eval/{group}accuracy" in ev and f"eval/{group}format" in ev, (group, sorted(ev))
   assert ev["eval/math500/num_examples"] == ev["eval/amc/num_examples"] == 3

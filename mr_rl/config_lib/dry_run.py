@@ -1,5 +1,6 @@
 """`python -m mr_rl.main --dry_run`: a run's resolved settings and compute estimate, without
-loading weights or data."""
+loading weights or data, and without writing anything (the `config.setup` hooks, which build
+assets such as runlocal's, run only when a run starts)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from mr_rl.models import hf_io
 from mr_rl.registry import import_plugins
 
 
-def model_config(s):
+def model_config(s, setup: str = ""):
   """(the run's `ModelConfig` without loading weights, where it comes from): its preset, the
   config.json of a local checkpoint, or the paper preset of a paper model's hub id; (None,
-  why) if none is at hand."""
+  why) if none is at hand (`setup`: the config's setup hooks, which may build the checkpoint
+  when the run starts)."""
   if s.model.preset:
     return models.get_preset(s.model.preset), f"preset {s.model.preset}"
   if os.path.isdir(s.model.path):
@@ -25,6 +27,9 @@ def model_config(s):
   preset = estimates.paper_preset(s.model.path)
   if preset:
     return models.get_preset(preset), f"preset {preset} (the papers' {s.model.path})"
+  if setup.strip():
+    return None, (f"{s.model.path!r} is not built yet: config.setup ({setup}) builds it when "
+                  "the run starts, a dry run writes nothing")
   return None, f"{s.model.path!r} is neither a local checkpoint nor one of the papers' models"
 
 
@@ -35,7 +40,7 @@ def dry_run(config) -> str:
   import_plugins(config.get("plugins", ""))
   s = settings_lib.from_config(config)
   lines = ["resolved settings:", json.dumps(metrics_lib.settings_dict(s), indent=1)]
-  cfg, source = model_config(s)
+  cfg, source = model_config(s, str(config.get("setup", "")))
   rows = s.data.batch_prompts * s.rollout.group_size
   lines.append(f"run: pipeline {s.pipeline}, {s.total_steps} steps x {rows} rollouts "
                f"(B={s.data.batch_prompts} x G={s.rollout.group_size}), prompts <= "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import ml_collections
 
 from mr_rl.config_lib.paper import MODELS
@@ -19,17 +21,19 @@ def runlocal(c, model_key: str):
   Settings are the same for every config (only family and loss settings differ), so the
   trainer's compiled sampler and step are shared across configs in one process. The end-of-run
   evaluation samples with the rollout settings for the same reason. Files go under
-  $MR_RL_CACHE (default ~/.cache/mr_rl); they are written on first use. Returns `c`.
+  $MR_RL_CACHE (default ~/.cache/mr_rl): loading the config only records their paths (so
+  `--dry_run` writes nothing); `build_assets`, added to `config.setup`, writes the missing
+  ones when the run starts. Returns `c`.
   """
   from mr_rl import testing
   m = MODELS[model_key]
-  c.model.path = testing.tiny_checkpoint_for(m.hub.split("/")[-1], m.family)  # 1 layer, d = 32
+  c.model.path = testing.tiny_checkpoint_path(m.hub.split("/")[-1], m.family)  # 1 layer, d = 32
   c.model.dtype = "float32"
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))  # any devices
   c.optim.num_micro_batches = 1                      # 4 rows: no accumulation needed
-  c.data.path = testing.runlocal_data(c.data.name)      # a few records in the hub schema
+  c.data.path = testing.runlocal_data_path(c.data.name)  # a few records in the hub schema
   c.data.eval_set_options = ml_collections.ConfigDict(  # benchmark sets: tiny local files too
-      {n.strip(): {"path": testing.runlocal_data(n.strip())}
+      {n.strip(): {"path": testing.runlocal_data_path(n.strip())}
        for n in str(c.data.get("eval_sets", "")).split(",") if n.strip()})
   opts = dict(c.data.options.to_dict())
   opts.update(testing.RUNLOCAL_DATA_OPTIONS.get(c.data.name, {}))
@@ -58,9 +62,34 @@ def runlocal(c, model_key: str):
     params["length"] = dict(max_full=4, zero_at=8)
   for ch in [ch for ch in params if ch.startswith("armorm_")]:  # a tiny 3-objective scorer
     params[ch] = dict(rescale=params[ch].get("rescale"), dtype="float32",
-                      path=testing.tiny_reward_model())
+                      path=testing.tiny_reward_model_path())
   c.rewards.params = ml_collections.ConfigDict(params)
+  hooks = [h.strip() for h in str(c.setup).split(",") if h.strip()]
+  c.setup = ",".join(hooks + [h for h in [BUILD_HOOK] if h not in hooks])  # built at run start
   return c
+
+
+BUILD_HOOK = "mr_rl.config_lib.local:build_assets"
+
+
+def build_assets(c) -> None:
+  """Writes the runlocal assets that config `c` names and the cache lacks (a `config.setup`
+  hook, called when the run starts): the tiny checkpoint at `model.path`, the data files at
+  `data.path` and the eval sets' paths, the tiny reward model of the `armorm_*` channels. A
+  path overridden to somewhere else is left alone; finished assets are reused."""
+  from mr_rl import testing
+  rel = os.path.relpath(os.path.abspath(c.model.path), testing.asset_dir())
+  parts = rel.split(os.sep)
+  if len(parts) == 3 and parts[0] == "models":  # models/<family>/<paper model's name>
+    testing.tiny_checkpoint_for(parts[2], parts[1])
+  sets = {str(c.data.name): c.data.path}
+  sets.update({n: o.get("path") for n, o in c.data.get("eval_set_options", {}).items()})
+  for name, path in sets.items():
+    if path == testing.runlocal_data_path(name):
+      testing.runlocal_data(name)
+  for params in c.rewards.params.values():
+    if hasattr(params, "get") and params.get("path") == testing.tiny_reward_model_path():
+      testing.tiny_reward_model()
 
 
 # ------------------------------------------------------------------------------- blockers

@@ -6,7 +6,8 @@ CPU (`runlocal`). Not part of the core: only tests, benchmarks, the demo and
     path = testing.make_tiny_checkpoint("/tmp/tiny/qwen3", family="qwen3")  # 'llama', 'qwen3_moe'
     data = testing.make_tiny_data("numina_math", "/tmp/tiny/data")          # -> path= for loaders
     rm = testing.make_tiny_reward_model("/tmp/tiny/rm")                     # ArmoRM stand-in
-    # runlocal uses the cached versions under $MR_RL_CACHE (default ~/.cache/mr_rl):
+    # runlocal records paths under $MR_RL_CACHE (default ~/.cache/mr_rl; `*_path` functions,
+    # which write nothing) and builds them when the run starts (`config_lib.local.build_assets`):
     testing.tiny_checkpoint_for("Qwen3-4B-Instruct-2507", "qwen3")
     testing.runlocal_data("alce_asqa")
 
@@ -33,9 +34,12 @@ config's `runlocal` run in one process.
 
 from mr_rl.testing.assets import FAMILIES, VERSION, asset_dir, build_once, cache_root
 from mr_rl.testing.checkpoints import (host_params, make_tiny_checkpoint, numpy_init,
-                                       tiny_checkpoint_for, tiny_model_config)
-from mr_rl.testing.datasets import RUNLOCAL_DATA_OPTIONS, make_tiny_data, runlocal_data
-from mr_rl.testing.reward_model import REWARD_OBJECTIVES, make_tiny_reward_model, tiny_reward_model
+                                       tiny_checkpoint_for, tiny_checkpoint_path,
+                                       tiny_model_config)
+from mr_rl.testing.datasets import (RUNLOCAL_DATA_OPTIONS, make_tiny_data, runlocal_data,
+                                    runlocal_data_path)
+from mr_rl.testing.reward_model import (REWARD_OBJECTIVES, make_tiny_reward_model,
+                                        tiny_reward_model, tiny_reward_model_path)
 from mr_rl.testing.tokenizer import (CHATML_TEMPLATE, LLAMA3_TEMPLATE, SPECIAL_TOKENS, corpus,
                                      make_tokenizer)
 
@@ -43,4 +47,5 @@ __all__ = ["CHATML_TEMPLATE", "host_params", "FAMILIES", "LLAMA3_TEMPLATE", "REW
            "RUNLOCAL_DATA_OPTIONS", "SPECIAL_TOKENS", "VERSION", "asset_dir", "build_once",
            "cache_root", "corpus", "make_tiny_checkpoint", "make_tiny_data",
            "make_tiny_reward_model", "make_tokenizer", "numpy_init", "runlocal_data",
-           "tiny_checkpoint_for", "tiny_model_config", "tiny_reward_model"]
+           "runlocal_data_path", "tiny_checkpoint_for", "tiny_checkpoint_path",
+           "tiny_model_config", "tiny_reward_model", "tiny_reward_model_path"]

@@ -96,10 +96,16 @@ def tiny_checkpoint_for(model_name: str, family: str, root: str | None = None) -
   (`mr_rl.data.style_for_model`), so the stand-in carries the name of the model it replaces.
   All names of one family get byte-identical copies of one checkpoint.
   """
-  root = asset_dir(root)
-  source = make_tiny_checkpoint(os.path.join(root, "families", family), family)
-  return build_once(os.path.join(root, "models", family, model_name),
-                     lambda tmp: shutil.copytree(source, tmp, dirs_exist_ok=True))
+  source = make_tiny_checkpoint(os.path.join(asset_dir(root), "families", family), family)
+  return build_once(tiny_checkpoint_path(model_name, family, root),
+                    lambda tmp: shutil.copytree(source, tmp, dirs_exist_ok=True))
+
+
+def tiny_checkpoint_path(model_name: str, family: str, root: str | None = None) -> str:
+  """Where `tiny_checkpoint_for(model_name, family, root)` puts its checkpoint; writes nothing."""
+  if family not in FAMILIES:
+    raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+  return os.path.join(asset_dir(root), "models", family, model_name)
 
 
 def host_params(model, rng: np.random.Generator, std: float = 0.1):

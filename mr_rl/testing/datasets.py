@@ -155,9 +155,13 @@ RUNLOCAL_DATA_OPTIONS = {
 
 def runlocal_data(name: str, root: str | None = None) -> str:
   """The tiny local file for data set `name` under the runlocal cache (written if missing)."""
-  root = os.path.join(asset_dir(root), "data")
+  path = runlocal_data_path(name, root)
+  return path if os.path.exists(path) else make_tiny_data(name, os.path.dirname(path))
+
+
+def runlocal_data_path(name: str, root: str | None = None) -> str:
+  """Where `runlocal_data(name, root)` puts its file; writes nothing."""
   from mr_rl.data import alce as alce_data
   fname = (alce_data.ALCE_FILES[name[len("alce_"):]] if name.startswith("alce_")
            else f"{name}.jsonl")
-  path = os.path.join(root, fname)
-  return path if os.path.exists(path) else make_tiny_data(name, root)
+  return os.path.join(asset_dir(root), "data", fname)

@@ -43,4 +43,9 @@ def make_tiny_reward_model(directory: str, *, seed: int = 1) -> str:
 
 def tiny_reward_model(root: str | None = None) -> str:
   """The runlocal stand-in for ArmoRM-Llama3-8B-v0.1 (written on first use)."""
-  return make_tiny_reward_model(os.path.join(asset_dir(root), "reward_model"))
+  return make_tiny_reward_model(tiny_reward_model_path(root))
+
+
+def tiny_reward_model_path(root: str | None = None) -> str:
+  """Where `tiny_reward_model(root)` puts the reward model; writes nothing."""
+  return os.path.join(asset_dir(root), "reward_model")

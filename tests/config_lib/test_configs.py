@@ -29,8 +29,11 @@ import pytest
 
 from mr_rl import aggregators
 from mr_rl import config_lib as cl
+from mr_rl import pipelines
 from mr_rl import settings as settings_lib
+from mr_rl import testing
 from mr_rl.aggregators import amrp
+from mr_rl.registry import PIPELINES
 
 REPO = str(pathlib.Path(__file__).resolve().parents[2])
 FILES = sorted(os.path.splitext(os.path.basename(p))[0]
@@ -105,7 +108,51 @@ def test_every_sweep_point_resolves(name):
     assert why_local == why
     if s_local is not None:
       assert s_local.total_steps <= 1 and s_local.rollout.max_new_tokens == 8
-      assert os.path.isdir(s_local.model.path) and os.path.exists(s_local.data.path)
+      # Loading records paths in the cache (built when the run starts, `local.build_assets`).
+      root = testing.asset_dir()
+      assert s_local.model.path.startswith(root) and s_local.data.path.startswith(root)
+      assert cl.local.BUILD_HOOK in local.setup.split(",")
+
+
+_SEEN_AT_START = []
+
+
+@PIPELINES.register("test_runlocal_assets_at_start")
+def _record_assets(config, workdir):
+  """A pipeline that records what the run finds on disk when it starts."""
+  paths = [config.model.path, config.data.path] + [
+      o.path for o in config.data.eval_set_options.values()] + [
+      p.path for p in config.rewards.params.values() if "path" in p]
+  _SEEN_AT_START.append({p: os.path.exists(p) for p in paths})
+  _SEEN_AT_START.append(os.path.isfile(os.path.join(config.model.path, "config.json")))
+
+
+def test_a_dry_run_writes_nothing_and_a_run_builds_the_assets(tmp_path, monkeypatch):
+  """`--dry_run` of a `:runlocal` point leaves the cache (under $HOME here) empty: loading the
+  config records paths only. A run builds them when it starts (`pipelines.run` calls the
+  `config.setup` hook before the pipeline; the smoke test below trains on them)."""
+  home = tmp_path / "home"
+  home.mkdir()
+  env = {k: v for k, v in os.environ.items() if k != "MR_RL_CACHE"}
+  env.update(HOME=str(home), PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+  for target in ("amrp_alce.py:dataset=asqa,method=amrp,runlocal",  # model, data, eval sets
+                 "amrp_align.py:method=static,runlocal"):             # + the tiny reward model
+    p = subprocess.run([sys.executable, "-m", "mr_rl.main", f"--config=configs/{target}",
+                        "--dry_run"], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "is not built yet: config.setup" in p.stdout, p.stdout[-2000:]
+    assert [str(f) for f in home.rglob("*")] == [], target
+  monkeypatch.setenv("MR_RL_CACHE", str(tmp_path / "cache"))
+  c = _module("amrp_align").get_config("method=static,runlocal")
+  assert not (tmp_path / "cache").exists()
+  c.pipeline = "test_runlocal_assets_at_start"
+  _SEEN_AT_START.clear()
+  pipelines.run(c, str(tmp_path / "run"))
+  seen, model_ok = _SEEN_AT_START
+  assert len(seen) >= 3 and all(seen.values()), seen
+  assert model_ok and all(p.startswith(str(tmp_path / "cache")) for p in seen)
+  assert cl.local.build_assets(c) is None  # finished assets are reused
 
 
 def test_bad_arguments_name_the_choices():

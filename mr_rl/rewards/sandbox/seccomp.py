@@ -43,6 +43,8 @@ _NUMBERS = {  # name: (x86_64, aarch64); None where that architecture has no suc
     "syncfs": (306, 267), "fadvise64": (221, 223), "readahead": (187, 213), "clone": (56, 220),
     "clone3": (435, 435), "ioctl": (16, 29), "fcntl": (72, 25), "mmap": (9, 222),
     "memfd_create": (319, 279), "shmget": (29, 194), "socket": (41, 198), "socketpair": (53, 199),
+    "futex": (202, 98), "futex_waitv": (449, 449), "futex_wake": (454, 454),
+    "futex_wait": (455, 455), "futex_requeue": (456, 456),
 }
 SYSCALLS = {arch: {n: nrs[i] for n, nrs in _NUMBERS.items() if nrs[i] is not None}
             for i, arch in enumerate(("x86_64", "aarch64"))}
@@ -67,7 +69,18 @@ ARG_RULES = (
     ("socket", 0, "only", (1, 2, 10, 16)),
     ("socketpair", 0, "only", (1, 2, 10, 16)),
 )
-_WITH_ARGS = {rule[0] for rule in ARG_RULES} | {"clone3"}
+# Futexes: a shared (non-private) futex on a page of a file is keyed by the file's inode, so
+# two runs that map the same read-only host file (a library, /etc/passwd) could wait and wake
+# each other. Without FUTEX_PRIVATE_FLAG, the waits (FUTEX_WAIT, WAIT_BITSET, LOCK_PI, LOCK_PI2,
+# TRYLOCK_PI, WAIT_REQUEUE_PI) fail with EAGAIN, which callers treat as "the word changed, look
+# again" (glibc's process-shared semaphores, mutexes and pthread_join then spin instead of
+# sleeping: correct, but a timed wait no longer times out), and every other command (wakes,
+# requeues) with EINVAL, which glibc's wake ignores. The futex2 calls (futex_waitv's flags are
+# in memory, out of the filter's sight) get ENOSYS, like clone3: glibc 2.36 does not use them.
+FUTEX_PRIVATE_FLAG, FUTEX_CMD_MASK = 128, 0x7F
+FUTEX_WAITS = (0, 9, 6, 13, 8, 11)  # WAIT, WAIT_BITSET, LOCK_PI, LOCK_PI2, TRYLOCK_PI, WAIT_REQUEUE_PI
+FUTEX2 = ("futex_waitv", "futex_wake", "futex_wait", "futex_requeue")
+_WITH_ARGS = {rule[0] for rule in ARG_RULES} | {"clone3", "futex"} | set(FUTEX2)
 # Refused with EPERM whatever the arguments: debugging other processes, keyrings, mounts and
 # namespaces, kernel attack surface (bpf, perf, userfaultfd, io_uring), system administration,
 # page-cache probes and pressure on shared files (mincore, cachestat, preadv2 with RWF_NOWAIT,
@@ -76,6 +89,7 @@ _WITH_ARGS = {rule[0] for rule in ARG_RULES} | {"clone3"}
 # host files they share (flock, inotify, fanotify).
 DENIED = tuple(n for n in SYSCALLS["x86_64"] if n not in _WITH_ARGS)
 _BPF_LD_ABS, _BPF_JEQ, _BPF_JGE, _BPF_JSET, _BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x06
+_BPF_AND_K = 0x54
 _RET_ALLOW, _RET_ERRNO, _X32_BIT = 0x7FFF0000, 0x00050000, 0x40000000
 
 
@@ -83,8 +97,9 @@ def seccomp_filter(arch=ARCH):
   """The syscall filter as ``struct sock_filter[]`` bytes, or None for an arch without a table.
 
   Allows everything except: ``DENIED`` (EPERM); ``ARG_RULES`` (EPERM); ``clone3`` (ENOSYS, so
-  libc falls back to ``clone``, whose flags the filter can see); any other ABI (i386, x32) on
-  this machine (EPERM).
+  libc falls back to ``clone``, whose flags the filter can see); ``futex`` without
+  ``FUTEX_PRIVATE_FLAG`` (waits EAGAIN, other commands EINVAL) and the futex2 calls (ENOSYS);
+  any other ABI (i386, x32) on this machine (EPERM).
   """
   nr = SYSCALLS.get(arch)
   if nr is None:
@@ -103,8 +118,18 @@ def seccomp_filter(arch=ARCH):
     if name in nr:
       ins(_BPF_JEQ, nr[name], 0, 1)
       ins(_BPF_RET, deny)
-  ins(_BPF_JEQ, nr["clone3"], 0, 1)
-  ins(_BPF_RET, _RET_ERRNO | errno.ENOSYS)
+  for name in ("clone3",) + FUTEX2:
+    ins(_BPF_JEQ, nr[name], 0, 1)
+    ins(_BPF_RET, _RET_ERRNO | errno.ENOSYS)
+  ins(_BPF_JEQ, nr["futex"], 0, 2 * len(FUTEX_WAITS) + 5)
+  ins(_BPF_LD_ABS, 16 + 8 * 1)  # futex_op, the low half
+  ins(_BPF_JSET, FUTEX_PRIVATE_FLAG, 0, 1)
+  ins(_BPF_RET, _RET_ALLOW)  # private: keyed by this process's address space
+  ins(_BPF_AND_K, FUTEX_CMD_MASK)
+  for cmd in FUTEX_WAITS:
+    ins(_BPF_JEQ, cmd, 0, 1)
+    ins(_BPF_RET, _RET_ERRNO | errno.EAGAIN)
+  ins(_BPF_RET, _RET_ERRNO | errno.EINVAL)
   for name, arg, rule, values in ARG_RULES:
     ins(_BPF_JEQ, nr[name], 0, 2 * len(values) + 2)
     ins(_BPF_LD_ABS, 16 + 8 * arg)  # the low half of the argument (little endian)

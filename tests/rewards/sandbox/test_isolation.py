@@ -36,11 +36,13 @@ RELAXED = {"require_privilege_drop": False, "memory_limit": "per-process", "cpus
 _NR = {"x86_64": {"add_key": 248, "keyctl": 250, "unshare": 272, "ptrace": 101, "mount": 165,
                   "bpf": 321, "setns": 308, "clone": 56, "clone3": 435, "io_uring_setup": 425,
                   "perf_event_open": 298, "userfaultfd": 323, "mincore": 27, "getpid": 39,
-                  "cachestat": 451, "preadv2": 327},
+                  "cachestat": 451, "preadv2": 327, "futex": 202, "futex_waitv": 449,
+                  "futex_wake": 454, "futex_wait": 455},
        "aarch64": {"add_key": 217, "keyctl": 219, "unshare": 97, "ptrace": 117, "mount": 40,
                    "bpf": 280, "setns": 268, "clone": 220, "clone3": 435, "io_uring_setup": 425,
                    "perf_event_open": 241, "userfaultfd": 282, "mincore": 232, "getpid": 172,
-                   "cachestat": 451, "preadv2": 286}}
+                   "cachestat": 451, "preadv2": 286, "futex": 98, "futex_waitv": 449,
+                   "futex_wake": 454, "futex_wait": 455}}
 NR = _NR.get(platform.machine())
 needs_known_arch = pytest.mark.skipif(NR is None, reason=f"no syscall table for {platform.machine()}")
 
@@ -860,6 +862,113 @@ def test_concurrent_runs_cannot_talk_through_record_locks(host_dir):
   assert a.passed, a
   assert b.passed, b  # B found no lock
   assert blocked == [], "a run's read lock blocked a host writer"
+
+
+_FUTEX = """
+import ctypes, os, struct, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_long]
+NR = {nr!r}
+FUTEX_WAIT, FUTEX_WAKE, FUTEX2_SIZE_U32, CLOCK_MONOTONIC = 0, 1, 2, 1
+class Timespec(ctypes.Structure):
+  _fields_ = [("s", ctypes.c_long), ("ns", ctypes.c_long)]
+def deadline(s):  # futex2 timeouts are absolute
+  t = time.clock_gettime(time.CLOCK_MONOTONIC) + s
+  return Timespec(int(t), int((t % 1) * 1e9))
+def f(role, how, seconds):
+  # A page of a read-only host file both runs see: a shared futex on it is keyed by the inode.
+  p = libc.mmap(None, 4096, 1, 2, os.open("/etc/passwd", os.O_RDONLY), 0)  # PROT_READ, MAP_PRIVATE
+  val, hits, end = ctypes.c_uint32.from_address(p).value, 0, time.monotonic() + seconds
+  while time.monotonic() < end:
+    ctypes.set_errno(0)
+    if role == "wait":  # woken (0) by someone else's wake on the same word: a bit crossed
+      if how == "futex":
+        ret = libc.syscall(NR["futex"], ctypes.c_void_p(p), FUTEX_WAIT, val,
+                           ctypes.byref(Timespec(0, 200_000_000)), None, 0)
+      elif how == "futex2":
+        ret = libc.syscall(NR["futex_wait"], ctypes.c_void_p(p), ctypes.c_ulong(val),
+                           ctypes.c_ulong(0xFFFFFFFF), FUTEX2_SIZE_U32, ctypes.byref(deadline(0.2)),
+                           CLOCK_MONOTONIC)
+      else:  # struct futex_waitv {{u64 val; u64 uaddr; u32 flags; u32 reserved}}
+        w = ctypes.create_string_buffer(struct.pack("QQII", val, p, FUTEX2_SIZE_U32, 0), 24)
+        ret = libc.syscall(NR["futex_waitv"], w, 1, 0, ctypes.byref(deadline(0.2)), CLOCK_MONOTONIC)
+      hits += ret == 0
+      if ret != 0 and ctypes.get_errno() not in (4, 110):  # refused, not EINTR / ETIMEDOUT
+        time.sleep(0.05)
+    else:  # the number a wake woke: someone waits on the word (the other direction)
+      if how == "futex2":
+        ret = libc.syscall(NR["futex_wake"], ctypes.c_void_p(p), ctypes.c_ulong(0xFFFFFFFF), 1,
+                           FUTEX2_SIZE_U32)
+      else:
+        ret = libc.syscall(NR["futex"], ctypes.c_void_p(p), FUTEX_WAKE, 1, None, None, 0)
+      hits += max(ret, 0)
+      time.sleep(0.01)
+  return hits
+"""
+
+
+@needs_known_arch
+@pytest.mark.parametrize("how", ["futex", "futex2", "futex_waitv"])
+def test_concurrent_runs_cannot_talk_through_shared_futexes(how):
+  """Run A waits on a shared (non-private) futex on a page of a read-only host file; run B
+  wakes that word: keyed by the file's inode, the wake crossed the runs (both counted hits,
+  each way, with futex, futex_wait/futex_wake and futex_waitv). Now non-private waits get
+  EAGAIN, other non-private commands EINVAL, the futex2 calls ENOSYS."""
+  src = _FUTEX.format(nr=NR)
+  cfg = sandbox.SandboxConfig(**({} if ROOT else RELAXED))
+  a, b = sandbox.run_many([src, src], [sandbox.CodeTests.call("f", [["wait", how, 1.5]], [0]),
+                                       sandbox.CodeTests.call("f", [["wake", how, 1.5]], [0])],
+                          config=cfg, max_workers=2)
+  assert a.passed, a  # never woken
+  assert b.passed, b  # never woke anyone
+
+
+_SHARED_SYNC = """
+import multiprocessing as mp, subprocess, sys, threading, time
+def _hold(lock, ready):
+  with lock:
+    ready.release()
+    time.sleep(0.3)
+def f():
+  out = {}
+  lock, ready = mp.Lock(), mp.Semaphore(0)
+  p = mp.Process(target=_hold, args=(lock, ready))
+  p.start()
+  ready.acquire()  # a contended wait on a process-shared semaphore
+  t = time.monotonic()
+  with lock:  # contended: the child holds it for 0.3 s
+    out["waited for the holder"] = time.monotonic() - t >= 0.2
+  p.join()
+  q = mp.Queue()
+  p = mp.Process(target=q.put, args=(42,))
+  p.start()
+  out["queue"] = q.get(timeout=10)
+  p.join()
+  with mp.Pool(2) as pool:
+    out["pool"] = pool.map(abs, [0, -1, 4])
+  threads = [threading.Thread(target=time.sleep, args=(0.05,)) for _ in range(4)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  out["threads"] = len(threads)
+  out["subprocess"] = subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True,
+                                     text=True).stdout.strip()
+  return out
+"""
+
+
+def test_process_shared_locks_threads_and_subprocesses_still_work():
+  """What the futex rule must not break: multiprocessing locks, semaphores, queues and pools
+  (process-shared futexes, which now spin on EAGAIN instead of sleeping), threads, subprocess."""
+  want = {"waited for the holder": True, "queue": 42, "pool": [0, 1, 4], "threads": 4,
+          "subprocess": "42"}
+  cfg = sandbox.SandboxConfig(**({} if ROOT else RELAXED))
+  r = sandbox.run(_SHARED_SYNC, sandbox.CodeTests.call("f", [[]], [want]), timeout_s=20, config=cfg)
+  assert r.passed, r.error
 
 
 _POOLS = """

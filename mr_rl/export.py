@@ -214,9 +214,9 @@ def write_hf(model, params, out: str, base_dir: str, settings=None) -> str:
   """
   _check_not_base(out, base_dir)
   params = lora_lib.merge(params)  # a LoRA policy: the base with its adapters folded in
-  os.makedirs(out, exist_ok=True)
-  is_writer = jax.process_index() == 0
+  is_writer = jax.process_index() == 0  # the others only join the parameters' gathers
   if is_writer:
+    os.makedirs(out, exist_ok=True)
     for fn in glob.glob(os.path.join(out, "model*.safetensors*")):
       os.remove(fn)
   models.save_pretrained(model, params, out, source=base_dir)

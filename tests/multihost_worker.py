@@ -38,21 +38,35 @@ def _config(base_policy, total_steps, **kw):
 
 
 def run(scenario: str, base_policy: str, out: str) -> dict:
+  import jax
   from mr_rl import pipelines, settings as settings_lib
+  from mr_rl import rollout as rollout_lib
   from mr_rl import train as train_lib
   from mr_rl import metrics as metrics_lib
   wd = os.path.join(out, "workdir")
   if scenario == "train_resume":
-    # 2 steps, stop; the same command with 3 steps resumes; then the final evaluation.
-    c = _config(base_policy, 2, checkpoint_every=1)
+    # 2 steps, stop; the same command with 3 steps resumes, exports WORKDIR/hf
+    # (`export.hf_at_end`) and runs the final evaluation. Rollouts on the continuous engine
+    # (16 rows streamed through 8 slots); after the run, one more rollout of the trained
+    # policy records its tokens and rewards row by row.
+    c = _config(base_policy, 2, checkpoint_every=1, **{
+        "rollout.engine": "continuous", "rollout.slots": 8, "export.hf_at_end": True})
     s = settings_lib.from_config(c)
     comp = train_lib.build(s)
     train_lib.train(s, wd, comp=comp, log=None)
     c.total_steps = 3
-    _, ev = pipelines.run_train(settings_lib.from_config(c), wd, comp=comp)
+    s = settings_lib.from_config(c)
+    hf_writes = _watch_writes(os.path.join(wd, "hf"))
+    res, ev = pipelines.run_train(s, wd, comp=comp)
+    hf_writes = hf_writes()
+    examples = comp.eval_examples[:4]
+    ro = rollout_lib.rollout(comp.policy, res.params, examples, jax.random.PRNGKey(11), s.rollout)
+    r_BGK, _ = rollout_lib.score(comp.runner, ro, examples)
     history = metrics_lib.read_jsonl(os.path.join(wd, "metrics.jsonl")) \
         if os.path.exists(os.path.join(wd, "metrics.jsonl")) else None
-    return {"history": history, "eval": ev}
+    return {"history": history, "eval": ev, "hf_writes": hf_writes,
+            "rollout": {"tokens": ro.tokens.tolist(), "lengths": ro.lengths.tolist(),
+                        "logprobs": ro.logprobs.tolist(), "rewards": r_BGK.tolist()}}
   if scenario == "dynamic":
     c = _config(base_policy, 2, aggregator="additive", **{
         "dynamic_sampling.mode": "refill", "dynamic_sampling.max_rounds": 2,
@@ -60,8 +74,14 @@ def run(scenario: str, base_policy: str, out: str) -> dict:
     res = train_lib.train(settings_lib.from_config(c), None, log=None)
     return {"history": res.history}
   if scenario == "ppo":
+    # PPO with a KL penalty; one channel is a reward model (a tiny ArmoRM stand-in) sharded
+    # over each process's own devices (`mesh`): 4 of them with 2 processes, 8 with one.
+    from mr_rl.testing import tiny_reward_model
     c = _config(base_policy, 2, **{"advantage.name": "ppo", "checkpoint_every": 0,
-                                   "loss.kl_coef": 0.01})
+                                   "loss.kl_coef": 0.01, "rewards.timeout_s": 300.0})
+    c.rewards.channels = "arith_len,arith_brief,reward_model"
+    c.rewards.params.reward_model = dict(objective="helpsteer-helpfulness",
+                                         path=tiny_reward_model(), mesh={"fsdp": -1})
     res = train_lib.train(settings_lib.from_config(c), None, log=None)
     return {"history": res.history}
   if scenario == "demo_smoke":
@@ -81,6 +101,49 @@ def run(scenario: str, base_policy: str, out: str) -> dict:
     train_lib.train(settings_lib.from_config(c), None, log=None)
     return {}
   raise ValueError(f"unknown scenario {scenario!r}")
+
+
+def _watch_writes(directory: str):
+  """Starts recording the files this process creates, changes or removes under `directory`
+  (Python's audit events, and the safetensors writer, whose file I/O is native code); returns
+  a function that stops recording and gives the paths (relative to `directory`)."""
+  from mr_rl.models import hf_io
+  root, seen, active = os.path.realpath(directory), [], [True]
+
+  def note(path):
+    path = os.path.realpath(os.fsdecode(path))
+    if active[0] and (path == root or path.startswith(root + os.sep)):
+      seen.append(os.path.relpath(path, root))
+
+  def hook(event, args):
+    paths = ()
+    if event == "open":  # (path, mode str or None, flags)
+      mode, flags = args[1] if isinstance(args[1], str) else "", args[2] or 0
+      if any(m in mode for m in "wax+") or flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+        paths = args[:1]
+    elif event in ("os.remove", "os.mkdir", "os.chmod", "os.truncate", "os.utime"):
+      paths = args[:1]
+    elif event in ("os.rename", "shutil.copyfile", "os.link", "os.symlink"):
+      paths = args[:2] if event == "os.rename" else args[1:2]
+    for path in paths:
+      if isinstance(path, (str, bytes, os.PathLike)):
+        note(path)
+
+  sys.addaudithook(hook)
+  save_file = hf_io.save_file
+
+  def recording_save_file(tensors, filename, *a, **kw):
+    note(filename)
+    return save_file(tensors, filename, *a, **kw)
+
+  hf_io.save_file = recording_save_file
+
+  def stop():
+    active[0] = False
+    hf_io.save_file = save_file
+    return sorted(set(seen))
+
+  return stop
 
 
 def fails_on_process_1(response, example, num_tokens):

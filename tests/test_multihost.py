@@ -1,9 +1,12 @@
 """The trainer as a multi-process JAX program: 2 processes x 4 CPU devices on localhost (gloo
 collectives) against 1 process x 8 devices, scenario by scenario (tests/multihost_worker.py):
-a run stopped after 2 steps and resumed to 3 with its final evaluation, DAPO dynamic sampling
-with refill, PPO, the TAG pipeline (probes, election, training). Rewards and reward profiles
-must be equal exactly, losses to 1e-5 relative, and every process must see the same values.
-A reward that fails on one process only must stop both within a bounded time.
+a run on the continuous engine stopped after 2 steps and resumed to 3, with its HF export
+(`export.hf_at_end`) and final evaluation; DAPO dynamic sampling with refill; PPO with a
+reward-model channel; the TAG pipeline (probes, election, training). Tokens, rewards and
+reward profiles must be equal exactly (the reward model's scores, and what is computed from
+them, to float rounding: see `_same_history`), losses to 1e-5 relative, and every process
+must see the same values. A reward that fails on one process only must stop both within a
+bounded time.
 
 Traffic stays on 127.0.0.1; every subprocess has a timeout.
 """
@@ -21,7 +24,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "launch"))
 import local_multiprocess  # noqa: E402  (launch/local_multiprocess.py)
 SCENARIOS = ("train_resume", "dynamic", "ppo", "demo_smoke")
-TIMEOUT_S = 900
+TIMEOUT_S = 1800  # per launch of all scenarios: a bound on a hang (900 s was passed at load ~25)
 
 
 def _launch(out, base_policy, n, devices, scenarios, timeout=TIMEOUT_S):
@@ -46,7 +49,7 @@ def runs(base_policy, tmp_path_factory):
     t0 = time.monotonic()
     rcs, logs = _launch(out, base_policy, n, devices, SCENARIOS)
     assert rcs == [0] * n, "\n".join(log[-6000:] for log in logs)
-    results[name] = {"seconds": time.monotonic() - t0}
+    results[name] = {"seconds": time.monotonic() - t0, "dir": out}
     for sc in SCENARIOS:
       per = [json.load(open(os.path.join(out, sc, f"result-{i}.json"))) for i in range(n)]
       results[name][sc] = per
@@ -55,8 +58,16 @@ def runs(base_policy, tmp_path_factory):
   return results
 
 
-def _same_history(a, b, what):
-  """Rewards, profiles and what is decided from them exactly; losses to 1e-5 relative."""
+# Keys that follow a reward model's scores: equal to float rounding only. The scorer batches
+# the rows a process owns as they arrive, and XLA:CPU's results for a row move by an ulp or
+# two with the batch and mesh shape (1.2e-6 to 2.4e-6 measured, BUILD_NOTES.md "Multi-host").
+RM_KEYS = ("reward/reward_model/", "reward_runner/reward_model/mean", "reward/scalar/",
+           "profile/", "weights/", "alarm/")
+
+
+def _same_history(a, b, what, approx=()):
+  """Rewards, profiles and what is decided from them exactly (keys starting with `approx` to
+  1e-5 relative); losses to 1e-5 relative (absolute 1e-7, or 1e-6 with `approx`)."""
   assert [h["step"] for h in a] == [h["step"] for h in b], what
   for x, y in zip(a, b):
     assert set(x) == set(y), (what, sorted(set(x) ^ set(y)))
@@ -64,10 +75,11 @@ def _same_history(a, b, what):
       if k.startswith(("time/", "reward_runner/seconds")):
         continue
       if k.startswith(("reward/", "profile/", "dynamic/", "batch/", "response/", "weights/",
-                       "frac_zero_std/", "alarm/", "reward_runner/")):
+                       "frac_zero_std/", "alarm/", "reward_runner/")) and \
+          not k.startswith(approx):
         assert x[k] == y[k] or (x[k] != x[k] and y[k] != y[k]), (what, x["step"], k, x[k], y[k])
-      else:
-        np.testing.assert_allclose(x[k], y[k], rtol=1e-5, atol=1e-7,
+      else:  # (with `approx`, a loss near 0 also moves by about an ulp of the advantages)
+        np.testing.assert_allclose(x[k], y[k], rtol=1e-5, atol=1e-6 if approx else 1e-7,
                                    err_msg=f"{what} step {x['step']} {k}")
 
 
@@ -78,7 +90,8 @@ def _strip(result):
     return "nan"
   if isinstance(result, dict):
     return {k: _strip(v) for k, v in result.items()
-            if not k.startswith("time/") and k not in ("reward_runner/seconds", "seconds")}
+            if not k.startswith("time/")
+            and k not in ("reward_runner/seconds", "seconds", "hf_writes")}
   if isinstance(result, list):
     return [_strip(v) for v in result]
   return result
@@ -92,9 +105,21 @@ def test_two_processes_equal_one(runs, scenario):
   assert _strip(multi[0]) == _strip(multi[1])
   # ... and 2 x 4 equals 1 x 8: rewards, profiles and decisions exactly, losses to 1e-5.
   if "history" in single:
-    _same_history(multi[0]["history"], single["history"], scenario)
+    _same_history(multi[0]["history"], single["history"], scenario,
+                  RM_KEYS if scenario == "ppo" else ())
     rewards = [h[k] for h in single["history"] for k in h if k.startswith("reward/arith")]
     assert len(set(rewards)) > 3, rewards  # the rewards vary: the comparison means something
+  if scenario == "ppo":  # the reward model scored every row and its scores vary
+    rm = [h["reward/reward_model/std"] for h in single["history"]]
+    assert all(h["reward/reward_model/nan_frac"] == 0 for h in single["history"]), rm
+    assert all(v > 0 for v in rm), rm
+  if "rollout" in single:  # the trained policy's rollout: the same tokens and rewards per row
+    a, b = multi[0]["rollout"], single["rollout"]
+    assert a["tokens"] == b["tokens"] and a["lengths"] == b["lengths"]
+    assert a["rewards"] == b["rewards"]
+    np.testing.assert_allclose(a["logprobs"], b["logprobs"], rtol=1e-5, atol=1e-6)
+    r = np.asarray(b["rewards"])
+    assert len(set(map(tuple, r.reshape(-1, r.shape[-1]).tolist()))) > 1, r  # rewards vary
   if "eval" in single:
     for k, v in single["eval"].items():
       np.testing.assert_allclose(multi[0]["eval"][k], v, rtol=1e-6, err_msg=k)
@@ -116,6 +141,22 @@ def test_train_resume_writes_once_and_resumes(runs):
   multi = runs["multi"]["train_resume"]
   assert [h["step"] for h in multi[0]["history"]] == [0, 1, 2]
   assert multi[1]["history"] == multi[0]["history"]  # the same file, written once
+
+
+def test_hf_export_written_once_equals_one_process(runs):
+  """`export.hf_at_end`: process 0 alone writes WORKDIR/hf (process 1 only joins the
+  parameters' gathers), and its tensors equal the one-process run's export."""
+  from safetensors.numpy import load_file
+  multi = runs["multi"]["train_resume"]
+  assert multi[1]["hf_writes"] == [], multi[1]["hf_writes"]
+  assert {"model.safetensors", "config.json"} <= set(multi[0]["hf_writes"]), multi[0]["hf_writes"]
+  hf = lambda name: os.path.join(runs[name]["dir"], "train_resume", "workdir", "hf")
+  assert sorted(os.listdir(hf("multi"))) == sorted(os.listdir(hf("single")))
+  a, b = (load_file(os.path.join(hf(n), "model.safetensors")) for n in ("multi", "single"))
+  assert a.keys() == b.keys() and len(a) > 5
+  for k in b:
+    assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+    np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-5, err_msg=k)
 
 
 def test_a_reward_failing_on_one_process_stops_both(base_policy, tmp_path):

@@ -188,7 +188,19 @@ def _mesh_worker(policy_path: str) -> dict:
                                ecfg(b).resolve(s, s.num_channels),
                                jax.random.PRNGKey(3)).metrics("eval/")
            for c_, b in ((comp, 3), (single, 4))]
+  # TAG's drift on the mesh: 3 prompts x 1 sample (3 rows over data x fsdp = 4) run as calls
+  # of 4 prompts whose extra rows are dropped. The continuous engine draws row n's tokens from
+  # (key, n) whatever the call's size, so the result equals one device's unpadded calls.
+  drift_sampling = dataclasses.replace(s.rollout, group_size=1, engine="continuous")
+  probe_mesh = jax.device_put(jax.device_get(ref.params),
+                              jax.tree.map(lambda x: x.sharding, sharded.params))
+  drifts = [anchor_lib.measure_drift(c_.policy, probe, c_.base_params,
+                                     comp.eval_examples[:6], jax.random.PRNGKey(5),
+                                     sampling=drift_sampling, batch_prompts=3,
+                                     micro_batch_rows=4)
+            for c_, probe in ((comp, probe_mesh), (single, ref.params))]
   return dict(sharded=sharded.history, single=ref.history, eval_mesh=evals[0], eval_one=evals[1],
+              drift_mesh=drifts[0], drift_one=drifts[1],
               base_spec=str(q.sharding.spec), param_devices=len(leaf.sharding.device_set),
               param_diff=float(np.abs(np.asarray(leaf) - np.asarray(ref_leaf)).max()))
 
@@ -213,6 +225,10 @@ def test_sharded_training_matches_one_device(policy):
     for k in ("loss/policy", "loss/kl", "kl_ref/k3", "policy/entropy", "update/grad_norm"):
       np.testing.assert_allclose(x[k], y[k], rtol=1e-4, atol=1e-6, err_msg=k)
   assert res["param_diff"] < 1e-5
+  dm, d1 = res["drift_mesh"], res["drift_one"]
+  assert dm["mean_len_probe"] == d1["mean_len_probe"] and d1["rev_kl_exact_per_token"] > 0
+  for k in d1:
+    np.testing.assert_allclose(dm[k], d1[k], rtol=1e-5, err_msg=k)
   em, e1 = res["eval_mesh"], res["eval_one"]
   assert em.keys() == e1.keys() and "eval/arith_len" in em
   for k in em:

@@ -371,12 +371,13 @@ def save_pretrained(model: Transformer, params, path: str, *, source: str | None
   In a multi-process run only process 0 writes.
   """
   config = model.config
-  os.makedirs(path, exist_ok=True)
+  is_writer = jax.process_index() == 0
+  if is_writer:
+    os.makedirs(path, exist_ok=True)
   extra = {}
   if source is not None:
     src = read_config(source)
     extra = {k: src[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in src}
-  is_writer = jax.process_index() == 0
   shard: dict[str, np.ndarray] = {}
   shard_bytes, files, weight_map, total = 0, [], {}, 0
 

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mr_rl import distributed, models
+from mr_rl.models import sharding
 from mr_rl import rollout as rollout_lib
 from mr_rl.rl import batch as batch_lib
 from mr_rl.rl import update as update_lib
@@ -77,10 +78,13 @@ def _seq_kl(model, p_params, q_params, tokens, mask, resp_mask, logp_p):
 _seq_kl_jit = jax.jit(_seq_kl, static_argnums=0)
 
 
-def drift_chunk_rows(micro_batch_rows: int, rows: int) -> int:
+def drift_chunk_rows(micro_batch_rows: int, rows: int, multiple: int = 1) -> int:
   """Rows per drift forward: the policy step's micro-batch (`micro_batch_rows` = B*G / M, the
-  size known to fit a chip), reduced to a divisor of `rows` so every chunk has one shape."""
-  return math.gcd(rows, max(1, micro_batch_rows))
+  size known to fit a chip), reduced to a divisor of `rows` so every chunk has one shape; on a
+  mesh a multiple of its data-parallel size `multiple` (which must divide `rows`)."""
+  if rows % multiple:
+    raise ValueError(f"{rows} drift rows do not split over {multiple} data-parallel shards")
+  return multiple * math.gcd(rows // multiple, max(1, micro_batch_rows // multiple))
 
 
 def measure_drift(policy: rollout_lib.Policy, probe_params, base_params, examples, key, *,
@@ -92,26 +96,37 @@ def measure_drift(policy: rollout_lib.Policy, probe_params, base_params, example
   `batch_prompts` prompts per sampler call) through the run's own `mr_rl.rollout` pieces
   (`policy`, the run's response budget and filters in `sampling`). The two policies' forwards
   run `drift_chunk_rows` rows at a time (full-vocabulary logits of a whole held-out batch do
-  not fit a chip at paper scale), on the policy's mesh when it has one.
+  not fit a chip at paper scale), on the policy's mesh when it has one. On a mesh each call's
+  prompts are rounded up, as evaluation does (`mr_rl.evaluation.evaluate`), so its rows split
+  evenly over the data axes: the extra prompts repeat the call's own and their rows are
+  dropped before the means.
   """
   out = {}
   B, samples = batch_prompts, sampling.group_size
-  rows = drift_chunk_rows(micro_batch_rows, B * samples)
+  padded_B, dp = B, 1
+  if policy.mesh is not None:
+    dp = sharding.data_parallel_size(policy.mesh)
+    step = dp // math.gcd(samples, dp)
+    padded_B = -(-B // step) * step
+  rows = drift_chunk_rows(micro_batch_rows, padded_B * samples, dp)
   sampling = dataclasses.replace(sampling, temperature=1.0)
   for direction, sample_params, other in (("rev", probe_params, base_params),
                                           ("fwd", base_params, probe_params)):
     sampled, exact, lens = [], [], []
     for i in range(0, len(examples) - B + 1, B):
-      ro = rollout_lib.rollout(policy, sample_params, examples[i:i + B],
-                               jax.random.fold_in(key, i), sampling)
+      chunk = list(examples[i:i + B])
+      chunk += [chunk[j % B] for j in range(padded_B - B)]
+      ro = rollout_lib.rollout(policy, sample_params, chunk, jax.random.fold_in(key, i),
+                               sampling)
       batch = batch_lib.make_batch(ro, jnp.zeros(ro.lengths.shape, jnp.float32))
       s, e = update_lib.chunked_forward(  # both policies' [rows, T, V] logits at a time
           lambda pq, *c: _seq_kl_jit(policy.model, *pq, *c), (sample_params, other),
           batch.tokens, batch.mask, batch.response_mask, batch.old_logp,
-          num_chunks=B * samples // rows, mesh=policy.mesh)
-      sampled.append(distributed.to_host(s))
-      exact.append(distributed.to_host(e))
-      lens.append(ro.lengths.reshape(-1))
+          num_chunks=padded_B * samples // rows, mesh=policy.mesh)
+      real = B * samples  # rows b * samples + j: the padded prompts' rows come last
+      sampled.append(distributed.to_host(s)[:real])
+      exact.append(distributed.to_host(e)[:real])
+      lens.append(ro.lengths[:B].reshape(-1))
     if not lens:
       raise ValueError(f"need at least batch_prompts={B} held-out prompts, got {len(examples)}")
     mean_len = float(np.concatenate(lens).mean())

@@ -15,6 +15,7 @@ killed) and a fresh thread takes its place, by `wait` or by `expire`, whichever 
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -47,7 +48,8 @@ class ThreadWorkers:
 
   def __init__(self, num_threads: int, pool_getter: Callable[[], HardTimeoutPool],
                timeout_s: float):
-    self._queue: queue.SimpleQueue[Call] = queue.SimpleQueue()
+    self._queue: queue.PriorityQueue = queue.PriorityQueue()  # (priority, order, call)
+    self._order = itertools.count()
     self._cond = threading.Condition()
     self._pool_getter = pool_getter
     self._timeout_s = timeout_s
@@ -59,7 +61,7 @@ class ThreadWorkers:
 
   def _loop(self) -> None:
     while True:
-      call = self._queue.get()
+      _, _, call = self._queue.get()
       with self._cond:
         call.t0 = time.monotonic()
       try:
@@ -83,8 +85,9 @@ class ThreadWorkers:
   def _timeout_error(self, call: Call) -> RewardTimeoutError:
     return RewardTimeoutError(f"{call.channel.name} exceeded {self._timeout_s:g} s")
 
-  def submit(self, call: Call) -> None:
-    self._queue.put(call)
+  def submit(self, call: Call, first: bool = False) -> None:
+    """Queues `call` (FIFO; `first`: ahead of every call queued without it)."""
+    self._queue.put((0 if first else 1, next(self._order), call))
 
   def expire(self, calls: Sequence[Call]) -> list[Call]:
     """Abandons the "thread" calls of `calls` that have run past the timeout (each one's

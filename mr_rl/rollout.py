@@ -8,6 +8,9 @@ measurement (`mr_rl.rl.anchor`):
              --rollout (jitted KV-cache sampler, settings given explicitly)--> Rollout [B, G, S]
              --score (reward runner)--> r[B, G, K]
 
+`StreamingScore` is `score` started row by row, `rollout`'s `on_row` callback: with the
+continuous engine a row's host-side rewards start as soon as it finishes decoding.
+
 The learner batch is built from a `Rollout` by `mr_rl.rl.batch.make_batch`. Shape letters:
 docs/shapes.md.
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -150,15 +153,44 @@ class Rollout:
     return Rollout(**out)
 
 
+def rows_owned(policy: Policy, batch_prompts: int, group_size: int) -> np.ndarray:
+  """bool [B, G]: the rows of a rollout whose rewards this process computes (all rows with one
+  process; on a mesh, those its devices decode, `distributed.owned_rows`)."""
+  rows = batch_prompts * group_size
+  if policy.mesh is None:
+    return np.ones((batch_prompts, group_size), bool)
+  owned = distributed.owned_rows(sharding.batch_sharding(policy.mesh, (rows,)), rows)
+  return owned.reshape(batch_prompts, group_size)
+
+
+def _response_text(tok, tokens_S, length: int, truncated: bool) -> str:
+  n = int(length) - (0 if truncated else 1)  # drop the EOS token
+  return tok.decode(np.asarray(tokens_S[:n]).tolist(), skip_special_tokens=False)
+
+
 def rollout(policy: Policy, params, examples: Sequence[Any], key: jax.Array,
-            sampling_settings: SamplingSettings) -> Rollout:
-  """Samples `sampling_settings.group_size` responses per example with `params`."""
+            sampling_settings: SamplingSettings,
+            on_row: Callable[[int, int, str, int], None] | None = None) -> Rollout:
+  """Samples `sampling_settings.group_size` responses per example with `params`.
+
+  `on_row(b, g, text, num_tokens)` is called once for each row (every row, on every process):
+  with the continuous engine as soon as the row finishes, while the others decode; with the
+  static engine after the batch, in row order. `StreamingScore` is such a callback.
+  """
   s = sampling_settings
   params = lora.merge(params)  # a LoRA policy samples merged weights (BUILD_NOTES "LoRA")
   p_tok, p_mask = policy.encode(examples)
   tok = policy.tokenizer
+  B, G = len(examples), s.group_size
+  texts = {}  # row n = b * G + g -> decoded response (EOS dropped)
+
+  def finished(row):  # the continuous engine's rows, as they complete
+    texts[row.row] = _response_text(tok, row.tokens, row.length, row.truncated)
+    if on_row is not None:
+      on_row(row.row // G, row.row % G, texts[row.row], int(row.length))
+
   engines = {"static": sampling.generate_groups, "continuous": functools.partial(
-      sampling.generate_continuous, slots=s.slots)}
+      sampling.generate_continuous, slots=s.slots, on_finished=finished)}
   if s.engine not in engines:
     raise ValueError(f"rollout engine must be one of {sorted(engines)}, got {s.engine!r}")
   out = engines[s.engine](
@@ -167,22 +199,44 @@ def rollout(policy: Policy, params, examples: Sequence[Any], key: jax.Array,
       max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
       eos_id=tok.eos_token_id, pad_id=policy.pad_id, mesh=policy.mesh,
       cache_dtype=s.cache_dtype or None)
-  B, G = len(examples), s.group_size
-  owned = np.ones((B * G,), bool)
-  if policy.mesh is not None:  # the rows this process's devices decoded
-    owned = distributed.owned_rows(sharding.batch_sharding(policy.mesh, (B * G,)), B * G)
+  owned = rows_owned(policy, B, G)
   tokens, logprobs, mask, lengths, truncated = (
       distributed.to_host(x) for x in (out.tokens, out.logprobs, out.mask, out.lengths,
                                        out.truncated))
-  texts = []
-  for b in range(B):
-    row = []
-    for g in range(G):
-      n = int(lengths[b, g]) - (0 if truncated[b, g] else 1)  # drop the EOS token
-      row.append(tok.decode(tokens[b, g, :n].tolist(), skip_special_tokens=False))
-    texts.append(row)
-  return Rollout(p_tok, p_mask, tokens, logprobs, mask, lengths, truncated, texts,
-                 owned.reshape(B, G))
+  for n in range(B * G):
+    if n not in texts:  # the static engine: every row now
+      b, g = divmod(n, G)
+      texts[n] = _response_text(tok, tokens[b, g], lengths[b, g], truncated[b, g])
+      if on_row is not None:
+        on_row(b, g, texts[n], int(lengths[b, g]))
+  return Rollout(p_tok, p_mask, tokens, logprobs, mask, lengths, truncated,
+                 [[texts[b * G + g] for g in range(G)] for b in range(B)], owned)
+
+
+def _example_dicts(examples: Sequence[Any]) -> list[dict]:
+  """Examples as the channels see them: everything an example carries (metadata, reference,
+  the conversation for reward models) as plain dicts, not the Example's read-only proxies, so
+  process-kind channels can pickle them."""
+  return [{**_plain(ex.as_mapping()), "messages": [dict(m) for m in ex.messages]}
+          for ex in examples]
+
+
+def _plain(value: Any) -> Any:
+  """Read-only mappings (nested metadata included) as dicts; tuples stay tuples."""
+  if isinstance(value, Mapping):
+    return {k: _plain(v) for k, v in value.items()}
+  if isinstance(value, tuple):
+    return tuple(_plain(v) for v in value)
+  return value
+
+
+def _gathered(runner, r_BGK: np.ndarray, owned_BG: np.ndarray, counts, seconds):
+  """Each process's rows and counts gathered, then `runner.finish` on the same values
+  everywhere."""
+  B, G, K = r_BGK.shape
+  r_BGK = distributed.gather_rows(r_BGK.reshape(B * G, K), owned_BG.reshape(-1))
+  seconds = float(distributed.allgather(np.float64(seconds)).max())  # the slowest process
+  return runner.finish(r_BGK.reshape(B, G, K), distributed.sum_metrics(counts), seconds)
 
 
 def score(runner, ro: Rollout, examples: Sequence[Any]) -> tuple[np.ndarray, dict]:
@@ -192,14 +246,53 @@ def score(runner, ro: Rollout, examples: Sequence[Any]) -> tuple[np.ndarray, dic
   Each process scores the rows it owns (`Rollout.owned`); the rows are then gathered and the
   runner's rules over whole groups and its guards run on the gathered values
   (`RewardRunner.finish`), so every process sees the same rewards and takes the same
-  decisions. Channels see everything an example carries: metadata, reference, and the
-  conversation (reward models), as plain dicts (not the Example's read-only proxies) so
-  process-kind channels can pickle them.
+  decisions. `StreamingScore` gives the same values with the scoring started row by row.
   """
-  ex_dicts = [{**ex.as_mapping(), "messages": [dict(m) for m in ex.messages]} for ex in examples]
-  r_BGK, counts, seconds = runner.score(ro.texts, ex_dicts, ro.lengths.astype(np.int64),
-                                        rows_BG=ro.owned)
-  B, G, K = r_BGK.shape
-  r_BGK = distributed.gather_rows(r_BGK.reshape(B * G, K), ro.owned.reshape(-1))
-  seconds = float(distributed.allgather(np.float64(seconds)).max())  # the slowest process
-  return runner.finish(r_BGK.reshape(B, G, K), distributed.sum_metrics(counts), seconds)
+  r_BGK, counts, seconds = runner.score(ro.texts, _example_dicts(examples),
+                                        ro.lengths.astype(np.int64), rows_BG=ro.owned)
+  return _gathered(runner, r_BGK, ro.owned, counts, seconds)
+
+
+class StreamingScore:
+  """`score`, started row by row: the `on_row` callback of `rollout`.
+
+  Usage (the trainer's `draw_groups`)::
+
+    scoring = StreamingScore(runner, policy, examples, group_size)
+    ro = rollout(policy, params, examples, key, settings, on_row=scoring)
+    r_BGK, metrics = scoring.finish(ro)
+
+  Each call `scoring(b, g, text, num_tokens)` submits a row this process owns (`rows_owned`)
+  to the runner at once (`RewardRunner.start`), so with the continuous engine its host-side
+  rewards (threads, worker processes, the sandbox) run while the rest of the batch decodes;
+  other processes' rows are skipped. `finish` waits for the calls (batched channels start
+  there: they need every row), gathers the rows over the processes and applies
+  `RewardRunner.finish` (applicability per prompt, counters, guards) to the gathered batch:
+  rewards and metrics equal `score(runner, ro, examples)`'s; only `rewards/seconds` (from
+  the first row to the last call, overlapping the decoding) differs. One rollout per object.
+  """
+
+  def __init__(self, runner, policy: Policy, examples: Sequence[Any], group_size: int):
+    self._runner = runner
+    self.owned = rows_owned(policy, len(examples), group_size)
+    self._seen = np.zeros_like(self.owned)
+    self._pending = runner.start(_example_dicts(examples), group_size)
+
+  def __call__(self, b: int, g: int, text: str, num_tokens: int) -> None:
+    if self._seen[b, g]:
+      raise ValueError(f"row ({b}, {g}) was handed to StreamingScore twice")
+    self._seen[b, g] = True
+    if self.owned[b, g]:
+      self._pending.add(b, g, text, num_tokens)
+
+  def finish(self, ro: Rollout) -> tuple[np.ndarray, dict]:
+    """`score(runner, ro, examples)`'s `(r[B, G, K], metrics)`, once every row was handed in."""
+    if ro.owned.shape != self.owned.shape or not (ro.owned == self.owned).all():
+      raise ValueError(f"the rollout's owned rows {ro.owned.shape} are not the ones this "
+                       f"StreamingScore was made for {self.owned.shape}")
+    if not self._seen.all():
+      raise RuntimeError(f"StreamingScore.finish before every row was handed in "
+                         f"({int(self._seen.sum())} of {self._seen.size}): pass it as the "
+                         f"rollout's on_row")
+    r_BGK, counts, seconds = self._pending.result()
+    return _gathered(self._runner, r_BGK, self.owned, counts, seconds)

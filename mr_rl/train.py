@@ -3,7 +3,8 @@
 Each step reads draw -> score -> signal -> batch -> step -> log:
 
     examples --draw (mr_rl.rollout.rollout: jitted KV-cache sampler)--> Rollout [B, G, S]
-             --score (mr_rl.rollout.score: reward runner, host pool)--> r[B, G, K]
+             --score (mr_rl.rollout.StreamingScore: reward runner, host pool; with the
+                      continuous engine a row is scored as soon as it finishes)--> r[B, G, K]
                      (NaN = the channel does not apply; a failed call scores its on_failure)
              --signal (mr_rl.rl.signal: aggregator, then advantage estimator; jitted,
                        aggregator state carried)--> R[B, G], A[B, G]
@@ -221,7 +222,8 @@ class Draw:
       with none kept, the signal is computed on all B and no row enters the loss).
     reward_metrics: the reward runner's metrics over the rounds.
     metrics: `dynamic/*` (dynamic sampling only).
-    t_rollout, t_reward: seconds spent sampling and scoring.
+    t_rollout, t_reward: seconds spent sampling (with the continuous engine this includes
+      the reward calls that ran while rows decoded) and waiting for the rewards after it.
   """
   rollout: rollout_lib.Rollout
   r_BGK: np.ndarray
@@ -453,10 +455,13 @@ def draw_groups(comp: Components, params, agg_state, data_iter, signal, k_roll,
   for i in range(1 + (dyn.max_rounds if dyn.mode == "refill" else 0)):
     t0 = time.perf_counter()
     examples = next(data_iter)
+    scoring = rollout_lib.StreamingScore(comp.runner, comp.policy, examples,
+                                         s.rollout.group_size)  # rows scored as they finish
     ro = rollout_lib.rollout(comp.policy, params, examples,
-                             k_roll if i == 0 else jax.random.fold_in(k_roll, i), s.rollout)
+                             k_roll if i == 0 else jax.random.fold_in(k_roll, i), s.rollout,
+                             on_row=scoring)
     t1 = time.perf_counter()
-    r_BGK, m = rollout_lib.score(comp.runner, ro, examples)
+    r_BGK, m = scoring.finish(ro)
     t_roll, t_reward = t_roll + t1 - t0, t_reward + time.perf_counter() - t1
     for k, v in m.items():
       reward_m.setdefault(k, []).append(float(v))

@@ -100,6 +100,37 @@ def run(scenario: str, base_policy: str, out: str) -> dict:
     c.rewards.params = {"arith_len": dict(full_until=8, zero_at=24)}
     train_lib.train(settings_lib.from_config(c), None, log=None)
     return {}
+  if scenario == "stream":
+    # One rollout on the continuous engine (16 rows through 8 slots over the 8 devices), scored
+    # as rows finish and after the rollout: which rows this process scored, and the rewards.
+    import jax
+    import numpy as np
+    from mr_rl import rollout as rollout_lib
+    from mr_rl.rewards import runner as rr
+    c = _config(base_policy, 1, **{"rollout.engine": "continuous", "rollout.slots": 8,
+                                   "rollout.max_new_tokens": 12})
+    s = settings_lib.from_config(c)
+    comp = train_lib.build(s)
+    examples = list(comp.train_examples[:s.data.batch_prompts])
+    key = jax.random.PRNGKey(5)
+    runner = lambda: rr.RewardRunner([rr.RewardChannel("calls", counted_length),
+                                      rr.get_reward("arith_fmt")], timeout_s=60)
+    CALLS.clear()
+    ro = rollout_lib.rollout(comp.policy, comp.base_params, examples, key, s.rollout)
+    r_after, m_after = rollout_lib.score(runner(), ro, examples)
+    after_calls = sorted(CALLS)
+    CALLS.clear()
+    scoring = rollout_lib.StreamingScore(runner(), comp.policy, examples, s.rollout.group_size)
+    ro2 = rollout_lib.rollout(comp.policy, comp.base_params, examples, key, s.rollout,
+                              on_row=scoring)
+    r_stream, m_stream = scoring.finish(ro2)
+    assert np.array_equal(ro.tokens, ro2.tokens) and ro.texts == ro2.texts
+    drop = lambda m: {k: v for k, v in m.items() if k != "rewards/seconds"}
+    owned_calls = sorted([examples[b].uid, ro.texts[b][g]] for b, g in zip(*np.nonzero(
+        scoring.owned)))
+    return {"owned": scoring.owned.tolist(), "owned_calls": owned_calls, "after_calls": after_calls,
+            "stream_calls": sorted(CALLS), "r_after": r_after.tolist(),
+            "r_stream": r_stream.tolist(), "m_after": drop(m_after), "m_stream": drop(m_stream)}
   raise ValueError(f"unknown scenario {scenario!r}")
 
 
@@ -144,6 +175,15 @@ def _watch_writes(directory: str):
     return sorted(set(seen))
 
   return stop
+
+
+CALLS: list = []  # (uid, response) of each "calls" reward evaluated in this process
+
+
+def counted_length(response, example, num_tokens):
+  """A reward that records where it ran (the "stream" scenario)."""
+  CALLS.append([example["uid"], response])
+  return float(num_tokens)
 
 
 def fails_on_process_1(response, example, num_tokens):

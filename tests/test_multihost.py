@@ -166,3 +166,21 @@ def test_a_reward_failing_on_one_process_stops_both(base_policy, tmp_path):
   assert rcs[0] != 0 and rcs[1] != 0, (rcs, [log[-3000:] for log in logs])
   assert "cannot run on process 1" in logs[1], logs[1][-3000:]
   assert elapsed < 240, elapsed
+
+
+def test_streamed_rewards_are_scored_where_rows_are_owned(base_policy, tmp_path):
+  """Continuous engine, 2 processes x 4 devices: rows scored as they finish are scored once,
+  by the process that owns them, exactly the calls of scoring after the rollout; the gathered
+  rewards and runner metrics are the same on both processes and in both modes."""
+  rcs, logs = _launch(str(tmp_path), base_policy, 2, 4, ["stream"], timeout=600)
+  assert rcs == [0, 0], "\n".join(log[-4000:] for log in logs)
+  res = [json.load(open(os.path.join(str(tmp_path), "stream", f"result-{i}.json")))
+         for i in range(2)]
+  owned = np.array([r["owned"] for r in res])
+  assert (owned.sum(0) == 1).all() and owned[0].sum() == owned[1].sum() == 8
+  for r in res:  # each process evaluated exactly its own rows, once each, in both modes
+    assert r["stream_calls"] == r["after_calls"] == r["owned_calls"]
+    assert len(r["owned_calls"]) == 8
+  for r in res:
+    np.testing.assert_array_equal(np.array(r["r_stream"]), np.array(res[0]["r_after"]))
+    assert r["m_stream"] == r["m_after"] == res[0]["m_after"]

@@ -11,7 +11,8 @@ API and runner:
 * ``mr_rl.rewards.runner``: ``RewardRunner`` (r[B, G, K] on threads / worker
   processes; failures score the channel's ``on_failure``, None / NaN = does not
   apply, configuration errors raise; the failure-rate guard) and re-exports of
-  the channel API.
+  the channel API; ``RewardRunner.start`` scores a batch row by row as rows finish.
+* ``mr_rl.rewards.calls``: one reward call and the runner's worker threads (timeouts).
 
 Execution:
 

@@ -61,13 +61,13 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-import queue
 import threading
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from mr_rl.rewards.calls import Call, ThreadWorkers
 from mr_rl.rewards.channels import (DEFAULT_VALUE_RANGE, KINDS, REWARDS, ExampleFields,
                                     MissingFieldError, RewardChannel, RewardConfigError,
                                     available_rewards, batched_reward, channel_name, get_reward,
@@ -88,88 +88,6 @@ _COUNTS = ("errors", "timeouts", "not_applicable", "unscorable")  # per-channel 
 
 class RewardFailureError(RuntimeError):
   """A channel failed on too large a share of its calls for too many consecutive batches."""
-
-
-# ----------------------------------------------------------------------------
-# Calls and the threads that run them.
-# ----------------------------------------------------------------------------
-
-
-class _Call:
-  """One reward evaluation, filled in by a worker thread.
-
-  ``index`` is (b, g) for a per-sample call, None for a batched call (all B*G samples).
-  """
-
-  __slots__ = ("channel", "k", "args", "index", "t0", "done", "abandoned", "value", "error",
-               "timed_out")
-
-  def __init__(self, channel: RewardChannel, k: int, args: tuple[Any, ...],
-               index: tuple[int, int] | None):
-    self.channel, self.k, self.args, self.index = channel, k, args, index
-    self.t0: float | None = None
-    self.done = self.abandoned = self.timed_out = False
-    self.value: Any = None
-    self.error: BaseException | None = None
-
-
-class _ThreadWorkers:
-  """Daemon threads that run ``_Call``s; a thread abandoned on timeout is replaced."""
-
-  def __init__(self, num_threads: int, pool_getter: Callable[[], HardTimeoutPool],
-               timeout_s: float):
-    self._queue: queue.SimpleQueue[_Call] = queue.SimpleQueue()
-    self._cond = threading.Condition()
-    self._pool_getter = pool_getter
-    self._timeout_s = timeout_s
-    for _ in range(num_threads):
-      self._spawn()
-
-  def _spawn(self) -> None:
-    threading.Thread(target=self._loop, daemon=True, name="reward-worker").start()
-
-  def _loop(self) -> None:
-    while True:
-      call = self._queue.get()
-      with self._cond:
-        call.t0 = time.monotonic()
-      try:
-        if call.channel.kind == "process":
-          value = self._pool_getter().call(call.channel.fn, *call.args, timeout_s=self._timeout_s)
-        else:
-          value = call.channel.fn(*call.args)
-        error = None
-      except BaseException as e:  # pylint: disable=broad-except
-        value, error = None, e
-      with self._cond:
-        if call.abandoned:
-          return  # a replacement thread already took over this slot
-        call.value, call.error, call.done = value, error, True
-        call.timed_out = isinstance(error, TimeoutError)
-        self._cond.notify_all()
-
-  def submit(self, call: _Call) -> None:
-    self._queue.put(call)
-
-  def wait(self, calls: Sequence[_Call]) -> None:
-    """Blocks until every call is done or (thread kind) abandoned after its timeout."""
-    pending = list(calls)
-    with self._cond:
-      while pending:
-        now = time.monotonic()
-        still = []
-        for c in pending:
-          if c.done:
-            continue
-          if c.channel.kind == "thread" and c.t0 is not None and now - c.t0 > self._timeout_s:
-            c.abandoned = c.done = c.timed_out = True
-            c.error = RewardTimeoutError(f"{c.channel.name} exceeded {self._timeout_s:g} s")
-            self._spawn()
-            continue
-          still.append(c)
-        pending = still
-        if pending:
-          self._cond.wait(timeout=0.05)
 
 
 # ----------------------------------------------------------------------------
@@ -266,7 +184,7 @@ class RewardRunner:
     self.failure_patience = failure_patience
     self.not_applicable_patience = not_applicable_patience
     self._pool = pool
-    self._workers = _ThreadWorkers(num_threads, self._get_pool, self.timeout_s)
+    self._workers = ThreadWorkers(num_threads, self._get_pool, self.timeout_s)
     self._lock = threading.Lock()
     self.error_counts = {n: 0 for n in self.names}    # cumulative failures (incl. timeouts)
     self.timeout_counts = {n: 0 for n in self.names}  # cumulative timeouts
@@ -331,7 +249,7 @@ class RewardRunner:
 
     A multi-process run scores each process's own rows, gathers the rewards and sums the
     counts over the processes, then calls `finish` with the same values on every process
-    (`mr_rl.rollout.score`).
+    (`mr_rl.rollout.score`). `start` is the same, row by row.
 
     Returns:
       (r_BGK: NaN outside `rows_BG`; counts {"<what>/<channel>": int}; seconds).
@@ -343,26 +261,16 @@ class RewardRunner:
     rows_BG = np.ones((B, G), bool) if rows_BG is None else np.asarray(rows_BG, bool)
     if rows_BG.shape != (B, G):
       raise ValueError(f"rows_BG must have shape {(B, G)}, got {rows_BG.shape}")
-    t0 = time.monotonic()
-    examples = [ExampleFields(ex) for ex in examples_B]
-    picked = [(b, g) for b in range(B) for g in range(G) if rows_BG[b, g]]
-    calls = []
-    for k, ch in enumerate(self.channels):  # batched calls first: they are the long ones
-      if ch.batched and picked:
-        calls.append(_Call(ch, k, ([responses_BG[b][g] for b, g in picked],
-                                   [examples[b] for b, _ in picked],
-                                   [int(num_tokens_BG[b, g]) for b, g in picked]), None))
-    for b, g in picked:
-      for k, ch in enumerate(self.channels):
-        if not ch.batched:
-          calls.append(_Call(ch, k, (responses_BG[b][g], examples[b], int(num_tokens_BG[b, g])),
-                             (b, g)))
-    for call in calls:
-      self._workers.submit(call)
-    self._workers.wait(calls)
-    r_BGK, stats = self._collect(calls, B, G, picked)
-    counts = {f"{what}/{n}": stats[what][n] for what in ("errors", "timeouts") for n in self.names}
-    return r_BGK, counts, time.monotonic() - t0
+    pending = self.start(examples_B, G)
+    for b, g in zip(*np.nonzero(rows_BG)):
+      pending.add(int(b), int(g), responses_BG[b][g], int(num_tokens_BG[b, g]))
+    return pending.result()
+
+  def start(self, examples_B: Sequence[Mapping[str, Any]], group_size: int) -> "PendingScores":
+    """Scores of one batch of B prompts x G responses, submitted row by row as the rows come
+    (`PendingScores.add`: a row's per-sample calls start at once, on the runner's threads and
+    worker processes) and collected once (`PendingScores.result`, what `score` returns)."""
+    return PendingScores(self, examples_B, group_size)
 
   def finish(self, r_BGK: np.ndarray, counts: Mapping[str, float],
              seconds: float) -> tuple[np.ndarray, dict[str, float]]:
@@ -390,7 +298,7 @@ class RewardRunner:
       metrics[f"rewards/{n}/mean"] = float(np.nanmean(col)) if np.isfinite(col).any() else math.nan
     return r_BGK, metrics
 
-  def _collect(self, calls: Sequence[_Call], B: int, G: int, picked: Sequence[tuple[int, int]]):
+  def _collect(self, calls: Sequence[Call], B: int, G: int, picked: Sequence[tuple[int, int]]):
     """Fills r[B, G, K] at the `picked` rows from finished calls; raises on configuration
     errors."""
     r_BGK = np.full((B, G, len(self.channels)), np.nan, np.float32)
@@ -475,3 +383,71 @@ class RewardRunner:
           f"{calls_per_channel} responses, {stats['timeouts'][n]} timeouts), more than "
           f"max_failure_share={self.max_failure_share:g} for {streak} consecutive batches "
           f"(failure_patience={self.failure_patience}); last error: {self.last_errors.get(n)}")
+
+
+class PendingScores:
+  """The calls of one batch (B prompts x G responses), submitted row by row (`RewardRunner.start`).
+
+  `add(b, g, response, num_tokens)` starts the row's per-sample calls at once; batched channels
+  need every row, so their one call starts in `result`, over the added rows in (b, g) order, as
+  `RewardRunner.score` makes it. `result` waits for every call and returns what `score` does,
+  the same values whatever the order and timing of the `add`s. Not thread-safe: one producer.
+  """
+
+  def __init__(self, runner: RewardRunner, examples_B: Sequence[Mapping[str, Any]],
+               group_size: int):
+    for b, ex in enumerate(examples_B):
+      if not isinstance(ex, Mapping):
+        raise TypeError(f"examples_B[{b}] must be a mapping, got {type(ex).__name__}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+      raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
+    self._runner = runner
+    self._examples = [ExampleFields(ex) for ex in examples_B]
+    self._G = group_size
+    self._rows: dict[tuple[int, int], tuple[str, int]] = {}
+    self._calls: list[Call] = []
+    self._pending: list[Call] = []  # submitted calls not done yet
+    self._t0: float | None = None
+
+  def add(self, b: int, g: int, response: str, num_tokens: int) -> None:
+    """Submits row (b, g): its per-sample calls start as soon as a worker thread is free."""
+    if not (0 <= b < len(self._examples) and 0 <= g < self._G):
+      raise ValueError(f"row ({b}, {g}) is outside the batch's {len(self._examples)} x {self._G}")
+    if (b, g) in self._rows:
+      raise ValueError(f"row ({b}, {g}) was added twice")
+    if not isinstance(response, str):
+      raise TypeError(f"the response of row ({b}, {g}) must be str, got {type(response)}")
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)):
+      raise TypeError(f"num_tokens of row ({b}, {g}) must be an int, got {num_tokens!r}")
+    if self._t0 is None:
+      self._t0 = time.monotonic()
+    self._rows[(b, g)] = (response, int(num_tokens))
+    workers = self._runner._workers  # pylint: disable=protected-access
+    new = [Call(ch, k, (response, self._examples[b], int(num_tokens)), (b, g))
+           for k, ch in enumerate(self._runner.channels) if not ch.batched]
+    for call in new:
+      workers.submit(call)
+    self._calls += new
+    # A hung "thread" call frees its thread now, not only when `result` waits.
+    self._pending = workers.expire(self._pending + new)
+
+  def result(self) -> tuple[np.ndarray, dict[str, int], float]:
+    """Waits for every call: (r_BGK: NaN outside the added rows; counts; seconds from the
+    first `add` to the end, overlapping whatever ran meanwhile)."""
+    runner = self._runner
+    picked = sorted(self._rows)
+    t0 = time.monotonic() if self._t0 is None else self._t0
+    calls = []
+    for k, ch in enumerate(runner.channels):  # batched calls first: they are the long ones
+      if ch.batched and picked:
+        calls.append(Call(ch, k, ([self._rows[r][0] for r in picked],
+                                  [self._examples[b] for b, _ in picked],
+                                  [self._rows[r][1] for r in picked]), None))
+    for call in calls:  # ahead of the per-sample calls still queued
+      runner._workers.submit(call, first=True)  # pylint: disable=protected-access
+    calls += sorted(self._calls, key=lambda c: (c.index, c.k))  # score's order: same errors
+    runner._workers.wait(calls)  # pylint: disable=protected-access
+    r_BGK, stats = runner._collect(calls, len(self._examples), self._G, picked)  # pylint: disable=protected-access
+    counts = {f"{what}/{n}": stats[what][n] for what in ("errors", "timeouts")
+              for n in runner.names}
+    return r_BGK, counts, time.monotonic() - t0

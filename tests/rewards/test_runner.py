@@ -193,3 +193,105 @@ def test_input_validation():
     rr.RewardRunner(["format"], timeout_s=0)
   with pytest.raises(ValueError, match="max_workers"):
     rr.HardTimeoutPool(0)
+
+
+# Rows scored as they come (RewardRunner.start / PendingScores).
+def _length_or_none(response, example, num_tokens):
+  del example
+  return None if "no answer" in response else float(num_tokens % 7)
+
+
+def _batched_rank(responses, examples, num_tokens):
+  """Depends on the whole batch and its order: equal only for the same rows in the same order."""
+  del examples
+  order = np.argsort(np.asarray(num_tokens), kind="stable")
+  return [float(np.flatnonzero(order == i)[0]) + 0.5 * len(r) / 100 for i, r in
+          enumerate(responses)]
+
+
+def test_rows_added_in_any_order_score_as_score():
+  channels = lambda: [rr.RewardChannel("len", _length_or_none),
+                      rr.RewardChannel("bad", _raise_on_b, "process", on_failure=-1.0),
+                      rr.RewardChannel("rank", _batched_rank, batched=True), "accuracy"]
+  rows_BG = np.array([[True, True, False], [True, True, True]])
+  whole = rr.RewardRunner(channels(), timeout_s=30)
+  r_ref, counts_ref, _ = whole.score(RESPONSES_BG, EXAMPLES_B, NUM_TOKENS_BG, rows_BG=rows_BG)
+  rowwise = rr.RewardRunner(channels(), timeout_s=30)
+  pending = rowwise.start(EXAMPLES_B, 3)
+  for b, g in [(1, 2), (0, 1), (1, 0), (0, 0), (1, 1)]:  # completion order, not row order
+    pending.add(b, g, RESPONSES_BG[b][g], int(NUM_TOKENS_BG[b, g]))
+  r_BGK, counts, seconds = pending.result()
+  np.testing.assert_array_equal(r_BGK, r_ref)  # NaN where not added, in the same places
+  assert counts == counts_ref and counts["errors/bad"] == 2 and seconds >= 0
+  assert np.isnan(r_BGK[0, 2]).all() and not np.isnan(r_BGK[1, :, 2]).any()
+  # finish (applicability per prompt, guards, metrics) gives the same on both.
+  full = r_ref.copy()
+  full[0, 2] = r_BGK[0, 1]
+  (ra, ma), (rb, mb) = (x.finish(full.copy(), counts, 0.0) for x in (whole, rowwise))
+  np.testing.assert_array_equal(ra, rb)
+  assert ma == mb
+  with pytest.raises(ValueError, match="added twice"):
+    pending2 = rowwise.start(EXAMPLES_B, 3)
+    pending2.add(0, 0, "x", 1)
+    pending2.add(0, 0, "x", 1)
+  with pytest.raises(ValueError, match="outside the batch"):
+    rowwise.start(EXAMPLES_B, 3).add(2, 0, "x", 1)
+  with pytest.raises(TypeError, match="num_tokens"):
+    rowwise.start(EXAMPLES_B, 3).add(0, 0, "x", 1.0)
+
+
+def _slow_then_score(response, example, num_tokens):
+  del response, example, num_tokens
+  time.sleep(0.6)
+  EVENTS.append("returned")
+  return 1.0
+
+
+def _hang_until_released(response, example, num_tokens):
+  del example, num_tokens
+  EVENTS.append(f"started {response}")
+  if response == "hang":
+    RELEASE.wait(120)
+  return 1.0
+
+
+EVENTS: list = []
+RELEASE = __import__("threading").Event()
+
+
+def test_late_thread_call_is_a_timeout_whenever_the_caller_waits():
+  """A "thread" call that ran past timeout_s fails as a timeout even when it returned before
+  `result` looked (the verdict does not depend on when the caller waits)."""
+  EVENTS.clear()
+  runner = rr.RewardRunner([rr.RewardChannel("slow", _slow_then_score)], timeout_s=0.3)
+  pending = runner.start([{}], 1)
+  pending.add(0, 0, "x", 1)
+  deadline = time.monotonic() + 60
+  while "returned" not in EVENTS and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert EVENTS == ["returned"]
+  r_BGK, counts, _ = pending.result()
+  assert r_BGK[0, 0, 0] == 0.0 and counts == {"errors/slow": 1, "timeouts/slow": 1}
+
+
+def test_hung_thread_call_frees_its_thread_at_the_next_row():
+  """With one runner thread, a hung "thread" call is abandoned (and its thread replaced) when
+  the next row is added after its timeout, so that row is scored before `result` is called."""
+  EVENTS.clear()
+  RELEASE.clear()
+  runner = rr.RewardRunner([rr.RewardChannel("h", _hang_until_released)], timeout_s=0.3,
+                           num_threads=1)
+  pending = runner.start([{}], 2)
+  pending.add(0, 0, "hang", 1)
+  deadline = time.monotonic() + 60
+  while "started hang" not in EVENTS and time.monotonic() < deadline:
+    time.sleep(0.02)
+  time.sleep(0.5)  # past the timeout of the running call
+  pending.add(0, 1, "next", 1)
+  while "started next" not in EVENTS and time.monotonic() < deadline:
+    time.sleep(0.02)
+  assert EVENTS == ["started hang", "started next"]  # before result(): the thread was replaced
+  r_BGK, counts, _ = pending.result()
+  RELEASE.set()
+  np.testing.assert_array_equal(r_BGK[0, :, 0], [0.0, 1.0])
+  assert counts == {"errors/h": 1, "timeouts/h": 1}

@@ -57,8 +57,9 @@ def lowerings(model, *, slots: int, group: int, prompt_cols: int, resp_cols: int
 
   Returns:
     (programs, info): programs maps 'engine_prefill' | 'engine_step' | 'engine_shrink' to
-    (zero-argument lowering function, bytes resident besides the program's arguments); info
-    has M, the prompt bucket, the pool sizes and the state / store bytes per device.
+    (zero-argument lowering function, bytes resident besides the program's arguments, bytes of
+    its large arguments: params, state, store); info has M, the prompt bucket, the pool sizes
+    and the state / store bytes per device.
   """
   import jax
   import jax.numpy as jnp
@@ -82,12 +83,14 @@ def lowerings(model, *, slots: int, group: int, prompt_cols: int, resp_cols: int
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=repl)
   programs = {
       "engine_prefill": (lambda: progs.prefill.lower(params_in, store, i32(m, bucket),
-                                                     i32(m, bucket), i32()), state_b),
-      "engine_step": (lambda: progs.step.lower(params_in, state, store, i32(2 * slots + 1)), 0),
+                                                     i32(m, bucket), i32()),
+                         state_b, param_bytes + store_b),
+      "engine_step": (lambda: progs.step.lower(params_in, state, store, i32(2 * slots + 1)),
+                      0, param_bytes + state_b + store_b),
   }
   if len(sizes) > 1:
     programs["engine_shrink"] = (lambda: progs.shrink.lower(state, i32(sizes[1])),
-                                 store_b + param_bytes)
+                                 store_b + param_bytes, state_b)
   info = dict(prefill_prompts=m, bucket=bucket, pool_sizes=sizes, state_bytes=state_b,
               store_bytes=store_b)
   return programs, info

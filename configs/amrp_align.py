@@ -17,10 +17,10 @@ Three epochs over ~10.2K unique prompts (953 steps), completions up to 512 token
 evaluation on the first 256 HelpSteer2 validation prompts (the paper's AlpacaEval / ArenaHard /
 MT-Bench prompts: configs/README.md).
 TPU slice: v5p-8 (Qwen3-4B), v5p-16 (Llama-3.1-8B); the 8B scorer adds 16 GB (bf16) to the mesh.
-launch/check.py: the Llama-3.1-8B static sampler needs 213 GB per chip on v5p-16 and does NOT fit
-(the prefill of 256 x 4,096-token prompts at once); so Llama-3.1-8B samples with the continuous
-engine, 192 slots (80.5 GB per chip; 233 fit by memory.py's estimate, 94.5 GB compiled); see
-BUILD_NOTES "Pod check".
+launch/check.py: the static sampler does NOT fit (the prefill of 256 x 4,096-token prompts at
+once: 213 GB per chip for Llama-3.1-8B on v5p-16), so both models sample with the continuous
+engine: Llama-3.1-8B 192 slots (80.5 GB per chip), Qwen3-4B 96 slots (72.3 GB); see BUILD_NOTES
+"Pod check" and "Continuous engine".
 Estimate: 97 v5p chip-hours for the default point (model=qwen3_4b,method=amrp), policy only;
 whole table 966 (configs/README.md).
 """
@@ -49,9 +49,12 @@ def base_config(model: str):
   c.data.template = "helpsteer2"                     # no extra instruction
   c.data.max_prompt_len = 4096                       # some prompts hold long documents
   c.rollout.max_new_tokens = 512                     # max completion length 512
-  if model == "llama3_1_8b_instruct":                 # v5p-16: the static sampler needs 213 GB
-    c.rollout.engine = "continuous"                  # per chip (256 prefills of 4,096 tokens
-    c.rollout.slots = 192                            # at once); 192 slots: 80.5 GB (check.py)
+  # The static sampler prefills all 256 prompts of 4,096 tokens at once: 213 GB per chip for
+  # Llama-3.1-8B on v5p-16 (compiled), over 137 GB of attention scores alone for Qwen3-4B on
+  # v5p-8. The continuous engine prefills M = slots / 8 at a time (launch/check.py, compiled):
+  c.rollout.engine = "continuous"                    # slot pool instead of one static batch
+  c.rollout.slots = {"llama3_1_8b_instruct": 192,    # 80.5 GB per chip at its peak (step)
+                     "qwen3_4b": 96}[model]          # 72.3 GB per chip at its peak (shrink)
   # Rewards: one ArmoRM-Llama3-8B-v0.1 scorer shared by the three channels
   c.rewards.channels = CHANNELS                      # helpfulness, correctness, coherence
   rm = dict(rescale="helpsteer",                     # rating / 4 in [0, 1] (App. B.2; project map)

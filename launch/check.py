@@ -270,7 +270,8 @@ def main(argv=None) -> int:
         f"mesh     {dict(mesh.shape)} on {a.devices} fake devices\n"
         f"batch    rows={rows} (G={group}), T={prompt_cols}+{resp_cols}, micro_batches={micro}, "
         f"reference pass in {ref_chunks} chunk(s)\n"
-        f"sampler  {c.rollout.engine} engine, compute {c.rollout.get('dtype', '') or dtype.name}, KV cache "
+        f"sampler  {c.rollout.engine} engine, compute "
+        f"{c.rollout.get('dtype', '') or dtype.name}, KV cache "
         f"{c.rollout.get('cache_dtype', '') or c.rollout.get('dtype', '') or dtype.name}\n"
         f"budget   {_gb(hbm)} per device ({a.chip})")
   if cfg.is_moe and cfg.moe_impl == "ragged":
@@ -470,7 +471,8 @@ def main(argv=None) -> int:
     ok &= fits
     print(f"  {name:14s} args {_gb(m.argument_size_in_bytes)}"
           + (f" (+ {_gb(unread)} not read)" if unread else "")
-          + f"  out {_gb(m.output_size_in_bytes)}  alias {_gb(m.alias_size_in_bytes)}  temp {_gb(m.temp_size_in_bytes)}"
+          + f"  out {_gb(m.output_size_in_bytes)}  alias {_gb(m.alias_size_in_bytes)}"
+          f"  temp {_gb(m.temp_size_in_bytes)}"
           f"  => peak {_gb(peak)} + resident {_gb(resident[name])}"
           + (f" + workspace {workspace / 1e3:.1f} KB" if stand_in else "")
           + f" = {_gb(total)} {'fits' if fits else 'DOES NOT FIT'}"

@@ -30,7 +30,8 @@ from mr_rl.config_lib.paper import (LORA_RANKS, MODELS, TAG_METHODS, PaperModel,
                                     set_lora, set_model, tag_method, tag_probes)
 
 __all__ = [
-    "CHIPS", "LORA_RANKS", "MODELS", "PaperModel", "RUNLOCAL", "TAG_METHODS", "amrp_method", "blocker",
+    "CHIPS", "LORA_RANKS", "MODELS", "PaperModel", "RUNLOCAL", "TAG_METHODS", "amrp_method",
+    "blocker",
     "epochs_to_steps", "estimate_config", "estimate_device_hours", "grid", "load_config_module",
     "load_sibling", "model_sizes", "paper_base", "parse_arg", "restrict", "runlocal",
     "set_aggregator", "set_amrp", "set_lora", "set_model", "tag_method", "tag_probes",

@@ -6,7 +6,10 @@ r"""AMRP Table 2: citation-grounded long-form QA on ALCE ASQA and ELI5 (paper 00
     python -m mr_rl.config_lib list configs/amrp_alce.py       # all 20 runs of the table
 
 Arguments: model = qwen3_4b (Qwen3-4B-Instruct-2507) | llama3_1_8b (Llama-3.1-8B-Instruct);
-dataset = asqa | eli5; method = base | static | drbo_inverse | drbo_delta | amrp; runlocal.
+dataset = asqa | eli5; method = base | static | drbo_inverse | drbo_delta | amrp;
+lora = 0 (full fine-tuning, the paper's) | 8 | 16 | 32 | 64 (LoRA of that rank on every
+attention and MLP kernel, alpha = 2 x rank, lr x 10: not a paper setting; the sweep keeps
+lora=0); runlocal.
 Rewards [alce_correctness (STR-EM / claims-NLI), alce_citation (AutoAIS F1)] with the default
 NLI verifier (runlocal: the lexical verifier); 3 passages + 1 demonstration per prompt;
 three epochs over the 80% train split (72 / 75 steps); completions up to 400 / 500 tokens;
@@ -19,8 +22,9 @@ whole table 75 (NLI verifier time on the reward host not included; configs/READM
 from mr_rl import config_lib as cl
 
 CHOICES = {"model": ("qwen3_4b", "llama3_1_8b"), "dataset": ("asqa", "eli5"),
-           "method": ("base", "static", "drbo_inverse", "drbo_delta", "amrp")}
-DEFAULTS = {"model": "qwen3_4b", "dataset": "asqa", "method": "amrp"}
+           "method": ("base", "static", "drbo_inverse", "drbo_delta", "amrp"),
+           "lora": cl.LORA_RANKS}
+DEFAULTS = {"model": "qwen3_4b", "dataset": "asqa", "method": "amrp", "lora": "0"}
 MODEL_KEYS = {"qwen3_4b": "qwen3_4b", "llama3_1_8b": "llama3_1_8b_instruct"}  # AMRP: instruct
 
 TRAIN_PROMPTS = {"asqa": 758, "eli5": 800}           # 80/20 split of ALCE (App. B.1)
@@ -54,8 +58,10 @@ def get_config(arg=None):
   model = MODEL_KEYS[a["model"]]
   c = base_config(model, a["dataset"])
   cl.amrp_method(c, a["method"])                     # aggregator; base: 0 steps (eval only)
+  cl.set_lora(c, int(a["lora"]))                     # LoRA RL (lora > 0): adapters only
   return cl.runlocal(c, model) if a["runlocal"] else c
 
 
 def sweep(arg=None):
-  return cl.restrict(cl.grid(**CHOICES), arg, CHOICES, "configs/amrp_alce.py")
+  swept = {k: v for k, v in CHOICES.items() if k != "lora"}  # the sweep keeps lora=0
+  return cl.restrict(cl.grid(**swept), arg, CHOICES, "configs/amrp_alce.py")

@@ -6,7 +6,10 @@ r"""AMRP Table 3: open-ended alignment, HelpSteer2 prompts scored by ArmoRM head
     python -m mr_rl.config_lib list configs/amrp_align.py      # all 10 runs of the table
 
 Arguments: model = qwen3_4b (Qwen3-4B-Instruct-2507) | llama3_1_8b (Llama-3.1-8B-Instruct);
-method = base | static | drbo_inverse | drbo_delta | amrp; runlocal.
+method = base | static | drbo_inverse | drbo_delta | amrp;
+lora = 0 (full fine-tuning, the paper's) | 8 | 16 | 32 | 64 (LoRA of that rank on every
+attention and MLP kernel, alpha = 2 x rank, lr x 10: not a paper setting; the sweep keeps
+lora=0); runlocal.
 Rewards: ArmoRM-Llama3-8B-v0.1 helpfulness, correctness, coherence (channels
 armorm_helpfulness, armorm_correctness, armorm_coherence: one shared bf16 scorer on the
 policy's mesh, scores mapped to [0, 1] as rating / 4; runlocal: a tiny 3-objective Llama).
@@ -14,8 +17,10 @@ Three epochs over ~10.2K unique prompts (953 steps), completions up to 512 token
 evaluation on the first 256 HelpSteer2 validation prompts (the paper's AlpacaEval / ArenaHard /
 MT-Bench prompts: configs/README.md).
 TPU slice: v5p-8 (Qwen3-4B), v5p-16 (Llama-3.1-8B); the 8B scorer adds 16 GB (bf16) to the mesh.
-launch/check.py: the Llama-3.1-8B sampler needs 213 GB per chip on v5p-16 and does NOT fit (the
-prefill of 256 x 4,096-token prompts; bf16 compute and cache: 184 GB); see BUILD_NOTES "Pod check".
+launch/check.py: the static sampler does NOT fit (the prefill of 256 x 4,096-token prompts at
+once: 213 GB per chip for Llama-3.1-8B on v5p-16), so both models sample with the continuous
+engine: Llama-3.1-8B 192 slots (80.5 GB per chip), Qwen3-4B 96 slots (72.3 GB); see BUILD_NOTES
+"Pod check" and "Continuous engine".
 Estimate: 97 v5p chip-hours for the default point (model=qwen3_4b,method=amrp), policy only;
 whole table 966 (configs/README.md).
 """
@@ -25,8 +30,9 @@ import ml_collections
 from mr_rl import config_lib as cl
 
 CHOICES = {"model": ("qwen3_4b", "llama3_1_8b"),
-           "method": ("base", "static", "drbo_inverse", "drbo_delta", "amrp")}
-DEFAULTS = {"model": "qwen3_4b", "method": "amrp"}
+           "method": ("base", "static", "drbo_inverse", "drbo_delta", "amrp"),
+           "lora": cl.LORA_RANKS}
+DEFAULTS = {"model": "qwen3_4b", "method": "amrp", "lora": "0"}
 MODEL_KEYS = {"qwen3_4b": "qwen3_4b", "llama3_1_8b": "llama3_1_8b_instruct"}
 
 TRAIN_PROMPTS = 10_162  # ~20,324 train rows with about two responses per prompt (assumed)
@@ -43,6 +49,12 @@ def base_config(model: str):
   c.data.template = "helpsteer2"                     # no extra instruction
   c.data.max_prompt_len = 4096                       # some prompts hold long documents
   c.rollout.max_new_tokens = 512                     # max completion length 512
+  # The static sampler prefills all 256 prompts of 4,096 tokens at once: 213 GB per chip for
+  # Llama-3.1-8B on v5p-16 (compiled), over 137 GB of attention scores alone for Qwen3-4B on
+  # v5p-8. The continuous engine prefills M = slots / 8 at a time (launch/check.py, compiled):
+  c.rollout.engine = "continuous"                    # slot pool instead of one static batch
+  c.rollout.slots = {"llama3_1_8b_instruct": 192,    # 80.5 GB per chip at its peak (step)
+                     "qwen3_4b": 96}[model]          # 72.3 GB per chip at its peak (shrink)
   # Rewards: one ArmoRM-Llama3-8B-v0.1 scorer shared by the three channels
   c.rewards.channels = CHANNELS                      # helpfulness, correctness, coherence
   rm = dict(rescale="helpsteer",                     # rating / 4 in [0, 1] (App. B.2; project map)
@@ -63,8 +75,10 @@ def get_config(arg=None):
   model = MODEL_KEYS[a["model"]]
   c = base_config(model)
   cl.amrp_method(c, a["method"])                     # aggregator; base: 0 steps (eval only)
+  cl.set_lora(c, int(a["lora"]))                     # LoRA RL (lora > 0): adapters only
   return cl.runlocal(c, model) if a["runlocal"] else c
 
 
 def sweep(arg=None):
-  return cl.restrict(cl.grid(**CHOICES), arg, CHOICES, "configs/amrp_align.py")
+  swept = {k: v for k, v in CHOICES.items() if k != "lora"}  # the sweep keeps lora=0
+  return cl.restrict(cl.grid(**swept), arg, CHOICES, "configs/amrp_align.py")

@@ -7,7 +7,9 @@ r"""AMRP Table 1: math reasoning, NuminaMath-1.5 10K -> MATH-500 / AMC / AIME 20
 
 Arguments: model = qwen3_4b (Qwen3-4B-Instruct-2507) | deepseek_math_7b (DeepSeek-Math-7B-Base);
 method = base (untrained) | static (equal weights) | drbo_inverse | drbo_delta | amrp;
-runlocal (tiny CPU version, one step).
+lora = 0 (full fine-tuning, the paper's) | 8 | 16 | 32 | 64 (LoRA of that rank on every
+attention and MLP kernel, alpha = 2 x rank, lr x 10: not a paper setting; the sweep keeps
+lora=0); runlocal (tiny CPU version, one step).
 Rewards [accuracy, format, length]; GRPO G = 8, 32 prompts/step, lr 1e-6, clip 0.2/0.28,
 one epoch (313 steps), completions up to 3,000 tokens.
 TPU slice: v5p-8 (Qwen3-4B), v5p-32 (DeepSeek-Math-7B, MHA KV cache).
@@ -23,8 +25,9 @@ amrp_ablation, amrp_sensitivity, amrp_dynamics).
 from mr_rl import config_lib as cl
 
 CHOICES = {"model": ("qwen3_4b", "deepseek_math_7b"),
-           "method": ("base", "static", "drbo_inverse", "drbo_delta", "amrp")}
-DEFAULTS = {"model": "qwen3_4b", "method": "amrp"}
+           "method": ("base", "static", "drbo_inverse", "drbo_delta", "amrp"),
+           "lora": cl.LORA_RANKS}
+DEFAULTS = {"model": "qwen3_4b", "method": "amrp", "lora": "0"}
 
 # Table 1's benchmarks (mr_rl.data names): MATH-500 (500), AMC (83 x 32 replicas) and AIME 2024
 # (30 x 32), each evaluated whole with one greedy response per record (App. B.1). runlocal
@@ -59,8 +62,10 @@ def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/amrp_math.py")
   c = base_config(a["model"])
   cl.amrp_method(c, a["method"])                     # aggregator; base: 0 steps (eval only)
+  cl.set_lora(c, int(a["lora"]))                     # LoRA RL (lora > 0): adapters only
   return cl.runlocal(c, a["model"]) if a["runlocal"] else c
 
 
 def sweep(arg=None):
-  return cl.restrict(cl.grid(**CHOICES), arg, CHOICES, "configs/amrp_math.py")
+  swept = {k: v for k, v in CHOICES.items() if k != "lora"}  # the sweep keeps lora=0
+  return cl.restrict(cl.grid(**swept), arg, CHOICES, "configs/amrp_math.py")

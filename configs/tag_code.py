@@ -6,7 +6,10 @@ r"""TAG Table 2: code synthesis on DeepCoder with a fast (< 60 ms) or no-op (< 3
     python -m mr_rl.config_lib list configs/tag_code.py        # all 20 runs
 
 Arguments: model = qwen3_1_7b | qwen3_4b (Instruct-2507); task = fast | noop; method = rp_only |
-additive | dr_grpo | mo_grpo | tag; runlocal.
+additive | dr_grpo | mo_grpo | tag;
+lora = 0 (full fine-tuning, the paper's) | 8 | 16 | 32 | 64 (LoRA of that rank on every
+attention and MLP kernel, alpha = 2 x rank, lr x 10: not a paper setting; the sweep keeps
+lora=0); runlocal.
 Rewards (mr_rl/rewards/code_channels.py): code_correct (every test passes in the sandbox,
 10 s per test), code_fast (runtime < 60 ms) / code_noop (< 3 ms), one shared sandbox run per
 response. Eval: n = 8 samples per test problem (unbiased pass@4). The DeepCoder-RT filter
@@ -20,8 +23,9 @@ probes included; sandbox time not included); whole table 2558.
 from mr_rl import config_lib as cl
 
 CHOICES = {"model": ("qwen3_1_7b", "qwen3_4b"), "task": ("fast", "noop"),
-           "method": ("rp_only", "additive", "dr_grpo", "mo_grpo", "tag")}
-DEFAULTS = {"model": "qwen3_4b", "task": "noop", "method": "tag"}
+           "method": ("rp_only", "additive", "dr_grpo", "mo_grpo", "tag"),
+           "lora": cl.LORA_RANKS}
+DEFAULTS = {"model": "qwen3_4b", "task": "noop", "method": "tag", "lora": "0"}
 
 AUX = {"fast": "code_fast", "noop": "code_noop"}     # the auxiliary channel of each task
 THRESHOLD_MS = {"fast": 60.0, "noop": 3.0}           # RA = 1 below this runtime
@@ -52,8 +56,10 @@ def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/tag_code.py")
   c = base_config(a["model"], a["task"])
   cl.tag_method(c, a["method"], 2)
+  cl.set_lora(c, int(a["lora"]))                     # LoRA RL (lora > 0): adapters only
   return cl.runlocal(c, a["model"]) if a["runlocal"] else c
 
 
 def sweep(arg=None):
-  return cl.restrict(cl.grid(**CHOICES), arg, CHOICES, "configs/tag_code.py")
+  swept = {k: v for k, v in CHOICES.items() if k != "lora"}  # the sweep keeps lora=0
+  return cl.restrict(cl.grid(**swept), arg, CHOICES, "configs/tag_code.py")

@@ -32,7 +32,7 @@ from mr_rl import config_lib as cl
 
 CHOICES = {"model": ("qwen3_1_7b", "qwen3_4b", "llama3_2_3b", "llama3_1_8b"),
            "task": ("brief", "negative"), "method": cl.TAG_METHODS,
-           "subset": ("auto", "hard", "llama_calibrated"), "lora": ("0", "8", "16", "32", "64")}
+           "subset": ("auto", "hard", "llama_calibrated"), "lora": cl.LORA_RANKS}
 DEFAULTS = {"model": "qwen3_1_7b", "task": "negative", "method": "tag", "subset": "auto",
             "lora": "0"}
 
@@ -72,10 +72,7 @@ def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/tag_math.py")
   c = base_config(a["model"], a["task"], a["subset"])
   cl.tag_method(c, a["method"], 2)
-  if int(a["lora"]):  # LoRA RL (mr_rl.models.lora): adapters only, pi_0 = the base itself
-    c.model.lora.rank = int(a["lora"])               # R
-    c.model.lora.alpha = 2.0 * int(a["lora"])        # scale alpha / R = 2
-    c.optim.lr = 10 * c.optim.lr                     # LoRA's usual ~10x the full-FT lr
+  cl.set_lora(c, int(a["lora"]))                     # LoRA RL (lora > 0): adapters only
   return cl.runlocal(c, a["model"]) if a["runlocal"] else c
 
 

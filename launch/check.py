@@ -16,13 +16,25 @@ lowered with the shardings of `mr_rl.models.sharding` (`train_state_shardings`,
   * `ref_logprob`: one chunk of the reference log-prob pass (the trainer runs it in
     `optim.num_micro_batches` row chunks, `mr_rl.rl.update.chunked_forward`; `--ref_chunks M`
     compiles a chunk of rows / M rows instead, 1 = the whole rollout batch in one call);
-  * `sampler`: the KV-cache rollout of B*G rows (`mr_rl.sampling.Sampler` on the mesh).
+  * `sampler`: the static KV-cache rollout of B*G rows (`mr_rl.sampling.Sampler` on the mesh);
+  * `engine_prefill`, `engine_step`, `engine_shrink` (`--programs=engine` for the three; the
+    default instead of `sampler` when `rollout.engine = "continuous"`): the continuous engine's
+    slot programs at S slots (`--slots`: the config's `rollout.slots`, one per row if 0, or
+    `budget`: the count `mr_rl.sampling.memory` says fits), see launch/check_engine.py. The
+    analytic slot budget (bytes per slot, slots that fit) is printed for every config.
+
+LoRA (`config.model.lora.rank > 0`): the train state is the adapters and their Adam moments; the
+policy step takes the frozen base params as a further argument (not donated); the reference
+pass is the base itself (no copy); the sampler samples the merged weights (`lora.merge`, a full
+copy) while the base and the adapter state stay resident. Residents follow (below).
 
 For each it prints XLA's per-device memory (`compiled.memory_analysis()`: arguments, outputs,
 temporaries, aliasing; peak = args + out - alias + temp), then what stays resident on the device
 next to that program while the trainer runs it (`resident`: pi_0, the base parameters, during the
 policy step; the train state, i.e. parameters and Adam moments, during the reference pass; the
-Adam moments and pi_0 during the sampler, whose arguments are the policy parameters), and
+Adam moments and pi_0 during the sampler, whose arguments are the policy parameters; with LoRA:
+nothing during the step, the adapter state during the reference pass, the base and the adapter
+state during the sampler), and
 judges total = peak + resident (+ the MoE kernel workspace below) against the chip's HBM. It
 lists the largest arrays of the train state with their sharding and per-device size. `--remat`
 rematerialises each decoder block (ModelConfig.remat) to show what activation memory that saves.
@@ -49,6 +61,9 @@ policy step's micro-batch with the stand-in and with `ragged_dot` and prints bot
 analytic count of the block's arrays (`moe_block_bytes`); tests/launch/test_check.py checks the
 stand-in stays within that count and the ragged lowering does not. `--moe_matmul=ragged_dot`
 compiles the ragged dot as XLA:CPU lowers it (the old, meaningless numbers).
+
+`--programs=none` compiles nothing: the train state, the residents and the slot budget only
+(seconds, an analytic lower bound to narrow down sizes before compiling).
 """
 
 from __future__ import annotations
@@ -88,8 +103,13 @@ def _args(argv):
                  help="set a config field before the check (repeatable), e.g. "
                       "--set rollout.cache_dtype=bfloat16 --set optim.num_micro_batches=128")
   p.add_argument("--programs", default="",
-                 help="comma-separated, from policy_step, ref_logprob, sampler, moe_block "
-                      "(default: the first three, and moe_block for an MoE model)")
+                 help="comma-separated, from policy_step, ref_logprob, sampler, engine (= "
+                      "engine_prefill, engine_step, engine_shrink), moe_block, or none "
+                      "(default: policy_step, ref_logprob, then sampler or with "
+                      "rollout.engine=continuous the engine's, and moe_block for an MoE model)")
+  p.add_argument("--slots", default="",
+                 help="continuous engine's slot count S: an int, 'budget' (the slots "
+                      "mr_rl.sampling.memory says fit) or '' (rollout.slots; 0 = one per row)")
   p.add_argument("--moe_matmul", default="stand_in", choices=("stand_in", "ragged_dot"),
                  help="MoE models: compile the grouped matmuls as the memory stand-in (default; "
                       "see above) or as XLA:CPU's lowering of jax.lax.ragged_dot")
@@ -227,19 +247,31 @@ def main(argv=None) -> int:
                           loss_agg=c.loss.loss_agg, norm_len=norm_len,
                           kl_coef=float(c.loss.kl_coef), kl_estimator=c.loss.kl_estimator,
                           entropy_coef=float(c.loss.entropy_coef))
+  lora_cfg = None
+  if int(c.model.lora.rank):  # as mr_rl.settings reads config.model.lora
+    from mr_rl.models import lora as lora_lib
+    lora_cfg = lora_lib.LoraConfig(
+        rank=int(c.model.lora.rank), alpha=float(c.model.lora.alpha),
+        targets=tuple(t.strip() for t in c.model.lora.targets.split(",") if t.strip()))
+    lora_lib.target_paths(cfg, lora_cfg)  # a pattern that matches no kernel fails here
   ucfg = update_lib.UpdateConfig(loss=loss, num_micro_batches=micro, lr=float(c.optim.lr),
-                                 weight_decay=float(c.optim.weight_decay))
+                                 weight_decay=float(c.optim.weight_decay), lora=lora_cfg)
   ref_chunks = a.ref_chunks or micro
   if rows % ref_chunks:
     raise ValueError(f"--ref_chunks={ref_chunks} must divide rows {rows}")
   sets = "".join(f" --set {x}" for x in a.set)
+  training = "full fine-tuning" if lora_cfg is None else (
+      f"LoRA rank {lora_cfg.rank}, alpha {lora_cfg.alpha:g}, on "
+      f"{len(lora_lib.target_paths(cfg, lora_cfg))} kernels (frozen base)")
   print(f"config   {a.config}{sets}\n"
         f"model    {preset} ({config_lib.model_sizes(cfg)['total'] / 1e9:.2f}B params, "
         f"{dtype.name}{', remat' if a.remat else ''})\n"
+        f"training {training}\n"
         f"mesh     {dict(mesh.shape)} on {a.devices} fake devices\n"
         f"batch    rows={rows} (G={group}), T={prompt_cols}+{resp_cols}, micro_batches={micro}, "
         f"reference pass in {ref_chunks} chunk(s)\n"
-        f"sampler  compute {c.rollout.get('dtype', '') or dtype.name}, KV cache "
+        f"sampler  {c.rollout.engine} engine, compute "
+        f"{c.rollout.get('dtype', '') or dtype.name}, KV cache "
         f"{c.rollout.get('cache_dtype', '') or c.rollout.get('dtype', '') or dtype.name}\n"
         f"budget   {_gb(hbm)} per device ({a.chip})")
   if cfg.is_moe and cfg.moe_impl == "ragged":
@@ -252,8 +284,13 @@ def main(argv=None) -> int:
   p_sh = shd.param_shardings(model, mesh, rules)
   params_abs = models.abstract_params(model)
   tx = update_lib.make_optimizer(ucfg)
-  state_abs = jax.eval_shape(lambda p: update_lib.init_train_state(p, tx), params_abs)
-  st_sh = shd.train_state_shardings(state_abs, tx, p_sh, mesh)
+  if lora_cfg is None:  # the state trains the params themselves
+    train_abs, train_sh = params_abs, p_sh
+  else:  # the state trains the adapters; the base is a frozen argument
+    train_abs = lora_lib.abstract_adapters(cfg, lora_cfg)
+    train_sh = shd.adapter_shardings(cfg, lora_cfg, mesh, rules)
+  state_abs = jax.eval_shape(lambda p: update_lib.init_train_state(p, tx), train_abs)
+  st_sh = shd.train_state_shardings(state_abs, tx, train_sh, mesh)
   with_sh = lambda tree, sh: jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh)
   state_in = with_sh(state_abs, st_sh)
@@ -280,19 +317,34 @@ def main(argv=None) -> int:
     print(f"  {name:60s} {str(shape):22s} {str(spec):40s} {_gb(per_dev)}/device")
   # What the trainer keeps on the device next to each program (mr_rl/train.py: the train state
   # and pi_0, `base_params`, live for the whole run; the program's own arguments are in its peak).
-  params_dev = sum(l[1] for l in leaves if l[2].startswith(".params"))
+  params_dev = sum(math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize
+                   for x, s in zip(jax.tree.leaves(params_abs), jax.tree.leaves(p_sh)))
   state_dev = sum(l[1] for l in leaves)
-  resident = {"policy_step": params_dev,   # pi_0 (the state is the step's argument)
-              "ref_logprob": state_dev,    # the train state (pi_0 is the argument)
-              "sampler": state_dev,        # Adam moments + pi_0 (the policy params: argument)
-              "moe_block": 0}
+  if lora_cfg is None:
+    resident = {"policy_step": params_dev,   # pi_0 (the state is the step's argument)
+                "ref_logprob": state_dev,    # the train state (pi_0 is the argument)
+                "sampler": state_dev}        # Adam moments + pi_0 (the policy params: argument)
+  else:
+    print(f"frozen base (pi_0, not donated, no reference copy): {_gb(params_dev)} per device")
+    resident = {"policy_step": 0,                      # the base is the step's argument
+                "ref_logprob": state_dev,              # adapters + moments (base: argument)
+                "sampler": params_dev + state_dev}     # base + adapter state (merged: argument)
+  resident["moe_block"] = 0
+  # The programs' large arguments per device. XLA leaves arguments a program does not read
+  # out of its argument size (e.g. the LM head in the engine's prefill), but they stay on the
+  # device: the peak counts at least these.
+  declared = {"policy_step": state_dev + (0 if lora_cfg is None else params_dev),
+              "ref_logprob": params_dev, "sampler": params_dev, "moe_block": 0}
 
   def lower_step():
-    step = update_lib.make_policy_step(update_lib.model_logits_fn(model), ucfg, tx, mesh=mesh,
-                                       rules=rules, state_sharding=st_sh, batch_example=batch_abs)
+    step = update_lib.make_policy_step(
+        update_lib.model_logits_fn(model), ucfg, tx, mesh=mesh, rules=rules,
+        state_sharding=st_sh, batch_example=batch_abs,
+        base_sharding=None if lora_cfg is None else p_sh)
     b_sh = shd.batch_shardings(batch_abs, mesh)
+    base = () if lora_cfg is None else (params_in,)  # LoRA: the frozen base, not donated
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      return step.jitted.lower(state_in, with_sh(batch_abs, b_sh), key_in)
+      return step.jitted.lower(state_in, with_sh(batch_abs, b_sh), key_in, *base)
 
   def lower_ref():
     fn = update_lib.make_logprob_fn(update_lib.model_logits_fn(model))
@@ -338,12 +390,49 @@ def main(argv=None) -> int:
     for impl, t in temps.items():
       print(f"      XLA temp with {impl:10s} {_gb(t)}  = {t / total:6.2f} x analytic")
 
+  # The continuous engine: the analytic slot budget, then S (compiled lazily, below).
+  import check_engine  # launch/check_engine.py, next to this script
+  from mr_rl.sampling import memory
+  from mr_rl.sampling.sampler import prompt_bucket
+  budget = memory.slot_budget(sample_model.config, hbm_bytes=hbm,
+                              prompt_len=prompt_bucket(prompt_cols, None),
+                              max_new_tokens=resp_cols, group_size=group,
+                              mesh_shape=dict(mesh.shape), cache_dtype=cache_dtype,
+                              reserved_bytes=resident["sampler"])
+  print("\n" + "\n".join(check_engine.budget_lines(budget, _gb)))
+  if a.slots == "budget":
+    if not budget.slots:
+      raise ValueError("--slots=budget: no slot fits next to the params and the resident state")
+    slots = budget.slots
+  else:
+    slots = int(a.slots or c.rollout.slots or rows)  # what rollout.generate_continuous uses
+  engine_names = ("engine_prefill", "engine_step", "engine_shrink")
+  engine_progs = {}
+
+  def engine_program(name):
+    if not engine_progs:
+      progs, info = check_engine.lowerings(
+          sample_model, slots=slots, group=group, prompt_cols=prompt_cols, resp_cols=resp_cols,
+          cache_dtype=cache_dtype, mesh=mesh, rules=rules, params_in=params_in, key_in=key_in,
+          param_bytes=params_dev)
+      engine_progs.update(progs)
+      print(f"  engine       S={slots} slots (pool sizes {info['pool_sizes']}), M="
+            f"{info['prefill_prompts']} prompts per prefill, prompt bucket {info['bucket']}; "
+            f"per device: slot state {_gb(info['state_bytes'])}, prompt store "
+            f"{_gb(info['store_bytes'])}")
+    return engine_progs.get(name)
+
   lowerings = {"policy_step": lower_step, "ref_logprob": lower_ref, "sampler": lower_sampler}
+  samplers = ["sampler"] if c.rollout.engine == "static" else list(engine_names)
   wanted = [p.strip() for p in a.programs.split(",") if p.strip()] or (
-      list(lowerings) + (["moe_block"] if cfg.is_moe and cfg.moe_impl == "ragged" else []))
-  unknown = sorted(set(wanted) - set(lowerings) - {"moe_block"})
+      ["policy_step", "ref_logprob"] + samplers
+      + (["moe_block"] if cfg.is_moe and cfg.moe_impl == "ragged" else []))
+  wanted = [n for p in wanted for n in (engine_names if p == "engine" else (p,))]
+  wanted = [] if wanted == ["none"] else wanted
+  valid = sorted(lowerings) + list(engine_names) + ["engine", "moe_block", "none"]
+  unknown = sorted(set(wanted) - set(valid))
   if unknown:
-    raise ValueError(f"--programs: unknown {unknown}; valid: {sorted(lowerings) + ['moe_block']}")
+    raise ValueError(f"--programs: unknown {unknown}; valid: {valid} ('none' alone)")
   if "moe_block" in wanted and not (cfg.is_moe and cfg.moe_impl == "ragged"):
     raise ValueError("--programs=moe_block needs an MoE model with moe_impl='ragged'")
   # Analytic TPU kernel workspace (group metadata of the largest call) added to each total.
@@ -363,15 +452,27 @@ def main(argv=None) -> int:
     t0 = time.time()
     from mr_rl.models import moe
     with moe.grouped_matmul_stand_in() if stand_in else contextlib.nullcontext():
-      compiled = lowerings[name]().compile()
+      if name in engine_names:
+        program = engine_program(name)
+        if program is None:
+          print(f"  {name:14s} not run: a pool of {slots} slots does not shrink")
+          continue
+        lower, resident[name], declared[name] = program
+        resident[name] += resident["sampler"]
+      else:
+        lower = lowerings[name]
+      compiled = lower().compile()
     m = compiled.memory_analysis()
-    peak = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+    unread = max(0, declared[name] - m.argument_size_in_bytes)  # arguments XLA dropped
+    peak = (m.argument_size_in_bytes + unread + m.output_size_in_bytes - m.alias_size_in_bytes
             + m.temp_size_in_bytes)
     total = peak + resident[name] + workspace
     fits = total <= hbm
     ok &= fits
-    print(f"  {name:12s} args {_gb(m.argument_size_in_bytes)}  out {_gb(m.output_size_in_bytes)}"
-          f"  alias {_gb(m.alias_size_in_bytes)}  temp {_gb(m.temp_size_in_bytes)}"
+    print(f"  {name:14s} args {_gb(m.argument_size_in_bytes)}"
+          + (f" (+ {_gb(unread)} not read)" if unread else "")
+          + f"  out {_gb(m.output_size_in_bytes)}  alias {_gb(m.alias_size_in_bytes)}"
+          f"  temp {_gb(m.temp_size_in_bytes)}"
           f"  => peak {_gb(peak)} + resident {_gb(resident[name])}"
           + (f" + workspace {workspace / 1e3:.1f} KB" if stand_in else "")
           + f" = {_gb(total)} {'fits' if fits else 'DOES NOT FIT'}"

@@ -25,13 +25,14 @@ from mr_rl.config_lib.args import (grid, load_config_module, load_sibling, parse
 from mr_rl.config_lib.estimates import (CHIPS, estimate_config, estimate_device_hours,
                                         model_sizes)
 from mr_rl.config_lib.local import RUNLOCAL, blocker, runlocal
-from mr_rl.config_lib.paper import (MODELS, TAG_METHODS, PaperModel, amrp_method,
+from mr_rl.config_lib.paper import (LORA_RANKS, MODELS, TAG_METHODS, PaperModel, amrp_method,
                                     epochs_to_steps, paper_base, set_aggregator, set_amrp,
-                                    set_model, tag_method, tag_probes)
+                                    set_lora, set_model, tag_method, tag_probes)
 
 __all__ = [
-    "CHIPS", "MODELS", "PaperModel", "RUNLOCAL", "TAG_METHODS", "amrp_method", "blocker",
+    "CHIPS", "LORA_RANKS", "MODELS", "PaperModel", "RUNLOCAL", "TAG_METHODS", "amrp_method",
+    "blocker",
     "epochs_to_steps", "estimate_config", "estimate_device_hours", "grid", "load_config_module",
     "load_sibling", "model_sizes", "paper_base", "parse_arg", "restrict", "runlocal",
-    "set_aggregator", "set_amrp", "set_model", "tag_method", "tag_probes",
+    "set_aggregator", "set_amrp", "set_lora", "set_model", "tag_method", "tag_probes",
 ]

@@ -19,6 +19,7 @@ CHIPS = {
     "v5p": Chip(459e12, 2.765e12, 95e9), "v4": Chip(275e12, 1.2e12, 32e9),
     "v5e": Chip(197e12, 0.819e12, 16e9), "v6e": Chip(918e12, 1.64e12, 32e9),
     "a100": Chip(312e12, 2.0e12, 80e9), "h100": Chip(989e12, 3.35e12, 80e9),
+    "h200": Chip(989e12, 4.8e12, 141e9),
 }
 MFU = 0.4            # model-FLOP utilisation of the policy step and the reference pass
 DECODE_BW_EFF = 0.7  # share of HBM bandwidth the decode loop reaches

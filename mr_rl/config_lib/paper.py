@@ -194,3 +194,16 @@ def tag_probes(c) -> None:
   c.anchor.held_out_prompts = 256                    # drift measured on 256 held-out prompts
   c.anchor.samples_per_prompt = 1                    # one probe response per held-out prompt
   c.anchor.lam = 1.0                                 # TAG gate lambda (project default)
+
+
+LORA_RANKS = ("0", "8", "16", "32", "64")  # the `lora=` argument of the paper configs
+
+
+def set_lora(c, rank: int) -> None:
+  """LoRA RL (mr_rl.models.lora) of rank `rank` on every attention and MLP kernel, or nothing
+  for rank 0 (full fine-tuning, the papers' setting). Not a paper setting: adapters only, the
+  frozen base is pi_0 (no reference copy), alpha = 2 x rank, the lr 10x the full-FT lr."""
+  if rank:
+    c.model.lora.rank = rank                         # R
+    c.model.lora.alpha = 2.0 * rank                  # scale alpha / R = 2
+    c.optim.lr = 10 * c.optim.lr                     # LoRA's usual ~10x the full-FT lr

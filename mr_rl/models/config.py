@@ -170,6 +170,12 @@ def _llama3(factor, orig=8192):
 
 
 PRESETS: dict[str, ModelConfig] = {
+    # Qwen/Qwen3-0.6B (0.60B, tied; 0.44B without embeddings). With 8B, 14B and 32B below: the
+    # Qwen3 dense sizes launch/check.py compares for LoRA against full fine-tuning.
+    "qwen3_0_6b": ModelConfig(
+        family="qwen3", vocab_size=151936, d_model=1024, n_layers=28, n_heads=16, n_kv_heads=8,
+        head_dim=128, d_ff=3072, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True,
+        tie_embeddings=True, max_seq_len=40960),
     # Qwen/Qwen3-1.7B: tied; the model card gives 1.7B total, 1.4B without embeddings.
     "qwen3_1_7b": ModelConfig(
         family="qwen3", vocab_size=151936, d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8,
@@ -180,6 +186,21 @@ PRESETS: dict[str, ModelConfig] = {
         family="qwen3", vocab_size=151936, d_model=2560, n_layers=36, n_heads=32, n_kv_heads=8,
         head_dim=128, d_ff=9728, rope_theta=5_000_000.0, norm_eps=1e-6, qk_norm=True,
         tie_embeddings=True, max_seq_len=262144),
+    # Qwen/Qwen3-8B (8.19B, untied).
+    "qwen3_8b": ModelConfig(
+        family="qwen3", vocab_size=151936, d_model=4096, n_layers=36, n_heads=32, n_kv_heads=8,
+        head_dim=128, d_ff=12288, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True,
+        tie_embeddings=False, max_seq_len=40960),
+    # Qwen/Qwen3-14B (14.8B, untied).
+    "qwen3_14b": ModelConfig(
+        family="qwen3", vocab_size=151936, d_model=5120, n_layers=40, n_heads=40, n_kv_heads=8,
+        head_dim=128, d_ff=17408, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True,
+        tie_embeddings=False, max_seq_len=40960),
+    # Qwen/Qwen3-32B (32.8B, untied).
+    "qwen3_32b": ModelConfig(
+        family="qwen3", vocab_size=151936, d_model=5120, n_layers=64, n_heads=64, n_kv_heads=8,
+        head_dim=128, d_ff=25600, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True,
+        tie_embeddings=False, max_seq_len=40960),
     # Qwen/Qwen3-30B-A3B-Instruct-2507 (30.5B total, 3.3B active; 128 experts, top-8).
     "qwen3_30b_a3b": ModelConfig(
         family="qwen3_moe", vocab_size=151936, d_model=2048, n_layers=48, n_heads=32,

@@ -177,6 +177,22 @@ def test_tag_math_has_a_lora_variant():
     assert s.update.lora is not None and s.update.lora.rank == 16 and s.model.lora == s.update.lora
 
 
+@pytest.mark.parametrize("name", ["amrp_math", "amrp_align", "amrp_alce", "tag_code"])
+def test_paper_configs_have_a_lora_variant(name):
+  """`lora=R` (cl.set_lora, as tag_math): rank R, alpha 2R, lr x 10; the sweep keeps lora=0."""
+  m = _module(name)
+  full, lora = m.get_config(None), m.get_config("lora=32")
+  assert full.model.lora.rank == 0 and lora.model.lora.rank == 32
+  assert lora.model.lora.alpha == 64.0 and lora.optim.lr == 10 * full.optim.lr
+  lora.model.lora.rank, lora.model.lora.alpha = 0, full.model.lora.alpha  # else the same run
+  lora.optim.lr = full.optim.lr
+  assert lora.to_dict() == full.to_dict()
+  s, _ = _resolve(m.get_config("lora=8"))
+  if s is not None:
+    assert s.update.lora is not None and s.update.lora.rank == 8
+  assert not any("lora" in point for point in m.sweep())
+
+
 def test_paper_values():
   g = lambda name, arg=None: _module(name).get_config(arg)
   c = g("amrp_math", "model=deepseek_math_7b,method=amrp")

@@ -58,3 +58,44 @@ def test_stand_in_matches_the_analytic_count_and_ragged_dot_does_not():
   ragged_text = _run(["--moe_matmul=ragged_dot", "--programs=ref_logprob"])
   assert "XLA:CPU's lowering of jax.lax.ragged_dot" in ragged_text
   assert _ref_temp(text) < 0.5 * _ref_temp(ragged_text), (text, ragged_text)
+
+
+def _line(text, prog):
+  """(args, alias, peak, resident, total) in bytes of one program's line."""
+  num = r"\s+([\d.]+) (MB|GB)"
+  m = re.search(rf"{prog}\s+args{num}.*?alias{num}.*?=> peak{num} \+ resident{num} ={num} fits",
+                text)
+  assert m, (prog, text)
+  g = m.groups()
+  return [float(g[i]) * _MB[g[i + 1]] for i in range(0, 10, 2)]
+
+
+def test_lora_and_continuous_engine_programs():
+  """One run of a tiny LoRA config with the continuous engine on 8 fake devices: the train
+  state is the adapter state (donated by the step, which takes the frozen base too), the
+  residents follow LoRA's rule (nothing next to the step, the adapter state next to the
+  reference pass, base + adapter state next to the sampler), and the engine's three slot
+  programs compile at the config's slot count with the analytic slot budget printed."""
+  cmd = [sys.executable, os.path.join(REPO, "launch", "check.py"),
+         "--config=configs/tag_math.py:lora=8", "--preset=tiny_qwen3:d_model=256,d_ff=512",
+         "--devices=8",
+         "--mesh=data=2,fsdp=2,tensor=2,expert=1", "--rows=16", "--prompt_len=16",
+         "--new_tokens=16", "--micro_batches=2", "--set", "rollout.engine=continuous",
+         "--set", "rollout.slots=8"]
+  out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=FAST_COMPILE))
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  text = out.stdout
+  assert "training LoRA rank 8, alpha 16, on 14 kernels (frozen base)" in text, text
+  state = float(re.search(r"train state:.*?total,\s+([\d.]+) MB per device", text).group(1)) * 1e6
+  base = float(re.search(r"frozen base .*?:\s+([\d.]+) MB per device", text).group(1)) * 1e6
+  assert 0 < state < base / 2, (state, base)  # adapters + 2 moments: a fraction of the base
+  args, alias, _, resident, _ = _line(text, "policy_step")
+  assert resident == 0 and abs(alias - state) <= 0.01e6 and args >= state + base - 0.02e6, text
+  assert _line(text, "ref_logprob")[3] == state, text
+  # The engine: S = 8 slots over 4 data-parallel groups, pools (8, 4), each program fits.
+  assert "S=8 slots (pool sizes (8, 4))" in text, text
+  assert re.search(r"slot budget \(mr_rl.sampling.memory, .*\): \d+ slots fit", text), text
+  for prog in ("engine_prefill", "engine_step", "engine_shrink"):
+    assert _line(text, prog)[3] >= base + state - 0.02e6, (prog, text)  # + the sampler's
+  assert "  sampler " not in text  # the static sampler is not the config's engine

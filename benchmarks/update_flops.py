@@ -188,7 +188,8 @@ def main(argv=None):
       rows[name] = r
       print(f"{size:5s} {name:8s} {r['rows']:>3d} x {r['columns']:<3d} {r['fill']:5.2f} "
             f"{r['executed_flops'] / 1e9:8.2f}G {r['micro_batch_flops'] / 1e9:7.2f}G "
-            f"{need / 1e9:10.2f}G {r['ratio']:6.3f} {1e3 * r['step_s']:8.1f} {r['compile_s']:6.1f}s "
+            f"{need / 1e9:10.2f}G {r['ratio']:6.3f} {1e3 * r['step_s']:8.1f} "
+            f"{r['compile_s']:6.1f}s "
             f"{r['policy_loss']:10.6f} {r['grad_norm']:9.6f}", flush=True)
     out["sizes"][size] = dict(params=int(models.count_params(model.config)),
                               real_tokens=int(ro.prompt_mask.sum() * G + ro.lengths.sum()),

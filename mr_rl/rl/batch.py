@@ -16,9 +16,9 @@ decreasing; `segment_ids` (1, 2, ... per sequence, 0 on the row's tail) restart 
 and keep attention inside each sequence. The aggregation weights are computed on the
 unpacked rows first (a packed row is not a sequence), so the packed step gives the unpacked
 loss, gradients and metrics up to float summation order. Row counts are rounded up to
-`row_multiple` (micro-batches x data shards) times a `fine_bucket` (eight sizes per octave:
-a padding row costs a full row of compute, so the coarser `size_bucket` of the widths, up to
-1.5x, would undo most of what packing saves).
+`row_multiple` (micro-batches x data shards) times a `fine_bucket` (`PACKED_ROWS_PER_OCTAVE`
+sizes per octave: a padding row costs a full row of compute, so the coarser `size_bucket` of
+the widths, up to 1.5x, would undo most of what packing saves).
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ def size_bucket(n: int, minimum: int = 1) -> int:
 def fine_bucket(n: int, per_octave: int = 8) -> int:
   """Smallest size >= n on a grid of `per_octave` sizes per octave: every integer up to
   2 x `per_octave`, then 2^k + j 2^k / per_octave (j = 0 .. per_octave - 1); `per_octave` a
-  power of two. At most 1 + 1 / per_octave times n: the packed row counts, where a row of padding
-  costs as much as a row of tokens (BUILD_NOTES.md, "The update pays for what it computes")."""
+  power of two. At most 1 + 1 / per_octave times n: the packed row counts, where a row of
+  padding costs as much as a row of tokens (BUILD_NOTES.md, "The update pays for what it
+  computes")."""
   if per_octave < 1 or per_octave & (per_octave - 1):
     raise ValueError(f"per_octave must be a power of two, got {per_octave}")
   n = max(int(n), 1)

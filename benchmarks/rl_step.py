@@ -31,6 +31,7 @@ cut them (JSON `response_len_by_step` has every step's mean length).
   pip install -e .[bench]        # TRL 1.16.0 + accelerate 1.15.0 beside the CPU torch 2.13.0
   python benchmarks/rl_step.py --quick --json /tmp/rl_step.json  # demo 1+4, 20m 1+2 steps
   python benchmarks/rl_step.py --json /tmp/rl_step.json          # demo 2+12, 20m 2+4 steps
+  python benchmarks/rl_step.py --quick --pack --sizes 20m        # + mr_rl with packed rows
 
 The load average is stored with every size; figures measured under load are indicative.
 """
@@ -264,7 +265,7 @@ class MrRlSide:
   """mr_rl's trainer (`mr_rl.train.train`) on checkpoint `path` for `steps` GRPO steps."""
 
   def __init__(self, name: str, path: str, max_new_tokens: int, steps: int, reward: tuple,
-               seed: int = 0):
+               seed: int = 0, pack: bool = False):
     import dataclasses
     from mr_rl import data, settings as settings_lib, train as train_lib
     _register_channels()
@@ -282,6 +283,7 @@ class MrRlSide:
     c.rewards.channels = f"bench_{reward[0]}"
     c.rewards.params = {f"bench_{reward[0]}": dict(reward[1])} if reward[1] else {}
     c.aggregator.name, c.advantage.name = "additive", "grpo"
+    c.update_batch.pack = pack  # packed update rows (BUILD_NOTES "The update pays for ...")
     self.name, self.max_new_tokens, self.baton = name, max_new_tokens, Baton(name)
     self.settings = settings_lib.from_config(c)
     comp = train_lib.build(self.settings)
@@ -428,15 +430,18 @@ def param_count(path: str) -> int:
 
 
 def run_size(label: str, path: str, raised: str, steps: int, warmup: int, doubled: bool,
-             tmp: str) -> dict:
+             tmp: str, pack: bool = False) -> dict:
   """Alternates mr_rl and TRL (and, with `doubled`, both again at twice the cap on the copy
-  `raised` of the checkpoint) step by step on checkpoint `path`."""
+  `raised` of the checkpoint; with `pack`, mr_rl with packed update rows as a third side)
+  step by step on checkpoint `path`."""
   shape = read_shape(path)
   print(f"\n== {label}: {path} ({param_count(path) / 1e6:.2f}M params)", flush=True)
   reward = REWARDS[label]
   mr = MrRlSide("mr_rl", path, MAX_NEW, steps, reward)
   sides = [mr, TrlSide("trl", path, MAX_NEW, mr.batches, mr.comp.policy,
                        os.path.join(tmp, f"trl_{label}"), reward)]
+  if pack:  # same seed, so the same rollouts as "mr_rl" (up to float rounding of the update)
+    sides.append(MrRlSide("mr_rl+pack", path, MAX_NEW, steps, reward, pack=True))
   if doubled:
     mr2 = MrRlSide(f"mr_rl@{2 * MAX_NEW}", raised, 2 * MAX_NEW, steps, reward)
     sides += [mr2, TrlSide(f"trl@{2 * MAX_NEW}", raised, 2 * MAX_NEW, mr2.batches,
@@ -451,6 +456,8 @@ def run_size(label: str, path: str, raised: str, steps: int, warmup: int, double
   r = res["sides"]
   res["ratio_tokens_per_s"] = r["mr_rl"]["tokens_per_s"] / r["trl"]["tokens_per_s"]
   res["ratio_step"] = r["trl"]["step_s"] / r["mr_rl"]["step_s"]
+  if pack:
+    res["ratio_tokens_per_s_pack"] = r["mr_rl+pack"]["tokens_per_s"] / r["trl"]["tokens_per_s"]
   if doubled:
     res["growth_mr_rl"] = r[f"mr_rl@{2 * MAX_NEW}"]["step_s"] / r["mr_rl"]["step_s"] - 1
     res["growth_trl"] = r[f"trl@{2 * MAX_NEW}"]["step_s"] / r["trl"]["step_s"] - 1
@@ -486,6 +493,8 @@ def main(argv=None):
   p.add_argument("--doubled-20m", action="store_true",
                  help="also run the doubled-cap pair at 20m (the demo size always runs it; at "
                       "20m training moves the lengths, so the two caps see different ones)")
+  p.add_argument("--pack", action="store_true",
+                 help="also run mr_rl with packed update rows (config.update_batch.pack)")
   p.add_argument("--json", default=None, help="write the results here")
   a = p.parse_args(argv)
   sizes = [x.strip() for x in a.sizes.split(",") if x.strip()]
@@ -530,7 +539,8 @@ def main(argv=None):
       limit = read_shape(path)["max_positions"]
       raised = raise_position_limit(path, os.path.join(tmp, f"{label}_raised"),
                                     max(limit, MAX_PROMPT_LEN + 2 * MAX_NEW))
-      res["sizes"][label] = run_size(label, path, raised, a.warmup + steps, a.warmup, doubled, tmp)
+      res["sizes"][label] = run_size(label, path, raised, a.warmup + steps, a.warmup, doubled, tmp,
+                                     pack=a.pack)
       mm.append(matmul_flops_per_s(reps=8))
       print(f"large fp32 matmul: {mm[-1] / 1e9:.1f} GFLOP/s", flush=True)
   peak = max(mm)
@@ -557,6 +567,8 @@ def main(argv=None):
     print(_table(r, peak))
     line = (f"mr_rl / TRL: {r['ratio_tokens_per_s']:.2f}x response tokens/s, "
             f"{r['ratio_step']:.2f}x steps/s")
+    if "ratio_tokens_per_s_pack" in r:
+      line += f"; mr_rl+pack / TRL: {r['ratio_tokens_per_s_pack']:.2f}x"
     if "growth_mr_rl" in r:
       line += (f"; cap {MAX_NEW} -> {2 * MAX_NEW}: mr_rl step {100 * r['growth_mr_rl']:+.0f}%, "
                f"TRL {100 * r['growth_trl']:+.0f}%")

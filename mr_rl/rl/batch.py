@@ -16,7 +16,9 @@ decreasing; `segment_ids` (1, 2, ... per sequence, 0 on the row's tail) restart 
 and keep attention inside each sequence. The aggregation weights are computed on the
 unpacked rows first (a packed row is not a sequence), so the packed step gives the unpacked
 loss, gradients and metrics up to float summation order. Row counts are rounded up to
-`row_multiple` (micro-batches x data shards) times a `size_bucket`.
+`row_multiple` (micro-batches x data shards) times a `fine_bucket` (`PACKED_ROWS_PER_OCTAVE`
+sizes per octave: a padding row costs a full row of compute, so the coarser `size_bucket` of
+the widths, up to 1.5x, would undo most of what packing saves).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from mr_rl.rl import gae
 from mr_rl.rl.losses import token_weights
 
 MIN_COLUMN_BUCKET = 8
+PACKED_ROWS_PER_OCTAVE = 16  # packed row counts: `fine_bucket`, at most 6.25% padding rows
 
 
 def size_bucket(n: int, minimum: int = 1) -> int:
@@ -49,6 +52,21 @@ def size_bucket(n: int, minimum: int = 1) -> int:
     if p >= 2 and p * 3 // 2 >= n:
       return p * 3 // 2
     p *= 2
+
+
+def fine_bucket(n: int, per_octave: int = 8) -> int:
+  """Smallest size >= n on a grid of `per_octave` sizes per octave: every integer up to
+  2 x `per_octave`, then 2^k + j 2^k / per_octave (j = 0 .. per_octave - 1); `per_octave` a
+  power of two. At most 1 + 1 / per_octave times n: the packed row counts, where a row of
+  padding costs as much as a row of tokens (BUILD_NOTES.md, "The update pays for what it
+  computes")."""
+  if per_octave < 1 or per_octave & (per_octave - 1):
+    raise ValueError(f"per_octave must be a power of two, got {per_octave}")
+  n = max(int(n), 1)
+  if n <= per_octave:
+    return n
+  step = (1 << (n.bit_length() - 1)) // per_octave
+  return -(-n // step) * step
 
 
 def column_bucket(n: int, cap: int) -> int:
@@ -250,7 +268,7 @@ def pack_rows(batch: LearnerBatch, spec: PackSpec) -> LearnerBatch:
   width = column_bucket(int(lengths[used].max()) if used.size else 1, T)
   rows = placement(lengths[used], width)
   m = spec.row_multiple
-  n_rows = m * size_bucket(-(-max(len(rows), 1) // m))
+  n_rows = m * fine_bucket(-(-max(len(rows), 1) // m), PACKED_ROWS_PER_OCTAVE)
   n_rows = min(n_rows, -(-N // m) * m)  # never more rows than unpacked
   out = {"tokens": np.zeros((n_rows, width), tok.dtype),
          "mask": np.zeros((n_rows, width), np.int32),

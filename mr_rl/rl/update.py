@@ -161,7 +161,9 @@ def _accumulate(grad_fn, num_micro: int, rows, constrain):
   return g, m
 
 
-def _policy_grad_fn(logits_fn, cfg: PolicyLossConfig):
+def policy_grad_fn(logits_fn, cfg: PolicyLossConfig):
+  """``(params, mb) -> ((loss, metrics), grads)`` of the clipped surrogate on one micro-batch
+  (its ``weights`` set: they are the whole batch's)."""
 
   def loss_fn(params, mb: LearnerBatch):
     seg = () if mb.segment_ids is None else (mb.segment_ids,)
@@ -196,7 +198,7 @@ def _step_impl(state, batch, rng, base=None, *, logits_fn, tx, config, value_fn=
   else:
     constrain = lambda mb: jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
         x, NamedSharding(mesh, P(batch_axes, *[None] * (x.ndim - 1)))), mb)
-  pg = _policy_grad_fn(logits_fn, config.loss)
+  pg = policy_grad_fn(logits_fn, config.loss)
 
   def grad_fn(mb):
     (_, metrics), grads = pg(state.params, mb)

@@ -103,6 +103,31 @@ def test_column_buckets():
                     2048, 3000]
 
 
+def test_packed_row_buckets():
+  """Packed row counts take `fine_bucket`: every count up to 32, then 16 sizes per octave,
+  so a packed batch holds at most 1/16 more rows than first-fit decreasing needs (the
+  width buckets' 1.5x would cost up to a third of the step in padding rows)."""
+  got = [batch_lib.fine_bucket(n, 16) for n in (1, 16, 17, 18, 33, 34, 35, 64, 65, 100, 1000)]
+  assert got == [1, 16, 17, 18, 34, 34, 36, 64, 68, 100, 1024]
+  assert max(batch_lib.fine_bucket(n, 16) / n for n in range(1, 5000)) <= 1 + 1 / 16
+  assert len({batch_lib.fine_bucket(n, 16) for n in range(1, 257)}) == 31 + 3 * 16 + 1
+  assert [batch_lib.fine_bucket(n, 2) for n in range(1, 14)] == [
+      batch_lib.size_bucket(n) for n in range(1, 14)]  # two per octave: the width buckets
+  with pytest.raises(ValueError, match='power of two'):
+    batch_lib.fine_bucket(5, 3)
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(8, 61, size=(64,))  # a GRPO batch's sequences, packed at width 64
+  ro = make_rollout(0)
+  for m in (1, 2):
+    rows = len(batch_lib.placement(lengths, 64))
+    n = m * batch_lib.fine_bucket(-(-rows // m), batch_lib.PACKED_ROWS_PER_OCTAVE)
+    assert rows <= n <= rows * (1 + 1 / 16) + m
+  packed = batch_lib.make_batch(ro, jnp.zeros((B, G)),
+                                pack=batch_lib.PackSpec('token-mean', None, row_multiple=1))
+  assert packed.shape[0] == len(batch_lib.placement(
+      (ro.prompt_mask.sum(1)[:, None] + ro.lengths).reshape(-1), packed.shape[1]))
+
+
 @pytest.mark.parametrize('max_prompt,max_resp', [(6, 9), (P, 9), (3, S), (P, S)])
 def test_trim_keeps_every_real_column(max_prompt, max_resp):
   """The trimmed batch is the padded one without all-padding columns (plus the bucket's

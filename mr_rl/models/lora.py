@@ -209,9 +209,10 @@ class Adapted:
   `models.logits` and `merge` accept it wherever plain params go. With `dropout` p > 0 and
   `row_keys` (one raw PRNG key [N, 2] per batch row: the learner's step, `dropout_row_keys`),
   its forward is the training one: adapted kernel number i (its rank among the adapter paths
-  sorted as tuples, ('layers_0', 'attn', 'k_proj') first) sees, on row n, its input times mask / (1 - p), mask ~ Bernoulli(1 - p) of the row's input shape
-  drawn from fold_in(row_keys[n], i) (`layers.lora_delta`); the base branch sees x as is
-  (PEFT's LoRA dropout). Without `row_keys` there is no dropout (`merge` ignores it).
+  sorted as tuples, ('layers_0', 'attn', 'k_proj') first) sees, on row n, its input times
+  mask / (1 - p), mask ~ Bernoulli(1 - p) of the row's input shape drawn from
+  fold_in(row_keys[n], i) (`layers.lora_delta`); the base branch sees x as is (PEFT's LoRA
+  dropout). Without `row_keys` there is no dropout (`merge` ignores it).
   """
   base: Any
   lora: Any

@@ -144,8 +144,10 @@ def measure(model, params, ro: Rollout, pack: bool, num_micro: int, repeats: int
   if mb.weights is None:  # the step's weights: over the whole batch, before the split
     mb = mb.replace(weights=token_weights(batch.response_mask, "token-mean")[::num_micro],
                     metric_weights=token_weights(batch.response_mask, "token-mean")[::num_micro])
-  grad_fn = update.policy_grad_fn(update.model_logits_fn(model), cfg.loss)
-  per_mb = _flops(jax.jit(grad_fn).lower(state.params, mb).compile())
+  full_logits = update.model_logits_fn(model)  # full fine-tuning: no dropout row keys
+  grad_fn = update.policy_grad_fn(lambda params, keys, *rows: full_logits(params, *rows),
+                                  cfg.loss)
+  per_mb = _flops(jax.jit(grad_fn).lower(state.params, mb, None).compile())
   times, first = [], None
   for _ in range(repeats + 1):
     t0 = time.perf_counter()

@@ -108,7 +108,7 @@ def run_lora(workdir: str) -> lora_lib.LoraConfig | None:
   cfg = saved_settings(workdir)["model"].get("lora")
   return None if not cfg else lora_lib.LoraConfig(
       rank=cfg["rank"], alpha=cfg["alpha"], targets=tuple(cfg["targets"]),
-      init_from=cfg.get("init_from", ""))
+      init_from=cfg.get("init_from", ""), dropout=float(cfg.get("dropout", 0.0)))
 
 
 def restore_params(workdir: str, step: int, model, mesh=None, lora=None):

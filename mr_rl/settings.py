@@ -82,9 +82,7 @@ def _lora(lc, preset: str, advantage: str):
   from mr_rl.models import lora as lora_lib
   rank = _count("model.lora.rank", lc.rank, True)
   alpha = _positive("model.lora.alpha", _float("model.lora.alpha", lc.alpha))
-  if _in("model.lora.dropout", lc.dropout, 0.0, 1.0, hi_open=True):
-    raise ValueError("config.model.lora.dropout > 0 is not implemented: adapter dropout would "
-                     "make the learner's forward differ from the sampler's; set it to 0.0")
+  dropout = _in("model.lora.dropout", lc.dropout, 0.0, 1.0, hi_open=True)
   for name in ("targets", "init_from"):
     if not isinstance(lc[name], str):
       raise ValueError(f"config.model.lora.{name} must be a str, got {lc[name]!r}")
@@ -96,10 +94,8 @@ def _lora(lc, preset: str, advantage: str):
                      "directory (no adapter_config.json)")
   if rank == 0:
     return None
-  if advantage == "ppo":
-    raise ValueError("config.model.lora.rank > 0 is for the GRPO family; PPO's critic trains a "
-                     "full copy of the trunk")
-  cfg = lora_lib.LoraConfig(rank=rank, alpha=alpha, targets=targets, init_from=lc.init_from)
+  cfg = lora_lib.LoraConfig(rank=rank, alpha=alpha, targets=targets, init_from=lc.init_from,
+                            dropout=dropout)
   if preset in _presets():
     try:
       lora_lib.target_paths(_presets()[preset], cfg)
@@ -391,7 +387,7 @@ def default_config():
       lora=ml_collections.ConfigDict(dict(  # LoRA RL (mr_rl.models.lora); rank 0 = off
           rank=0,                 # R, adapter rank (0 = full fine-tuning)
           alpha=16.0,             # the update is scaled by alpha / R (PEFT's lora_alpha)
-          dropout=0.0,            # adapter dropout; only 0 (the sampler and learner agree)
+          dropout=0.0,            # PEFT's lora_dropout p, in the learner's forward only
           targets="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",  # kernel names
                                   # or path patterns ('layers_1/attn/*'); not MoE experts
           init_from=""))))        # a PEFT adapter directory to start from ('' = fresh)

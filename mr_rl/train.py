@@ -297,7 +297,8 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
       sig = signal(state["agg"], jnp.asarray(draw.r_BGK[:draw.signal_groups]), k_agg)
       state["agg"] = jax.device_get(sig.agg_state)
       # batch
-      batch = learner_batch(s, draw, sig, learner, state["train"], comp.mesh, row_multiple)
+      batch = learner_batch(s, draw, sig, learner, state["train"], comp.mesh, row_multiple,
+                            comp.base_params)
       shape_m = {"batch/columns": float(batch.shape[1])}
       if s.update.pack:
         shape_m.update({"batch/packed_rows": float(batch.shape[0]),
@@ -413,10 +414,10 @@ def logprob_forward(model):
 
 
 def learner_batch(s: RunSettings, draw: Draw, sig: signal_lib.Signal, learner, train_state,
-                  mesh, row_multiple: int) -> batch_lib.LearnerBatch:
+                  mesh, row_multiple: int, base=None) -> batch_lib.LearnerBatch:
   """The step's `LearnerBatch` from its draw and signal, as the settings ask: rows without
   loss (dynamic sampling's unfilled slots, truncated responses with `mask_truncated`), PPO's
-  GAE targets from the critic, or packed rows."""
+  GAE targets from the critic (`base`: the frozen base of a LoRA critic), or packed rows."""
   B, G = draw.r_BGK.shape[:2]
   loss_rows = None
   if draw.n_kept < B:  # dynamic sampling's unfilled slots: zero advantage, no loss
@@ -428,7 +429,7 @@ def learner_batch(s: RunSettings, draw: Draw, sig: signal_lib.Signal, learner, t
   if s.advantage == "ppo":
     ppo = batch_lib.PPOTargets(
         values_fn=lambda tok, mask: update_lib.chunked_forward(
-            learner.value_fn, train_state.value_params, tok, mask,
+            learner.value_fn, learner.critic(train_state, base), tok, mask,
             num_chunks=s.update.num_micro_batches, mesh=mesh),
         R_BG=sig.R_BG, gamma=float(s.advantage_hp.get("gamma", 1.0)),
         lam=float(s.advantage_hp.get("lam", 1.0)))

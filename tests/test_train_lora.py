@@ -21,11 +21,12 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 
-def _config(base, steps, init_from=""):
+def _config(base, steps, init_from="", dropout=0.0):
   c = arith_config(base, steps)
   c.model.lora.rank = 4
   c.model.lora.alpha = 8.0
   c.model.lora.init_from = init_from
+  c.model.lora.dropout = dropout
   c.optim.lr = 1e-2
   return c
 
@@ -38,9 +39,11 @@ def test_lora_resume_is_bit_exact_and_exports_both_formats(base_policy, tmp_path
   start = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(7), x.shape),
                        lora_lib.init_adapters(comp.model.config, cfg, jax.random.PRNGKey(6)))
   init_from = lora_lib.save_peft(str(tmp_path / "start"), start, comp.model.config, cfg)
-  s3 = settings_lib.from_config(_config(base_policy, 3, init_from))
-  s6 = settings_lib.from_config(_config(base_policy, 6, init_from))
-  assert s6.update.lora == lora_lib.LoraConfig(rank=4, alpha=8.0, init_from=init_from)
+  # with LoRA dropout: its masks come from the step's rng, so the resume stays bit-exact
+  s3 = settings_lib.from_config(_config(base_policy, 3, init_from, dropout=0.1))
+  s6 = settings_lib.from_config(_config(base_policy, 6, init_from, dropout=0.1))
+  assert s6.update.lora == lora_lib.LoraConfig(rank=4, alpha=8.0, init_from=init_from,
+                                               dropout=0.1)
   comp = train_lib.build(s6)
   resumed, straight = str(tmp_path / "resumed"), str(tmp_path / "straight")
   train_lib.train(s3, resumed, comp=comp, log=None)
@@ -111,3 +114,33 @@ def test_tag_probes_train_fresh_adapters_from_the_base(base_policy, tmp_path):
                                                           "arith_fmt"]
   assert all(np.isfinite(row["rev_kl_per_token"]) for row in drift["channels"])
   assert drift["anchor"] in ("arith_acc", "arith_negative", "arith_fmt")
+
+
+def test_ppo_with_lora_resumes_bit_exact(base_policy, tmp_path):
+  """PPO + LoRA through the trainer: the critic is adapters + head on the shared base (GAE
+  values from it), the checkpoint holds both adapter sets, and a resumed run equals a straight
+  one bit for bit."""
+  def config(steps):
+    c = _config(base_policy, steps, dropout=0.1)
+    c.advantage.name = "ppo"
+    c.advantage.gamma = 1.0
+    c.advantage.lam = 0.95
+    c.checkpoint_every = 2
+    return c
+
+  s2, s4 = (settings_lib.from_config(config(n)) for n in (2, 4))
+  comp = train_lib.build(s4)
+  resumed, straight = str(tmp_path / "resumed"), str(tmp_path / "straight")
+  train_lib.train(s2, resumed, comp=comp, log=None)
+  res = train_lib.train(s4, resumed, comp=comp, log=None)
+  assert [h["step"] for h in res.history] == [2, 3]
+  full = train_lib.train(s4, straight, comp=comp, log=None)
+  rec = metrics_lib.read_jsonl(os.path.join(straight, "metrics.jsonl"))
+  assert_same_metrics(metrics_lib.read_jsonl(os.path.join(resumed, "metrics.jsonl")), rec)
+  assert all(r["update/value_grad_norm"] > 0 for r in rec)
+  for a, b in zip(jax.tree.leaves(res.params.lora), jax.tree.leaves(full.params.lora)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  saved = export_lib.params_metadata(straight, 4)
+  expected = lora_lib.abstract_adapters(comp.model.config, s4.update.lora)
+  assert jax.tree.map(lambda x: tuple(x.shape), saved) == \
+      jax.tree.map(lambda x: tuple(x.shape), expected)

@@ -46,11 +46,17 @@ def lora_delta(module: nn.Module, name: str, x, a_spec: str, b_spec: str, prec):
 
   The collection holds {'a': [*in, R], 'b': [R, *out]} per adapted kernel, b already scaled
   by alpha / R (`mr_rl.models.lora.Adapted.variables`); without the collection (the base,
-  the reference policy) the kernel is used alone.
+  the reference policy) the kernel is used alone. A learner forward with LoRA dropout also
+  finds per-row keys 'keys' [N, 2] and the rate 'p' there: the adapter then reads
+  x * mask / (1 - p), mask ~ Bernoulli(1 - p) drawn per row from its key (PEFT's lora_dropout).
   """
   if not module.has_variable("lora", name):
     return 0.0
   ab = module.get_variable("lora", name)
+  if "keys" in ab:
+    keep = 1.0 - ab["p"]
+    mask = jax.vmap(lambda k: jax.random.bernoulli(k, keep, x.shape[1:]))(ab["keys"])
+    x = jnp.where(mask, x / keep.astype(x.dtype), jnp.zeros((), x.dtype))
   h = jnp.einsum(a_spec, x, ab["a"].astype(x.dtype), precision=prec)
   return jnp.einsum(b_spec, h, ab["b"].astype(x.dtype), precision=prec)
 

@@ -20,7 +20,8 @@ Adapters shard like their kernels (`adapter_specs`): a carries the kernel's inpu
 b its output axes, and the rank axis 'lora_rank' is replicated (`sharding.DEFAULT_RULES`).
 PEFT: `save_peft` writes `adapter_config.json` + `adapter_model.safetensors` that
 `peft.PeftModel.from_pretrained(base, dir)` loads; `load_peft` reads one back (trained by
-peft or by us). Only attention and dense-MLP kernels take adapters (not MoE experts).
+peft or by us). Only attention and dense-MLP kernels take adapters: MoE expert kernels are
+refused (`target_paths`).
 """
 
 from __future__ import annotations
@@ -56,11 +57,15 @@ class LoraConfig:
       ('layers_3/attn/q_proj'); candidates are the attention (q/k/v/o_proj) and dense-MLP
       (gate/up/down_proj) kernels.
     init_from: '' (fresh: a random, b zero) or a PEFT adapter directory to start from.
+    dropout: p, PEFT's lora_dropout: the learner's training forward computes
+      x W + (alpha / R) (dropout_p(x) a) b (`Adapted.dropout`); every other forward (sampler,
+      pi_old recompute, reference, evaluation) has none.
   """
   rank: int = 8
   alpha: float = 16.0
   targets: tuple[str, ...] = KERNELS
   init_from: str = ""
+  dropout: float = 0.0
 
   def __post_init__(self):
     if isinstance(self.rank, bool) or not isinstance(self.rank, (int, np.integer)) or \
@@ -68,6 +73,8 @@ class LoraConfig:
       raise ValueError(f"LoraConfig.rank must be a positive int, got {self.rank!r}")
     if not self.alpha > 0:
       raise ValueError(f"LoraConfig.alpha must be > 0, got {self.alpha!r}")
+    if not 0.0 <= self.dropout < 1.0:
+      raise ValueError(f"LoraConfig.dropout must be in [0, 1), got {self.dropout!r}")
     object.__setattr__(self, "targets", tuple(self.targets))
     if not self.targets or not all(isinstance(t, str) and t for t in self.targets):
       raise ValueError(f"LoraConfig.targets must be non-empty patterns, got {self.targets!r}")
@@ -92,9 +99,11 @@ def target_paths(config: ModelConfig, lora: LoraConfig) -> tuple[tuple[str, str,
       if not hits:
         continue
       if config.is_moe and name not in _ATTN:
-        raise ValueError(f"LoRA targets {hits} select {'/'.join(path)}, an MoE expert kernel; "
-                         "adapters on experts are not implemented: target the attention "
-                         "kernels (e.g. 'q_proj,k_proj,v_proj,o_proj')")
+        raise ValueError(f"LoRA targets {hits} select {'/'.join(path)}, an MoE expert kernel "
+                         "(this is an MoE model): LoRA on MoE experts is not supported (not "
+                         "implemented); adapt the attention "
+                         "kernels only, e.g. config.model.lora.targets="
+                         "'q_proj,k_proj,v_proj,o_proj'")
       used.update(hits)
       out.append(path)
   unused = [t for t in lora.targets if t not in used]
@@ -197,17 +206,38 @@ def start_adapters(config: ModelConfig, lora: LoraConfig, params, rng, shardings
 class Adapted:
   """A LoRA policy: the frozen `base` params, the `lora` adapters and the scale alpha / R.
 
-  `models.logits` and `merge` accept it wherever plain params go.
+  `models.logits` and `merge` accept it wherever plain params go. With `dropout` p > 0 and
+  `row_keys` (one raw PRNG key [N, 2] per batch row: the learner's step, `dropout_row_keys`),
+  its forward is the training one: adapted kernel number i (its rank among the adapter paths
+  sorted as tuples, ('layers_0', 'attn', 'k_proj') first) sees, on row n, its input times
+  mask / (1 - p), mask ~ Bernoulli(1 - p) of the row's input shape drawn from
+  fold_in(row_keys[n], i) (`layers.lora_delta`); the base branch sees x as is (PEFT's LoRA
+  dropout). Without `row_keys` there is no dropout (`merge` ignores it).
   """
   base: Any
   lora: Any
   scale: float = flax.struct.field(pytree_node=False, default=1.0)
+  dropout: float = flax.struct.field(pytree_node=False, default=0.0)
+  row_keys: Any = None
 
   def variables(self) -> dict:
-    """The model's variables: {'params': base, 'lora': adapters with b scaled}."""
+    """The model's variables: {'params': base, 'lora': adapters with b scaled (and, for a
+    dropout forward, each kernel's row keys 'keys' [N, 2] and rate 'p')}."""
     scaled = jax.tree_util.tree_map_with_path(
         lambda p, x: x * jnp.asarray(self.scale, x.dtype) if p[-1].key == "b" else x, self.lora)
+    if self.row_keys is not None and self.dropout > 0:
+      flat = _flat_adapters(scaled)
+      scaled = _nest((path, {**ab, "p": jnp.float32(self.dropout),
+                             "keys": jax.vmap(jax.random.fold_in, (0, None))(self.row_keys, i)})
+                     for i, (path, ab) in enumerate(sorted(flat, key=lambda t: t[0])))
     return {"params": self.base, "lora": scaled}
+
+
+def dropout_row_keys(rng: jax.Array, num_rows: int) -> jax.Array:
+  """The per-row dropout keys of a learner step: fold_in(rng, n) for n < num_rows, [N, 2].
+
+  Row n's masks depend on its index in the step's batch only, not on the micro-batch split."""
+  return jax.vmap(jax.random.fold_in, (None, 0))(rng, jnp.arange(num_rows, dtype=jnp.uint32))
 
 
 def variables_of(params) -> dict:
@@ -289,7 +319,7 @@ def save_peft(out: str, lora, config: ModelConfig, lora_config: LoraConfig,
   names = sorted({p[-1] for p in paths})
   every = len(paths) == len(names) * config.n_layers
   cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": int(lora_config.rank),
-         "lora_alpha": float(lora_config.alpha), "lora_dropout": 0.0,
+         "lora_alpha": float(lora_config.alpha), "lora_dropout": float(lora_config.dropout),
          "target_modules": names if every else modules, "bias": "none",
          "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
          "init_lora_weights": True, "modules_to_save": None, "inference_mode": True,
@@ -338,7 +368,8 @@ def load_peft(path: str, config: ModelConfig, dtype=None):
   if len(paths) != len(pairs):
     raise ValueError(f"PEFT adapter {path}: layers beyond the model's {config.n_layers}")
   lora_config = LoraConfig(rank=R, alpha=float(cfg["lora_alpha"]),
-                           targets=tuple("/".join(p) for p in paths), init_from=path)
+                           targets=tuple("/".join(p) for p in paths), init_from=path,
+                           dropout=float(cfg.get("lora_dropout") or 0.0))
   dt = config.param_dtype if dtype is None else dtype
   items = []
   for p in paths:
@@ -368,4 +399,5 @@ def count_bytes(tree) -> int:
 
 __all__: Sequence[str] = ("KERNELS", "LoraConfig", "Adapted", "target_paths", "adapter_specs",
                           "abstract_adapters", "init_adapters", "start_adapters", "merge",
+                          "dropout_row_keys",
                           "variables_of", "save_peft", "load_peft", "count_bytes")

@@ -27,6 +27,8 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 import flax
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from mr_rl import distributed
@@ -289,3 +291,26 @@ def pack_rows(batch: LearnerBatch, spec: PackSpec) -> LearnerBatch:
         out[k][r, dst] = v[i, src]
       col += n
   return LearnerBatch(**out)
+
+
+def batch_fields(config, ppo: bool) -> tuple[str, ...]:
+  """The `LearnerBatch` fields a run"s step takes (`make_batch`"s output plus the reference
+  log-probs when ``kl_coef > 0``); `config` is a `mr_rl.rl.update.UpdateConfig`."""
+  fields = ["tokens", "mask", "response_mask", "old_logp", "advantages"]
+  if ppo:
+    fields += ["returns", "old_values"]
+  elif config.pack:
+    fields += ["weights", "metric_weights", "segment_ids"]
+  if config.loss.kl_coef > 0:
+    fields.append("ref_logp")
+  return tuple(fields)
+
+
+def example_batch(config, ppo: bool) -> LearnerBatch:
+  """A `LearnerBatch` of ShapeDtypeStructs with a run"s fields and ranks (what the batch
+  shardings are built from; sizes do not matter)."""
+  x = jax.ShapeDtypeStruct((1, 1), jnp.float32)
+  per_row = not ppo and not config.pack  # group advantages [N]; per token [N, T] otherwise
+  return LearnerBatch(**{
+      f: jax.ShapeDtypeStruct((1,), jnp.float32) if f == "advantages" and per_row else x
+      for f in batch_fields(config, ppo)})

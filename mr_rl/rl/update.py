@@ -36,7 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mr_rl.models import sharding
 from mr_rl.rl import critic as critic_lib
-from mr_rl.rl.batch import LearnerBatch
+from mr_rl.rl.batch import LearnerBatch, batch_fields, example_batch
 from mr_rl.rl.critic import ValueFn
 from mr_rl.rl.losses import (PolicyLossConfig, policy_loss, token_logprobs_and_entropy,
                              token_weights, value_loss)
@@ -75,8 +75,8 @@ class UpdateConfig:
     vf_clip: PPO value clip range (None = unclipped).
     pack: the step takes packed batches (module docstring; GRPO family only).
     lora: None (full fine-tuning) or a ``mr_rl.models.lora.LoraConfig``: the state holds the
-      adapters only and the step takes the frozen base as a fourth, not donated, argument
-      (``Learner.update``); GRPO family only.
+      adapters only (PPO: the critic's adapters and head too) and the step takes the frozen
+      base as a fourth, not donated, argument (``Learner.update``).
   """
   loss: PolicyLossConfig = PolicyLossConfig()
   num_micro_batches: int = 1
@@ -142,7 +142,7 @@ def model_logits_fn(model) -> LogitsFn:
 # ------------------------------------------------------------------------------- steps
 def _accumulate(grad_fn, num_micro: int, rows, constrain):
   """Sums ``grad_fn(mb) -> (grads, metrics)`` over strided micro-batches."""
-  N = rows.tokens.shape[0]
+  N = jax.tree.leaves(rows)[0].shape[0]
   if N % num_micro:
     raise ValueError(f'num_micro_batches={num_micro} must divide the batch rows N={N}.')
   if num_micro == 1:
@@ -162,12 +162,11 @@ def _accumulate(grad_fn, num_micro: int, rows, constrain):
 
 
 def policy_grad_fn(logits_fn, cfg: PolicyLossConfig):
-  """``(params, mb) -> ((loss, metrics), grads)`` of the clipped surrogate on one micro-batch
-  (its ``weights`` set: they are the whole batch's)."""
+  """Gradient of the policy loss; `logits_fn(params, row_keys, tokens, mask[, segments])`."""
 
-  def loss_fn(params, mb: LearnerBatch):
+  def loss_fn(params, mb: LearnerBatch, row_keys):
     seg = () if mb.segment_ids is None else (mb.segment_ids,)
-    logits = logits_fn(params, mb.tokens, mb.mask, *seg)
+    logits = logits_fn(params, row_keys, mb.tokens, mb.mask, *seg)
     logp, ent = token_logprobs_and_entropy(logits, mb.tokens)
     loss, metrics = policy_loss(logp, mb.old_logp, mb.advantages, mb.response_mask, cfg,
                                 weights_NT=mb.weights, metric_weights_NT=mb.metric_weights,
@@ -179,15 +178,20 @@ def policy_grad_fn(logits_fn, cfg: PolicyLossConfig):
 
 def _step_impl(state, batch, rng, base=None, *, logits_fn, tx, config, value_fn=None,
                value_tx=None, mesh=None, rules=None, batch_axes=()):
-  del rng  # no stochastic layers yet; kept for the uniform step signature
   if (base is None) != (config.lora is None):
     raise ValueError('a LoRA step (UpdateConfig.lora) takes the frozen base params as its fourth '
                      'argument (Learner.update); a full fine-tuning step takes none')
+  row_keys, full_logits_fn = None, logits_fn  # rng: LoRA dropout's masks only
+  logits_fn = lambda params, keys, *rows: full_logits_fn(params, *rows)
+  critic = lambda vp: vp
   if base is not None:  # LoRA: state.params are the adapters on the frozen base
     from mr_rl.models import lora as lora_lib  # local import: rl math does not need models
-    full_logits_fn = logits_fn
-    logits_fn = lambda ad, *rows: full_logits_fn(
-        lora_lib.Adapted(base, ad, config.lora.scale), *rows)
+    lc = config.lora
+    if lc.dropout > 0:  # per-row masks (BUILD_NOTES.md "LoRA": dropout)
+      row_keys = lora_lib.dropout_row_keys(rng, batch.tokens.shape[0])
+    logits_fn = lambda ad, keys, *rows: full_logits_fn(
+        lora_lib.Adapted(base, ad, lc.scale, lc.dropout, keys), *rows)
+    critic = lambda vp: {**vp, 'trunk': lora_lib.Adapted(base, vp['trunk'], lc.scale)}
   ppo = value_fn is not None
   rmask = batch.response_mask
   if batch.weights is None:  # over the whole batch, before the micro-batch split
@@ -200,17 +204,18 @@ def _step_impl(state, batch, rng, base=None, *, logits_fn, tx, config, value_fn=
         x, NamedSharding(mesh, P(batch_axes, *[None] * (x.ndim - 1)))), mb)
   pg = policy_grad_fn(logits_fn, config.loss)
 
-  def grad_fn(mb):
-    (_, metrics), grads = pg(state.params, mb)
+  def grad_fn(rows):
+    mb, keys = rows
+    (_, metrics), grads = pg(state.params, mb, keys)
     if not ppo:
       return grads, metrics
     vg = jax.value_and_grad(
-        lambda vp: value_loss(value_fn(vp, mb.tokens, mb.mask), mb.old_values, mb.returns,
+        lambda vp: value_loss(value_fn(critic(vp), mb.tokens, mb.mask), mb.old_values, mb.returns,
                               mb.weights, config.vf_clip, mb.metric_weights), has_aux=True)
     (_, vmetrics), vgrads = vg(state.value_params)
     return (grads, vgrads), {**metrics, **vmetrics}
 
-  grads, metrics = _accumulate(grad_fn, config.num_micro_batches, batch, constrain)
+  grads, metrics = _accumulate(grad_fn, config.num_micro_batches, (batch, row_keys), constrain)
   if ppo:
     grads, vgrads = grads
   metrics['grad_norm'] = optax.global_norm(grads)
@@ -281,12 +286,13 @@ def make_policy_step(logits_fn: LogitsFn, config: UpdateConfig, tx=None, *, mesh
 
 def make_ppo_step(logits_fn: LogitsFn, value_fn: ValueFn, config: UpdateConfig, tx=None,
                   value_tx=None, *, mesh=None, rules=None, state_sharding=None,
-                  batch_example=None):
+                  batch_example=None, base_sharding=None):
   """PPO step: the clipped policy loss on ``advantages_NT`` plus the clipped value loss.
 
   The critic (``state.value_params``) has its own AdamW (``config.value_lr``); both losses
   use the same aggregation weights. Metrics add vf_loss, vf_clip_frac, value_mean,
-  value_grad_norm.
+  value_grad_norm. With ``config.lora`` the critic's trunk is adapters on the base (the step's
+  fourth argument, as in ``make_policy_step``), ``mr_rl.rl.critic``.
   """
   tx = make_optimizer(config) if tx is None else tx
   value_tx = make_optimizer(config, lr=config.value_lr) if value_tx is None else value_tx
@@ -294,7 +300,7 @@ def make_ppo_step(logits_fn: LogitsFn, value_fn: ValueFn, config: UpdateConfig, 
   impl = functools.partial(_step_impl, logits_fn=logits_fn, tx=tx, config=config,
                            value_fn=value_fn, value_tx=value_tx, mesh=mesh, rules=rules,
                            batch_axes=batch_axes)
-  return _jit(impl, mesh, rules, state_sharding, batch_example)
+  return _jit(impl, mesh, rules, state_sharding, batch_example, base_sharding)
 
 
 def make_logprob_fn(logits_fn: LogitsFn):
@@ -344,29 +350,6 @@ def chunked_forward(fn: Callable, params, *rows, num_chunks: int, mesh=None):
 
 
 # ------------------------------------------------------------------------------ learner
-def batch_fields(config: UpdateConfig, ppo: bool) -> tuple[str, ...]:
-  """The `LearnerBatch` fields a run's step takes (`mr_rl.rl.batch.make_batch`'s output plus
-  the reference log-probs when ``kl_coef > 0``)."""
-  fields = ['tokens', 'mask', 'response_mask', 'old_logp', 'advantages']
-  if ppo:
-    fields += ['returns', 'old_values']
-  elif config.pack:
-    fields += ['weights', 'metric_weights', 'segment_ids']
-  if config.loss.kl_coef > 0:
-    fields.append('ref_logp')
-  return tuple(fields)
-
-
-def example_batch(config: UpdateConfig, ppo: bool) -> LearnerBatch:
-  """A `LearnerBatch` of ShapeDtypeStructs with a run's fields and ranks (what the batch
-  shardings are built from; sizes do not matter)."""
-  x = jax.ShapeDtypeStruct((1, 1), jnp.float32)
-  per_row = not ppo and not config.pack  # group advantages [N]; per token [N, T] otherwise
-  return LearnerBatch(**{
-      f: jax.ShapeDtypeStruct((1,), jnp.float32) if f == 'advantages' and per_row else x
-      for f in batch_fields(config, ppo)})
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class Learner:
   """A run's update machinery, built once per (model, settings, mesh) by ``learner``.
@@ -394,7 +377,8 @@ class Learner:
 
   def init(self, params, rng) -> TrainState:
     """A fresh TrainState from ``params`` (a copy: the step donates its state), placed on
-    the mesh; PPO's critic starts from the same params (AMRP Table 4) and ``rng``.
+    the mesh; PPO's critic starts from the same params (AMRP Table 4; with LoRA a copy of the
+    policy's first adapters) and a head from ``rng``.
 
     With LoRA, ``params`` is the base (fresh adapters from ``rng``, or those of
     ``lora.init_from``) or an ``Adapted`` policy (its adapters continue); the base is
@@ -403,9 +387,9 @@ class Learner:
       from mr_rl.models import lora as lora_lib  # local import: rl math does not need models
       shardings = None if self.mesh is None else sharding.adapter_shardings(
           self.model.config, self.lora, self.mesh)
-      adapters = lora_lib.start_adapters(self.model.config, self.lora, params, rng, shardings)
-      return self.place_state(init_train_state(adapters, self.tx))
-    params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
+      params = lora_lib.start_adapters(self.model.config, self.lora, params, rng, shardings)
+    else:
+      params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
     if self.value_tx is None:
       state = init_train_state(params, self.tx)
     else:
@@ -413,6 +397,15 @@ class Learner:
                                critic_lib.init_value_params(self.model, params, rng),
                                self.value_tx)
     return self.place_state(state)
+
+  def critic(self, state: TrainState, base):
+    """The PPO critic's params for ``value_fn``: ``state.value_params``, or with LoRA its
+    trunk adapters on ``base`` (``Adapted``)."""
+    if self.lora is None:
+      return state.value_params
+    from mr_rl.models import lora as lora_lib  # local import: rl math does not need models
+    vp = state.value_params
+    return {**vp, 'trunk': lora_lib.Adapted(base, vp['trunk'], self.lora.scale)}
 
   def policy(self, state: TrainState, base):
     """The policy of ``state``: its params, or with LoRA ``Adapted(base, adapters)``."""
@@ -455,9 +448,6 @@ def learner(model, config: UpdateConfig, mesh=None, ppo: bool = False) -> Learne
   demo's methods) share one compile. Parameters follow ``mr_rl.models.sharding``'s logical
   rules; the critic's trunk shards like the policy (``mr_rl.rl.critic``).
   """
-  if ppo and config.lora is not None:
-    raise ValueError('LoRA (config.model.lora) is for the GRPO family; PPO\'s critic trains a '
-                     'full copy of the trunk.')
   if ppo and config.pack:
     raise ValueError('packed update batches (config.update_batch.pack) are for the GRPO family; '
                      'PPO\'s critic and GAE run on unpacked rows.')
@@ -476,7 +466,7 @@ def learner(model, config: UpdateConfig, mesh=None, ppo: bool = False) -> Learne
       p_sh = sharding.adapter_shardings(model.config, config.lora, mesh, rules)
       p_abs = lora_lib.abstract_adapters(model.config, config.lora)
       mesh_kw['base_sharding'] = sharding.param_shardings(model, mesh, rules)
-    v_sh = critic_lib.value_param_shardings(model, mesh, rules) if ppo else None
+    v_sh = critic_lib.value_param_shardings(model, mesh, rules, config.lora) if ppo else None
 
     def init_abstract(p):
       vp = critic_lib.init_value_params(model, p, jax.random.PRNGKey(0)) if ppo else None

@@ -1,5 +1,7 @@
 """mr_rl.models.lora against peft (tiny random fp32 checkpoints), merge, PEFT IO, targets."""
 
+import json
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -127,3 +129,71 @@ def test_targets_are_checked():
   assert len(L.target_paths(M.get_preset("tiny_moe"), L.LoraConfig(targets=("*/attn/*",)))) == 8
   with pytest.raises(ValueError, match="rank"):
     L.LoraConfig(rank=0)
+
+
+class _FixedMask(torch.nn.Module):
+  """PEFT's lora_dropout replaced by a given mask (inverted scaling, as nn.Dropout)."""
+
+  def __init__(self, mask, keep):
+    super().__init__()
+    self.mask, self.keep = mask, keep
+
+  def forward(self, x):
+    return x * self.mask / self.keep
+
+
+def test_dropout_forward_and_gradient_equal_peft_with_the_same_masks(base_dirs, tmp_path):
+  """LoRA dropout = PEFT's lora_dropout (train mode, the adapter branch's input only): with
+  the masks drawn by hand from the documented keys (row n, kernel i of the sorted paths:
+  bernoulli(fold_in(fold_in(rng, n), i), 1 - p)), peft's logits and its adapter gradients
+  equal ours; p = 0 or no row keys is the plain adapted forward."""
+  p, rng = 0.3, jax.random.PRNGKey(7)
+  model, base = M.load_pretrained(base_dirs["qwen3"])
+  cfg = L.LoraConfig(rank=4, alpha=8.0, dropout=p)
+  ad = _random_adapters(model, cfg)
+  N, T = TOK.shape
+  keys = L.dropout_row_keys(rng, N)
+  pol = L.Adapted(base, ad, cfg.scale, p, keys)
+  C = np.random.default_rng(5).normal(size=(N, T, 256)).astype(np.float32) * MASK[..., None]
+
+  def f(a):
+    return jnp.sum(M.logits(model, L.Adapted(base, a, cfg.scale, p, keys), TOK, MASK) * C)
+
+  ours, grads = _ours(model, pol), jax.jit(jax.grad(f))(ad)
+  plain = _ours(model, L.Adapted(base, ad, cfg.scale))
+  assert np.abs(ours - plain)[0].max() > 1e-3  # the masks act
+  np.testing.assert_array_equal(_ours(model, L.Adapted(base, ad, cfg.scale, 0.0, keys)), plain)
+  L.save_peft(str(tmp_path), ad, model.config, cfg, base_dirs["qwen3"])
+  assert json.load(open(tmp_path / L.ADAPTER_CONFIG))["lora_dropout"] == p
+  hf = transformers.AutoModelForCausalLM.from_pretrained(base_dirs["qwen3"])
+  pm = peft.PeftModel.from_pretrained(hf, str(tmp_path), is_trainable=True).train()
+  paths = sorted(L.target_paths(model.config, cfg))
+  a_of, b_of = {}, {}
+  for name, mod in pm.named_modules():
+    if not hasattr(mod, "lora_dropout"):
+      continue
+    _, i, block, kernel = name.rsplit(".", 3)
+    path = (f"layers_{i}", "attn" if block == "self_attn" else "mlp", kernel)
+    k = paths.index(path)
+    width = mod.in_features
+    masks = [np.asarray(jax.random.bernoulli(
+        jax.random.fold_in(jax.random.fold_in(rng, n), k), 1 - p,
+        (T,) + ad[path[0]][path[1]][kernel]["a"].shape[:-1])).reshape(T, width)
+             for n in range(N)]
+    mod.lora_dropout["default"] = _FixedMask(torch.tensor(np.stack(masks), dtype=torch.float32),
+                                             1 - p)
+    a_of[path], b_of[path] = mod.lora_A["default"].weight, mod.lora_B["default"].weight
+  assert len(a_of) == len(paths)
+  pos = np.maximum(np.cumsum(MASK, -1) - 1, 0)
+  logits = pm(input_ids=torch.tensor(TOK, dtype=torch.long),
+              attention_mask=torch.tensor(MASK, dtype=torch.long),
+              position_ids=torch.tensor(pos, dtype=torch.long)).logits
+  _real(ours, logits.detach().numpy())
+  (logits * torch.tensor(C)).sum().backward()
+  for path in paths:
+    g = grads[path[0]][path[1]][path[2]]
+    R = cfg.rank
+    np.testing.assert_allclose(np.asarray(g["a"]).reshape(-1, R).T, a_of[path].grad.numpy(),
+                               rtol=2e-4, atol=2e-4, err_msg=str(path))
+    np.testing.assert_allclose(np.asarray(g["b"]).reshape(R, -1).T, b_of[path].grad.numpy(),
+                               rtol=2e-4, atol=2e-4, err_msg=str(path))

@@ -1,17 +1,20 @@
 """The LoRA learner: adapters-only updates on a frozen base, no reference copy in the state,
 and the 8-device fake mesh (subprocess) against the single-device step."""
 
+import dataclasses
 import os
 import sys
 import textwrap
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from mr_rl import models
 from mr_rl.models import lora as lora_lib
-from mr_rl.rl import update
+from mr_rl.rl import critic, gae, losses, update
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # (--import-mode=importlib)
 from test_update_model import (CFG, make_batch, random_params,  # noqa: E402
@@ -64,9 +67,84 @@ def test_adapters_only_train_and_the_state_holds_no_base(setup):
                              atol=2e-5)
 
 
-def test_lora_refuses_ppo():
-  with pytest.raises(ValueError, match='GRPO family'):
-    update.learner(models.Transformer(CFG), UCFG, None, True)
+def _nonzero_adapters(lc, seed=1):
+  ad = lora_lib.init_adapters(CFG, lc, jax.random.PRNGKey(seed))
+  return jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(seed + 1),
+                                                            x.shape), ad)
+
+
+def test_dropout_step_gradient_is_the_hand_computed_one(setup):
+  """With p > 0 the step's gradient (sgd(1): the parameter change) is that of the loss
+  written out here on a forward with the documented masks (row keys fold_in(rng, n), whole
+  batch, while the step runs 2 micro-batches); p = 0 is the plain step and differs."""
+  model, base_np, batch = setup
+  base = jax.tree.map(jnp.asarray, base_np)
+  batch = batch.replace(ref_logp=None)
+  loss = losses.PolicyLossConfig(eps_low=0.999, eps_high=1e3)  # never clips: -mean(rho A)
+  rng, sgd = jax.random.PRNGKey(3), optax.sgd(1.0)
+  ad = jax.tree.map(np.asarray, _nonzero_adapters(LORA))
+  grads = {}
+  for p in (0.0, 0.25):
+    lc = dataclasses.replace(LORA, dropout=p)
+    cfg = update.UpdateConfig(loss=loss, lora=lc, num_micro_batches=2, max_grad_norm=None)
+    step = update.make_policy_step(update.model_logits_fn(model), cfg, sgd)
+    new, _ = step(update.init_train_state(jax.tree.map(jnp.array, ad), sgd), batch, rng, base)
+    grads[p] = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), ad, new.params)
+  keys = lora_lib.dropout_row_keys(rng, batch.tokens.shape[0])
+  w = batch.response_mask / batch.response_mask.sum()
+
+  def hand(a, p):
+    pol = lora_lib.Adapted(base, a, LORA.scale, p, keys)
+    logp, _ = losses.token_logprobs_and_entropy(models.logits(model, pol, batch.tokens,
+                                                              batch.mask), batch.tokens)
+    return -jnp.sum(jnp.exp(logp - batch.old_logp) * batch.advantages[:, None] * w)
+
+  for p in (0.0, 0.25):
+    want = jax.grad(hand)(ad, p)
+    for x, y in zip(jax.tree.leaves(grads[p]), jax.tree.leaves(want)):
+      np.testing.assert_allclose(x, np.asarray(y), rtol=1e-4, atol=1e-6)
+  diff = max(np.abs(x - y).max() for x, y in zip(jax.tree.leaves(grads[0.0]),
+                                                 jax.tree.leaves(grads[0.25])))
+  assert diff > 1e-3, diff
+
+
+def test_ppo_with_lora_trains_critic_adapters_and_head_on_the_same_base(setup):
+  """PPO + LoRA: the critic is the frozen base + its own adapters + the value head; one step
+  moves the policy's adapters, the critic's adapters and head, not the base; the state holds
+  no copy of the base."""
+  model, base_np, batch = setup
+  base = jax.tree.map(jnp.asarray, base_np)
+  learner = update.learner(model, dataclasses.replace(UCFG, value_lr=1e-2), None, True)
+  state = learner.init(base, jax.random.PRNGKey(0))
+  ad_abs = lora_lib.abstract_adapters(CFG, LORA)
+  assert jax.tree.structure(state.value_params['trunk']) == jax.tree.structure(ad_abs)
+  critic_bytes = lora_lib.count_bytes(state.value_params)
+  assert lora_lib.count_bytes(state) <= 3 * (lora_lib.count_bytes(state.params) + critic_bytes) \
+      + 128
+  assert lora_lib.count_bytes(state) < lora_lib.count_bytes(base)  # full-FT PPO: ~6 x base
+  vp0 = jax.tree.map(np.asarray, state.value_params)
+  pp0 = jax.tree.map(np.asarray, state.params)
+  old_values = np.asarray(learner.value_fn(learner.critic(state, base), batch.tokens,
+                                           batch.mask))
+  # the critic's trunk starts as the policy's (base + fresh adapters): the base's hidden states
+  ref = np.asarray(jax.jit(critic.model_value_fn(model))(
+      {'trunk': base, 'head': state.value_params['head']}, batch.tokens, batch.mask))
+  np.testing.assert_allclose(old_values, ref, atol=1e-6)
+  R = (np.asarray(batch.advantages) > 0).astype(np.float32)
+  adv, ret = jax.jit(gae.ppo_advantages, static_argnums=(3, 4))(R, old_values,
+                                                               batch.response_mask, 1.0, 0.95)
+  ppo_batch = batch.replace(advantages=np.asarray(adv), returns=np.asarray(ret),
+                            old_values=old_values, ref_logp=None).check()
+  for i in range(2):
+    state, m = learner.update(state, ppo_batch, jax.random.PRNGKey(i), base)
+    assert float(m['value_grad_norm']) > 0 and np.isfinite(float(m['policy_loss']))
+  moved = lambda t0, t1: max(np.abs(np.asarray(a) - b).max()
+                             for a, b in zip(jax.tree.leaves(t1), jax.tree.leaves(t0)))
+  assert moved(vp0['trunk'], state.value_params['trunk']) > 0
+  assert moved(vp0['head'], state.value_params['head']) > 0
+  assert moved(pp0, state.params) > 0
+  for a, b in zip(jax.tree.leaves(base), jax.tree.leaves(base_np)):
+    np.testing.assert_array_equal(np.asarray(a), b)
 
 
 _SHARDED = textwrap.dedent('''

@@ -194,11 +194,22 @@ def score(runner, ro: Rollout, examples: Sequence[Any]) -> tuple[np.ndarray, dic
   (`RewardRunner.finish`), so every process sees the same rewards and takes the same
   decisions. Channels see everything an example carries: metadata, reference, and the
   conversation (reward models), as plain dicts (not the Example's read-only proxies) so
-  process-kind channels can pickle them.
+  process-kind channels can pickle them. The two halves are `score_owned` (host-local; the
+  asynchronous trainer runs it on a worker thread) and `finish_scores`.
   """
+  return finish_scores(runner, ro, score_owned(runner, ro, examples))
+
+
+def score_owned(runner, ro: Rollout, examples: Sequence[Any]) -> tuple:
+  """The runner's raw scores of this process's rows (`RewardRunner.score`; no collective)."""
   ex_dicts = [{**ex.as_mapping(), "messages": [dict(m) for m in ex.messages]} for ex in examples]
-  r_BGK, counts, seconds = runner.score(ro.texts, ex_dicts, ro.lengths.astype(np.int64),
-                                        rows_BG=ro.owned)
+  return runner.score(ro.texts, ex_dicts, ro.lengths.astype(np.int64), rows_BG=ro.owned)
+
+
+def finish_scores(runner, ro: Rollout, owned: tuple) -> tuple[np.ndarray, dict]:
+  """`score`'s second half: `score_owned`'s values gathered over the processes, then the
+  runner's batch-level rules and guards (`RewardRunner.finish`)."""
+  r_BGK, counts, seconds = owned
   B, G, K = r_BGK.shape
   r_BGK = distributed.gather_rows(r_BGK.reshape(B * G, K), ro.owned.reshape(-1))
   seconds = float(distributed.allgather(np.float64(seconds)).max())  # the slowest process

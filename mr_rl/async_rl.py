@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterable, Sequence
 import jax
 
 from mr_rl import rollout as rollout_lib
+from mr_rl.models import sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +91,14 @@ def split_devices(devices: Sequence[Any], sampler_devices: int) -> tuple[list, l
     raise ValueError(f"config.rollout.sampler_devices={sampler_devices} must leave devices to "
                      f"both the sampler and the learner; this run has {len(devices)}")
   return devices[:sampler_devices], devices[sampler_devices:]
+
+
+def split_meshes(mesh_sizes, sampler_devices: int):
+  """(sampler mesh, learner mesh) over disjoint devices (`split_devices`): the learner's
+  follows `config.mesh`, the sampler's decodes data-parallel with the same tensor split."""
+  sampler, learner = split_devices(jax.devices(), sampler_devices)
+  return (sharding.make_mesh({"data": -1, "tensor": mesh_sizes["tensor"]}, devices=sampler),
+          sharding.make_mesh(dict(mesh_sizes), devices=learner))
 
 
 @dataclasses.dataclass
@@ -179,8 +188,27 @@ class Pipeline:
     self._shardings = sampler_shardings
     self._sampler_params = None
     self._push_s = 0.0
+    self._taken: InFlight | None = None
     self._worker = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mr_rl_async")
                     if settings.active else None)
+
+  @classmethod
+  def for_run(cls, settings: AsyncSettings, model, sampler_mesh, learner_mesh, *,
+              ppo: bool = False, lora: bool = False) -> "Pipeline":
+    """A trainer's pipeline; with split devices (`learner_mesh` given, built by
+    `split_meshes`) the sampler's copy of the params is sharded on `sampler_mesh`."""
+    n = settings.sampler_devices
+    have = 0 if learner_mesh is None else sampler_mesh.devices.size
+    if n != have:
+      raise ValueError(f"config.rollout.sampler_devices={n}, but the components were built "
+                       f"with {have} sampler devices (build them with these settings)")
+    if n and (ppo or lora):
+      raise ValueError("config.rollout.sampler_devices > 0 pushes the policy's full params; "
+                       "not with PPO's critic or LoRA adapters yet")
+    shardings = None
+    if n:
+      shardings = sharding.param_shardings(model, sampler_mesh, sharding.DEFAULT_RULES)
+    return cls(settings, shardings)
 
   # ---------------------------------------------------------------- weights
   @property
@@ -236,18 +264,24 @@ class Pipeline:
       return dataclasses.replace(out, step=u, version=version)
     return InFlight(u, version, draw=out)
 
-  def take(self, step: int, draw_fn: Callable[[int], Callable[[], Any]]) -> tuple[Any, dict]:
-    """The draw of `step` (learner at version `step`) and the async/* metrics."""
+  def take(self, step: int, draw_fn: Callable[[int], Callable[[], Any]]) -> Any:
+    """The draw of `step` for the learner at version `step`."""
     item = self.queue.take(step, step)
     if item is None:  # dropped as too stale (or nothing in flight): sample with this policy
       item = self._submit(step, step, draw_fn(step))
     draw = item.resolve()
-    if not self.settings.active:
-      return draw, {}
-    return draw, {"async/staleness": float(step - item.version),
-                  "async/in_flight": float(len(self.queue)),
-                  "async/stale_dropped": float(self.queue.dropped),
-                  "time/reward_wait": item.wait_s, "time/weight_push": self._push_s}
+    self._taken = item
+    return draw
+
+  def metrics(self) -> dict[str, float]:
+    """The async/* metrics of the step whose draw was taken last, with the time of the
+    latest weight push (the one after its update); none for a synchronous run."""
+    if not self.settings.active or self._taken is None:
+      return {}
+    return {"async/staleness": float(self._taken.step - self._taken.version),
+            "async/in_flight": float(len(self.queue)),
+            "async/stale_dropped": float(self.queue.dropped),
+            "time/reward_wait": self._taken.wait_s, "time/weight_push": self._push_s}
 
   def settle(self) -> None:
     """Finishes every draw in flight (before evaluation and checkpoints: the reward runner

@@ -27,7 +27,9 @@ Recipes: `update_batch.trim_columns` / `update_batch.pack` (length-aware learner
 `mr_rl.rl.batch`); `dynamic_sampling` (DAPO: keep the groups with a learning signal,
 `mr_rl.rl.dynamic_sampling`); `update_batch.mask_truncated` (truncated responses enter no
 loss); the sampler/trainer mismatch is logged every step (`mismatch/*`) and, with
-`loss.recompute_old_logp` / `loss.tis_cap`, corrected in the step. Shape letters:
+`loss.recompute_old_logp` / `loss.tis_cap`, corrected in the step; `rollout.max_staleness` /
+`rollout.sampler_devices` (groups sampled up to s updates ahead of the learner, host scoring
+overlapped or the sampler on devices of its own: `mr_rl.async_rl`). Shape letters:
 docs/shapes.md.
 """
 
@@ -37,8 +39,6 @@ import dataclasses
 import functools
 import logging
 import os
-import signal as os_signal
-import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -49,6 +49,7 @@ import numpy as np
 from mr_rl import async_rl, data, distributed, evaluation, metrics as metrics_lib, models
 from mr_rl import rollout as rollout_lib
 from mr_rl.checkpointing import Checkpointer, check_resume
+from mr_rl.preemption import PREEMPTED_EXIT_CODE, Preempted, Preemption  # noqa: F401
 from mr_rl.models import sharding
 from mr_rl.rewards.runner import RewardRunner, get_reward
 from mr_rl.rl import batch as batch_lib
@@ -179,11 +180,7 @@ def build(settings: RunSettings) -> Components:
   mesh = sharding.make_mesh(dict(settings.mesh)) if jax.device_count() > 1 else None
   learner_mesh = None
   if settings.asynchrony.sampler_devices:  # disjoint sampler / learner devices
-    sampler_devs, learner_devs = async_rl.split_devices(jax.devices(),
-                                                        settings.asynchrony.sampler_devices)
-    learner_mesh = sharding.make_mesh(dict(settings.mesh), devices=learner_devs)
-    mesh = sharding.make_mesh({"data": -1, "tensor": settings.mesh["tensor"]},
-                              devices=sampler_devs)
+    mesh, learner_mesh = async_rl.split_meshes(settings.mesh, settings.asynchrony.sampler_devices)
   model, params, tokenizer = load_policy(settings, mesh if learner_mesh is None else learner_mesh)
   if tokenizer is None:
     raise ValueError("config.model.preset gives random weights but no tokenizer; point "
@@ -273,7 +270,8 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
   data_iter = data.ResumableIterator(list(comp.train_examples), s.data.batch_prompts,
                                      seed=s.seed)
   alarm = metrics_lib.ShortcutAlarm(s.alarm_window)
-  pipe = async_pipeline(s, comp, learner)
+  pipe = async_rl.Pipeline.for_run(s.asynchrony, comp.model, comp.policy.mesh,
+                                   comp.learner_mesh, ppo=ppo, lora=learner.lora is not None)
   start = 0
   ckpt = writer = None
   history = []
@@ -314,7 +312,7 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
       _, k_agg, k_upd = jax.random.split(key, 3)
       # draw + score (mr_rl.async_rl: submitted up to max_staleness steps ahead)
       pipe.fill(step, draw_for)
-      draw, async_m = pipe.take(step, draw_for)
+      draw = pipe.take(step, draw_for)
       t0 = time.perf_counter()
       # signal
       sig = signal(state["agg"], jnp.asarray(draw.r_BGK[:draw.signal_groups]), k_agg)
@@ -351,7 +349,7 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
       m.update(alarm.update(m["reward/scalar/mean"], m[f"reward/{names[s.rewards.primary]}/mean"]))
       m.update({"time/rollout": draw.t_rollout, "time/reward": draw.t_reward,
                 "time/update": t1 - t0})
-      m.update(async_m)
+      m.update(pipe.metrics())  # (after the weight push of this step's update)
       if s.eval.every and (step + 1) % s.eval.every == 0:
         pipe.settle()  # the reward runner is the evaluation's alone
         m.update(evaluation.run_evaluation(
@@ -387,73 +385,11 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
                      state["agg"], history)
 
 
-def async_pipeline(s: RunSettings, comp: Components, learner) -> async_rl.Pipeline:
-  """The run's `mr_rl.async_rl.Pipeline`: with `rollout.sampler_devices`, the sampler's copy
-  of the params lives on the sampler's devices (`comp.policy.mesh`)."""
-  n = s.asynchrony.sampler_devices
-  have = 0 if comp.learner_mesh is None else comp.policy.mesh.devices.size
-  if n != have:
-    raise ValueError(f"config.rollout.sampler_devices={n}, but the components were built with "
-                     f"{have} sampler devices (build them with these settings)")
-  shardings = None
-  if n:
-    if s.advantage == "ppo" or learner.lora is not None:
-      raise ValueError("config.rollout.sampler_devices > 0 pushes the policy's full params; "
-                       "not with PPO's critic state or LoRA adapters yet")
-    shardings = sharding.param_shardings(comp.model, comp.policy.mesh, sharding.DEFAULT_RULES)
-  return async_rl.Pipeline(s.asynchrony, shardings)
-
-
 def save(ckpt: Checkpointer, pipe: async_rl.Pipeline, workdir: str, step: int, state,
          meta: dict) -> None:
   """A checkpoint of `step`, the draws in flight written first (`Pipeline.save`)."""
   pipe.save(workdir, step, keep=ckpt.all_steps())
   ckpt.save(step, state, meta)
-
-
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: run the same command again to resume
-
-
-class Preempted(Exception):
-  """The run was asked to stop (SIGTERM) and saved a checkpoint at a step boundary;
-  `mr_rl.main` exits with `PREEMPTED_EXIT_CODE`, and the launch scripts run it again."""
-
-
-class Preemption:
-  """SIGTERM (a spot / preemptible VM, a Kubernetes eviction) -> save at the next step boundary.
-
-  With one process a SIGTERM handler sets a flag (installed while training, the previous
-  handler restored after). With several, jax's preemption sync point tells every process at
-  the same step that one of them got the signal (`reached_preemption_sync_point`), so all save
-  the same step.
-  """
-
-  def __init__(self):
-    self._flag = False
-    self._previous = None
-    self._multi = jax.process_count() > 1
-    if not self._multi and threading.current_thread() is threading.main_thread():
-      self._previous = os_signal.signal(os_signal.SIGTERM, self._handle)
-    # (a context manager: the previous handler comes back however training ends)
-
-  def _handle(self, signum, frame):
-    del signum, frame
-    self._flag = True
-
-  def reached(self, step: int) -> bool:
-    """Whether to save and stop after `step` (the same answer on every process)."""
-    if self._multi:
-      from jax.experimental import multihost_utils
-      return bool(multihost_utils.reached_preemption_sync_point(step))
-    return self._flag
-
-  def __enter__(self) -> "Preemption":
-    return self
-
-  def __exit__(self, *exc) -> None:
-    if self._previous is not None:
-      os_signal.signal(os_signal.SIGTERM, self._previous)
-      self._previous = None
 
 
 @functools.lru_cache(maxsize=16)

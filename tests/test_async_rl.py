@@ -25,6 +25,7 @@ from mr_rl import data  # noqa: E402
 from mr_rl import metrics as metrics_lib  # noqa: E402
 from mr_rl import settings as settings_lib  # noqa: E402
 from mr_rl import train as train_lib  # noqa: E402
+from mr_rl.rewards.runner import RewardFailureError  # noqa: E402
 from mr_rl.rl import signal as signal_lib  # noqa: E402
 from mr_rl.rl import update as update_lib  # noqa: E402
 from mr_rl.testing import runs  # noqa: E402
@@ -59,7 +60,7 @@ def test_the_pipeline_consumes_the_draw_of_version_t_minus_s(s):
     for step in range(7):
       pipe.fill(step, draw_fn)
       assert len(pipe.queue) == s + 1
-      draw, m = pipe.take(step, draw_fn)
+      draw, m = pipe.take(step, draw_fn), pipe.metrics()
       assert draw == {"step": step, "version": max(0, step - s)}
       if s:
         assert m["async/staleness"] == min(step, s) and m["async/stale_dropped"] == 0
@@ -167,6 +168,34 @@ def test_s1_resume_reproduces_the_uninterrupted_run(policy, tmp_path):
     train_lib.train(s7, resumed, comp=comp, log=None)
 
 
+def test_guards_and_dynamic_sampling_keep_their_meaning_at_s1(policy, tmp_path, monkeypatch):
+  # A channel that always fails trips the failure guard (patience 2) while the same step's
+  # groups are taken, at s = 1 as at s = 0: the guard counts consumed batches in order.
+  (tmp_path / "broken_rewards.py").write_text(
+      "def broken(response, example, num_tokens):\n  raise ValueError('no')\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path),
+                                                    os.environ.get("PYTHONPATH", "")]))
+  steps_logged = {}
+  for staleness in (0, 1):
+    c = _async_config(policy, 4, staleness)
+    c.rewards.channels = "arith_len,arith_brief,broken_rewards:broken"
+    c.rewards.failure_patience = 2
+    c.log_every = 1
+    lines = []
+    with pytest.raises(RewardFailureError, match="broken"):
+      train_lib.train(settings_lib.from_config(c), None, log=lines.append)
+    steps_logged[staleness] = len(lines)
+  assert steps_logged == {0: 1, 1: 1}
+  # Dynamic sampling draws its rounds when the draw is submitted (the aggregator state of
+  # then decides a scalar signal) and still fills the batch with groups that carry a signal.
+  c = _async_config(policy, 3, 1)
+  c.dynamic_sampling.mode = "refill"
+  res = train_lib.train(settings_lib.from_config(c), None, log=None)
+  assert [h["async/staleness"] for h in res.history] == [0.0, 1.0, 1.0]
+  assert all(0 < h["dynamic/kept_frac"] <= 1 for h in res.history)
+
+
 # ------------------------------------------------- sampler and learner on disjoint devices
 def _split_worker(policy_path: str) -> dict:
   """In the 8-device process: a split run (4 sampler + 4 learner devices) at s = 0 and at
@@ -188,8 +217,7 @@ def _split_worker(policy_path: str) -> dict:
                                      for x in jax.tree.leaves(tree))
       out["base_on_learner"] = on(comp.base_params, learner)
       out["result_on_sampler"] = on(res.params, sampler)  # the last push
-      pipe = train_lib.async_pipeline(s, comp, update_lib.learner(comp.model, s.update,
-                                                                  comp.mesh))
+      pipe = async_rl.Pipeline.for_run(s.asynchrony, comp.model, comp.policy.mesh, comp.mesh)
       pipe.push(comp.base_params)
       pushed = pipe.sampler_params(None)
       out["pushed_on_sampler"] = on(pushed, sampler)

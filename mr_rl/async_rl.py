@@ -219,6 +219,7 @@ class Pipeline:
     """The sampler's copy of `params` (split devices; timed). A no-op on one device set."""
     if not self.split:
       return
+    params = jax.block_until_ready(params)  # the update's own time is not the push's
     t0 = time.perf_counter()
     self._sampler_params = jax.block_until_ready(jax.device_put(params, self._shardings))
     self._push_s = time.perf_counter() - t0

@@ -77,6 +77,10 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._mngr.latest_step()
 
+  def all_steps(self) -> list[int]:
+    """The steps of the finished checkpoints on disk."""
+    return list(self._mngr.all_steps())
+
   def save(self, step: int, state: Any, meta: dict) -> None:
     if step in self._mngr.all_steps():  # already saved (e.g. preemption right after a save)
       return

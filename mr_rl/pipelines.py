@@ -68,12 +68,14 @@ def run_train(s, workdir: str, comp=None):
 
 
 def probe_settings(s, k: int):
-  """Single-channel GRPO on channel k from pi_0 (no checkpoints, no periodic eval)."""
+  """Single-channel GRPO on channel k from pi_0 (no checkpoints, no periodic eval; synchronous
+  rollouts, max_staleness 0, on the run's devices)."""
   return dataclasses.replace(
       s, pipeline="train", total_steps=s.anchor.probe_steps, checkpoint_every=0,
       aggregator=settings_lib.AggregatorSettings("rp_only", {"primary": k}),
       data=dataclasses.replace(s.data, batch_prompts=s.anchor.probe_batch_prompts),
-      eval=dataclasses.replace(s.eval, every=0))
+      eval=dataclasses.replace(s.eval, every=0),
+      asynchrony=dataclasses.replace(s.asynchrony, max_staleness=0))  # probes stay synchronous
 
 
 def elect_anchor(s, comp, directory: str | None, log=print) -> tuple[int, list]:

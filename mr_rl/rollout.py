@@ -277,6 +277,7 @@ class StreamingScore:
     self.owned = rows_owned(policy, len(examples), group_size)
     self._seen = np.zeros_like(self.owned)
     self._pending = runner.start(_example_dicts(examples), group_size)
+    self._local = None
 
   def __call__(self, b: int, g: int, text: str, num_tokens: int) -> None:
     if self._seen[b, g]:
@@ -285,14 +286,23 @@ class StreamingScore:
     if self.owned[b, g]:
       self._pending.add(b, g, text, num_tokens)
 
-  def finish(self, ro: Rollout) -> tuple[np.ndarray, dict]:
-    """`score(runner, ro, examples)`'s `(r[B, G, K], metrics)`, once every row was handed in."""
-    if ro.owned.shape != self.owned.shape or not (ro.owned == self.owned).all():
-      raise ValueError(f"the rollout's owned rows {ro.owned.shape} are not the ones this "
-                       f"StreamingScore was made for {self.owned.shape}")
+  def wait(self) -> tuple:
+    """This process's raw scores, once its calls are done (`PendingScores.result`). Host-local,
+    no collective, so the asynchronous trainer runs it on a worker thread; `finish` reuses it."""
     if not self._seen.all():
       raise RuntimeError(f"StreamingScore.finish before every row was handed in "
                          f"({int(self._seen.sum())} of {self._seen.size}): pass it as the "
                          f"rollout's on_row")
-    r_BGK, counts, seconds = self._pending.result()
+    if self._local is None:
+      self._local = self._pending.result()
+    return self._local
+
+  def finish(self, ro: Rollout) -> tuple[np.ndarray, dict]:
+    """`score(runner, ro, examples)`'s `(r[B, G, K], metrics)`, once every row was handed in:
+    `wait`, then the rows gathered over the processes and `RewardRunner.finish` (collective:
+    the main thread's, in the order draws are consumed)."""
+    if ro.owned.shape != self.owned.shape or not (ro.owned == self.owned).all():
+      raise ValueError(f"the rollout's owned rows {ro.owned.shape} are not the ones this "
+                       f"StreamingScore was made for {self.owned.shape}")
+    r_BGK, counts, seconds = self.wait()
     return _gathered(self._runner, r_BGK, self.owned, counts, seconds)

@@ -26,6 +26,7 @@ from mr_rl.rl import advantages as adv_lib
 from mr_rl.rl import dynamic_sampling
 from mr_rl.rl.losses import PolicyLossConfig
 from mr_rl.rl.update import UpdateConfig
+from mr_rl.async_rl import AsyncSettings
 from mr_rl.rollout import SamplingSettings
 
 
@@ -352,6 +353,7 @@ class RunSettings:
   export: ExportSettings
   batch: BatchSettings
   dynamic: DynamicSamplingSettings
+  asynchrony: AsyncSettings = AsyncSettings()  # rollout.max_staleness / sampler_devices
 
   @property
   def num_channels(self) -> int:
@@ -413,7 +415,9 @@ def default_config():
       dtype="",                   # sampler compute dtype ('' = model.dtype; e.g. 'bfloat16')
       cache_dtype="",             # sampler KV-cache dtype ('' = the sampler's compute dtype)
       engine="static",            # 'static' (one batch of B*G rows) | 'continuous' (slot pool)
-      slots=0))                   # continuous engine's decode slots (0 = one per row)
+      slots=0,                    # continuous engine's decode slots (0 = one per row)
+      max_staleness=0,            # s: groups sampled up to s updates ago (0 = synchronous)
+      sampler_devices=0))         # devices for the sampler, the rest learn (0 = share all)
   c.update_batch = ml_collections.ConfigDict(dict(
       trim_columns=True,          # update / reference / critic over the columns in use (bucketed)
       pack=U.pack,                # several sequences per row (segment ids); GRPO family only
@@ -624,6 +628,16 @@ def from_config(cfg) -> RunSettings:
       cache_dtype=cache_dtype,
       engine=_choice("rollout.engine", c.rollout.engine, ("static", "continuous")),
       slots=_count("rollout.slots", c.rollout.slots, True))
+  asynchrony = AsyncSettings(
+      max_staleness=_count("rollout.max_staleness", c.rollout.max_staleness, True),
+      sampler_devices=_count("rollout.sampler_devices", c.rollout.sampler_devices, True))
+  if asynchrony.max_staleness and not update.loss.tis_cap:
+    raise ValueError(f"config.rollout.max_staleness={asynchrony.max_staleness} needs the lag "
+                     "correction: set config.loss.tis_cap (C >= 1, e.g. 2.0; AReaL's decoupled "
+                     "objective, docs/methods.md §4)")
+  if asynchrony.sampler_devices and update.lora is not None:
+    raise ValueError("config.rollout.sampler_devices > 0 pushes full weights to the sampler; "
+                     "with config.model.lora use sampler_devices=0")
   rows = data.batch_prompts * rollout.group_size
   if rows % update.num_micro_batches:
     raise ValueError(f"config.optim.num_micro_batches={update.num_micro_batches} must divide "
@@ -677,7 +691,7 @@ def from_config(cfg) -> RunSettings:
       logging=_logging(c.logging), export=_export(c.export),
       batch=BatchSettings(trim_columns=c.update_batch.trim_columns,
                           mask_truncated=c.update_batch.mask_truncated),
-      dynamic=dynamic)
+      dynamic=dynamic, asynchrony=asynchrony)
   # Build the aggregator once so unknown hyperparameters fail now, not at step 1.
   aggregators.get(agg_name, **agg_hp).init(len(channels))
   return settings

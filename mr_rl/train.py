@@ -28,7 +28,9 @@ Recipes: `update_batch.trim_columns` / `update_batch.pack` (length-aware learner
 `mr_rl.rl.batch`); `dynamic_sampling` (DAPO: keep the groups with a learning signal,
 `mr_rl.rl.dynamic_sampling`); `update_batch.mask_truncated` (truncated responses enter no
 loss); the sampler/trainer mismatch is logged every step (`mismatch/*`) and, with
-`loss.recompute_old_logp` / `loss.tis_cap`, corrected in the step. Shape letters:
+`loss.recompute_old_logp` / `loss.tis_cap`, corrected in the step; `rollout.max_staleness` /
+`rollout.sampler_devices` (groups sampled up to s updates ahead of the learner, host scoring
+overlapped or the sampler on devices of its own: `mr_rl.async_rl`). Shape letters:
 docs/shapes.md.
 """
 
@@ -38,8 +40,6 @@ import dataclasses
 import functools
 import logging
 import os
-import signal as os_signal
-import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -47,9 +47,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mr_rl import data, distributed, evaluation, metrics as metrics_lib, models
+from mr_rl import async_rl, data, distributed, evaluation, metrics as metrics_lib, models
 from mr_rl import rollout as rollout_lib
 from mr_rl.checkpointing import Checkpointer, check_resume
+from mr_rl.preemption import PREEMPTED_EXIT_CODE, Preempted, Preemption  # noqa: F401
 from mr_rl.models import sharding
 from mr_rl.rewards.runner import RewardRunner, get_reward
 from mr_rl.rl import batch as batch_lib
@@ -74,6 +75,8 @@ class Components:
     train_examples, eval_examples: the data set's train / eval splits.
     runner: the reward runner over `settings.rewards.channels`.
     eval_sets: `data.eval_sets` benchmark sets by name (evaluated instead of the eval split).
+    learner_mesh: the learner's mesh when the sampler has devices of its own
+      (`rollout.sampler_devices`, `mr_rl.async_rl`); None: the learner uses `policy.mesh`.
   """
   settings: RunSettings
   policy: rollout_lib.Policy
@@ -82,6 +85,7 @@ class Components:
   eval_examples: Sequence[Any]
   runner: RewardRunner
   eval_sets: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
+  learner_mesh: Any = None
 
   @property
   def model(self):
@@ -89,7 +93,8 @@ class Components:
 
   @property
   def mesh(self):
-    return self.policy.mesh
+    """The learner's mesh (the sampler's is `policy.mesh`; the same unless split)."""
+    return self.policy.mesh if self.learner_mesh is None else self.learner_mesh
 
   @property
   def eval_data(self):
@@ -174,7 +179,10 @@ def drop_long_prompts(policy: rollout_lib.Policy, examples, what: str) -> list:
 def build(settings: RunSettings) -> Components:
   """Loads the policy, data and reward channels of a run (on a mesh with > 1 device)."""
   mesh = sharding.make_mesh(dict(settings.mesh)) if jax.device_count() > 1 else None
-  model, params, tokenizer = load_policy(settings, mesh)
+  learner_mesh = None
+  if settings.asynchrony.sampler_devices:  # disjoint sampler / learner devices
+    mesh, learner_mesh = async_rl.split_meshes(settings.mesh, settings.asynchrony.sampler_devices)
+  model, params, tokenizer = load_policy(settings, mesh if learner_mesh is None else learner_mesh)
   if tokenizer is None:
     raise ValueError("config.model.preset gives random weights but no tokenizer; point "
                      "config.model.path at a checkpoint directory with a tokenizer")
@@ -200,7 +208,7 @@ def build(settings: RunSettings) -> Components:
                          f"longer than config.data.max_prompt_len={d.max_prompt_len} tokens; "
                          "raise it or set config.data.skip_long_prompts")
   return Components(settings, policy, params, train_ex, eval_ex, build_runner(settings),
-                    eval_sets)
+                    eval_sets, learner_mesh)
 
 
 # ----------------------------------------------------------------------- the loop
@@ -264,6 +272,8 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
   data_iter = data.ResumableIterator(list(comp.train_examples), s.data.batch_prompts,
                                      seed=s.seed)
   alarm = metrics_lib.ShortcutAlarm(s.alarm_window)
+  pipe = async_rl.Pipeline.for_run(s.asynchrony, comp.model, comp.policy.mesh,
+                                   comp.learner_mesh, ppo=ppo, lora=learner.lora is not None)
   start = 0
   ckpt = writer = None
   history = []
@@ -279,19 +289,32 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
       start = int(meta["step"])
       data_iter.restore(meta["data"])
       alarm.restore(meta["alarm"])
+      pipe.restore(workdir, start)
       if log:
         log(f"resumed from {ckpt.directory} at step {start}")
     if distributed.is_primary():  # metrics, TensorBoard and W&B are written once
       writer = metrics_lib.MetricsWriter(workdir, resume_step=start, settings=s)
-  with Preemption() as preemption:
+  def draw_for(u):  # the call that draws step u now (the policy and aggregator state of now)
+    k_roll_u, k_agg_u, _ = jax.random.split(jax.random.fold_in(state["key"], u), 3)
+    return functools.partial(draw_groups, comp, pipe.sampler_params(learner.policy(
+        state["train"], comp.base_params)), state["agg"], data_iter, signal, k_roll_u, k_agg_u,
+                             overlap=pipe)
+
+  def meta_now(step):  # (the draws in flight finished: the data iterator is ours alone)
+    pipe.settle()
+    return {"step": step + 1, "data": data_iter.state(), "alarm": alarm.state(),
+            "settings": settings_record, "reward_errors": dict(comp.runner.error_counts)}
+
+  with Preemption() as preemption, pipe:
+    pipe.push(learner.policy(state["train"], comp.base_params))
     row_multiple = M * (1 if comp.mesh is None else sharding.data_parallel_size(comp.mesh))
     eta = metrics_lib.ETA(s.total_steps)
     for step in range(start, s.total_steps):
       key = jax.random.fold_in(state["key"], step)
-      k_roll, k_agg, k_upd = jax.random.split(key, 3)
-      # draw + score
-      draw = draw_groups(comp, learner.policy(state["train"], comp.base_params), state["agg"],
-                         data_iter, signal, k_roll, k_agg)
+      _, k_agg, k_upd = jax.random.split(key, 3)
+      # draw + score (mr_rl.async_rl: submitted up to max_staleness steps ahead)
+      pipe.fill(step, draw_for)
+      draw = pipe.take(step, draw_for)
       t0 = time.perf_counter()
       # signal
       sig = signal(state["agg"], jnp.asarray(draw.r_BGK[:draw.signal_groups]), k_agg)
@@ -313,6 +336,7 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
       # step
       placed = learner.place_batch(batch)
       state["train"], upd_m = learner.update(state["train"], placed, k_upd, comp.base_params)
+      pipe.push(learner.policy(state["train"], comp.base_params))  # split devices: timed
       kl_m = None if ref_logp is None else reference_kl(ref_logp, placed.old_logp,
                                                         placed.response_mask)
       # log (the device values of the step come to the host here)
@@ -328,10 +352,12 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
       m.update(alarm.update(m["reward/scalar/mean"], m[f"reward/{names[s.rewards.primary]}/mean"]))
       m.update({"time/rollout": draw.t_rollout, "time/reward": draw.t_reward,
                 "time/update": t1 - t0})
+      m.update(pipe.metrics())  # (after the weight push of this step's update)
       if s.eval.every and (step + 1) % s.eval.every == 0:
+        pipe.settle()  # the reward runner is the evaluation's alone
         m.update(evaluation.run_evaluation(
             comp.policy, comp.runner, s, comp.eval_data,
-            learner.policy(state["train"], comp.base_params),
+            pipe.sampler_params(learner.policy(state["train"], comp.base_params)),
             jax.random.fold_in(root, 10**9 + step)))
       if not np.isfinite(m.get("loss/policy", 0.0)):
         raise FloatingPointError(f"non-finite policy loss at step {step}: {m.get('loss/policy')}")
@@ -341,15 +367,13 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
       eta_s = eta.update(step)
       if log and (step % s.log_every == 0 or step + 1 == s.total_steps):
         log(metrics_lib.console_line(step, s.total_steps, m, names, eta_s))
-      meta = {"step": step + 1, "data": data_iter.state(), "alarm": alarm.state(),
-              "settings": settings_record, "reward_errors": dict(comp.runner.error_counts)}
       periodic = s.checkpoint_every and (step + 1) % s.checkpoint_every == 0
       if ckpt and (periodic or step + 1 == s.total_steps):
-        ckpt.save(step + 1, state, meta)
+        save(ckpt, pipe, workdir, step + 1, state, meta_now(step))
       preempted = preemption.reached(step)  # (a SIGTERM during that save counts here)
       if preempted:
         if ckpt:
-          ckpt.save(step + 1, state, meta)  # no-op if just saved
+          save(ckpt, pipe, workdir, step + 1, state, meta_now(step))  # no-op if just saved
           ckpt.close()
         if writer:
           writer.close()
@@ -359,52 +383,16 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
     ckpt.close()
   if writer:
     writer.close()
-  return TrainResult(learner.policy(state["train"], comp.base_params), state["agg"], history)
+  # (split devices: the sampler's copy, where evaluation and export of the result run)
+  return TrainResult(pipe.sampler_params(learner.policy(state["train"], comp.base_params)),
+                     state["agg"], history)
 
 
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: run the same command again to resume
-
-
-class Preempted(Exception):
-  """The run was asked to stop (SIGTERM) and saved a checkpoint at a step boundary;
-  `mr_rl.main` exits with `PREEMPTED_EXIT_CODE`, and the launch scripts run it again."""
-
-
-class Preemption:
-  """SIGTERM (a spot / preemptible VM, a Kubernetes eviction) -> save at the next step boundary.
-
-  With one process a SIGTERM handler sets a flag (installed while training, the previous
-  handler restored after). With several, jax's preemption sync point tells every process at
-  the same step that one of them got the signal (`reached_preemption_sync_point`), so all save
-  the same step.
-  """
-
-  def __init__(self):
-    self._flag = False
-    self._previous = None
-    self._multi = jax.process_count() > 1
-    if not self._multi and threading.current_thread() is threading.main_thread():
-      self._previous = os_signal.signal(os_signal.SIGTERM, self._handle)
-    # (a context manager: the previous handler comes back however training ends)
-
-  def _handle(self, signum, frame):
-    del signum, frame
-    self._flag = True
-
-  def reached(self, step: int) -> bool:
-    """Whether to save and stop after `step` (the same answer on every process)."""
-    if self._multi:
-      from jax.experimental import multihost_utils
-      return bool(multihost_utils.reached_preemption_sync_point(step))
-    return self._flag
-
-  def __enter__(self) -> "Preemption":
-    return self
-
-  def __exit__(self, *exc) -> None:
-    if self._previous is not None:
-      os_signal.signal(os_signal.SIGTERM, self._previous)
-      self._previous = None
+def save(ckpt: Checkpointer, pipe: async_rl.Pipeline, workdir: str, step: int, state,
+         meta: dict) -> None:
+  """A checkpoint of `step`, the draws in flight written first (`Pipeline.save`)."""
+  pipe.save(workdir, step, keep=ckpt.all_steps())
+  ckpt.save(step, state, meta)
 
 
 @functools.lru_cache(maxsize=16)
@@ -441,12 +429,16 @@ def learner_batch(s: RunSettings, draw: Draw, sig: signal_lib.Signal, learner, t
 
 
 def draw_groups(comp: Components, params, agg_state, data_iter, signal, k_roll,
-                k_agg) -> Draw:
+                k_agg, overlap: async_rl.Pipeline | None = None):
   """The step's B groups: one rollout, or DAPO dynamic sampling's rounds (rl.dynamic_sampling).
 
   Round 0 samples `data.batch_prompts` prompts with `k_roll` (exactly the draw without
   dynamic sampling); round i > 0 with `fold_in(k_roll, i)`. The `scalar` signal applies the
   aggregator with the step's starting state (not committed) to each round.
+
+  With `overlap` and no dynamic sampling, the scoring may run on its worker thread: the
+  result is then an `async_rl.InFlight` whose `resolve()` gives the Draw. (Dynamic
+  sampling's rounds need their scores to decide, so they are scored here.)
   """
   s = comp.settings
   dyn = s.dynamic
@@ -462,6 +454,9 @@ def draw_groups(comp: Components, params, agg_state, data_iter, signal, k_roll,
                              k_roll if i == 0 else jax.random.fold_in(k_roll, i), s.rollout,
                              on_row=scoring)
     t1 = time.perf_counter()
+    if dyn.mode == "off" and overlap is not None:  # the wait for the scores on a worker thread
+      return overlap.score_later(scoring, ro, lambda r_BGK, m, t_reward: Draw(
+          ro, r_BGK, B, {k: float(v) for k, v in m.items()}, {}, t1 - t0, t_reward))
     r_BGK, m = scoring.finish(ro)
     t_roll, t_reward = t_roll + t1 - t0, t_reward + time.perf_counter() - t1
     for k, v in m.items():

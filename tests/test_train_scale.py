@@ -41,41 +41,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ------------------------------------------------------------------------------ fixtures
-def write_random_policy(out: str) -> str:
-  """The demo policy's architecture (4 heads, 2 KV heads, d 32, vocab a multiple of 8, so
-  every dimension splits over tensor = fsdp = 2) with random weights and its tokenizer."""
-  from mr_rl.demo import task, warmstart
-  tokenizer = task.make_tokenizer()
-  vocab = int(np.ceil(len(tokenizer) / 8) * 8)
-  model = models.Transformer(warmstart.model_config(
-      vocab, warmstart.WarmStartConfig(d_model=32, n_layers=1)))
-  rng = np.random.default_rng(0)  # host-drawn (init_params compiles for ~10 s on 2 cores)
-  params = jax.tree_util.tree_map_with_path(
-      lambda path, x: (np.ones(x.shape) if jax.tree_util.keystr(path).endswith("['scale']")
-                       else rng.normal(0.0, 0.05, x.shape)).astype(np.float32),
-      models.abstract_params(model))
-  models.save_pretrained(model, params, out)
-  tokenizer.save_pretrained(out)
-  return out
+write_random_policy = runs.write_random_policy
+arith_config = runs.length_config
 
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory):
   return write_random_policy(str(tmp_path_factory.mktemp("policy")))
-
-
-def arith_config(policy_path: str, total_steps: int):
-  """`mr_rl.testing.runs.arith_config` with length-based channels: a random policy's responses
-  vary in length, so rewards (and the policy gradient) are not all zero."""
-  c = runs.arith_config(policy_path, total_steps, aggregator="additive")
-  c.data.options.num_train = 32
-  c.data.options.num_eval = 8
-  c.rollout.max_new_tokens = 12
-  c.rewards.channels = "arith_len,arith_brief"
-  c.rewards.params.arith_len = dict(full_until=4, zero_at=12)
-  c.rewards.params.arith_brief = dict(threshold=9)
-  c.checkpoint_every = 0
-  return c
 
 
 def test_drift_measured_in_row_chunks_equals_one_pass(policy):

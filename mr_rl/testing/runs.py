@@ -48,3 +48,38 @@ def assert_same_metrics(a: list[dict], b: list[dict], rtol: float = 0.0) -> None
         np.testing.assert_allclose(x[k], y[k], rtol=rtol, atol=1e-7, err_msg=k)
       else:
         assert x[k] == y[k], (x["step"], k, x[k], y[k])
+
+
+def write_random_policy(out: str) -> str:
+  """The demo policy's architecture (4 heads, 2 KV heads, d 32, vocab a multiple of 8, so
+  every dimension splits over tensor = fsdp = 2) with random weights and its tokenizer,
+  written to `out` (returned)."""
+  import jax
+  from mr_rl import models
+  from mr_rl.demo import task, warmstart
+  tokenizer = task.make_tokenizer()
+  vocab = int(np.ceil(len(tokenizer) / 8) * 8)
+  model = models.Transformer(warmstart.model_config(
+      vocab, warmstart.WarmStartConfig(d_model=32, n_layers=1)))
+  rng = np.random.default_rng(0)  # host-drawn (init_params compiles for ~10 s on 2 cores)
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: (np.ones(x.shape) if jax.tree_util.keystr(path).endswith("['scale']")
+                       else rng.normal(0.0, 0.05, x.shape)).astype(np.float32),
+      models.abstract_params(model))
+  models.save_pretrained(model, params, out)
+  tokenizer.save_pretrained(out)
+  return out
+
+
+def length_config(policy_path: str, total_steps: int):
+  """`arith_config` with length-based channels for a `write_random_policy` policy: its
+  responses vary in length, so rewards (and the policy gradient) are not all zero."""
+  c = arith_config(policy_path, total_steps, aggregator="additive")
+  c.data.options.num_train = 32
+  c.data.options.num_eval = 8
+  c.rollout.max_new_tokens = 12
+  c.rewards.channels = "arith_len,arith_brief"
+  c.rewards.params.arith_len = dict(full_until=4, zero_at=12)
+  c.rewards.params.arith_brief = dict(threshold=9)
+  c.checkpoint_every = 0
+  return c

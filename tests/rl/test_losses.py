@@ -132,6 +132,49 @@ def test_recomputed_old_logp_and_truncated_importance_sampling_match_numpy(cap):
     assert 0 < float(metrics['tis_clip_frac']) < 1
 
 
+def _np_decoupled_ppo(theta, prox, behav, A, mask, cap, eps=(0.2, 0.28)):
+  """AReaL's decoupled PPO objective (docs/methods.md §4, "Lag correction"), token-mean, in
+  float64: ``-w min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)`` with ``r = pi_theta / pi_prox``
+  (the trust region around the proximal policy, the learner's params before this update) and
+  the behaviour weight ``w = min(pi_prox / pi_behav, cap)`` (pi_behav: the possibly stale
+  sampler). AReaL masks tokens whose weight exceeds the cap; this reference truncates."""
+  m = mask > 0
+  r = np.exp(theta - prox)
+  w = np.minimum(np.exp(prox - behav), cap)
+  a = A[:, None]
+  per = -w * np.minimum(r * a, np.clip(r, 1 - eps[0], 1 + eps[1]) * a)
+  return per[m].sum() / m.sum()
+
+
+@pytest.mark.parametrize('cap', [1.5, 4.0])
+def test_truncated_importance_sampling_is_the_decoupled_objective_for_stale_rollouts(cap):
+  # Rollouts sampled by a policy two updates old: behaviour log-probs 0.6 nats off the learner.
+  logp, _, _, mask, A = _batch(5)
+  behav = logp + np.random.default_rng(7).normal(scale=0.6, size=logp.shape)
+  cfg = losses.PolicyLossConfig(recompute_old_logp=True, tis_cap=cap)
+  fn = lambda lp: losses.policy_loss(lp, jnp.asarray(behav, jnp.float32), jnp.asarray(A),
+                                     jnp.asarray(mask), cfg)[0]
+  loss, grad = jax.jit(jax.value_and_grad(fn))(jnp.asarray(logp, jnp.float32))
+  # The learner makes one optimizer step per batch, so the proximal policy is the forward's
+  # own params: evaluate the reference at theta = prox, its gradient by central differences.
+  np.testing.assert_allclose(float(loss), _np_decoupled_ppo(logp, logp, behav, A, mask, cap),
+                             rtol=2e-5, atol=1e-6)
+  h, want = 1e-5, np.zeros_like(logp)
+  for b, t in zip(*np.nonzero(mask)):
+    up, down = logp.copy(), logp.copy()
+    up[b, t] += h
+    down[b, t] -= h
+    want[b, t] = (_np_decoupled_ppo(up, logp, behav, A, mask, cap)
+                  - _np_decoupled_ppo(down, logp, behav, A, mask, cap)) / (2 * h)
+  np.testing.assert_allclose(np.asarray(grad), want, rtol=1e-4, atol=1e-7)
+  # Centring the clip on the stale sampler instead (plain PPO with pi_old = pi_behav) is a
+  # different objective: it clips tokens the learner never moved.
+  plain = jax.grad(lambda lp: losses.policy_loss(
+      lp, jnp.asarray(behav, jnp.float32), jnp.asarray(A), jnp.asarray(mask),
+      losses.PolicyLossConfig())[0])(jnp.asarray(logp, jnp.float32))
+  assert np.abs(np.asarray(plain) - want).max() > 1e-3
+
+
 def test_mismatch_logged_without_recompute_and_recompute_is_exact_when_equal():
   logp, sampler, _, mask, A = _batch(4)
   plain = losses.PolicyLossConfig()

@@ -1,0 +1,341 @@
+"""Asynchronous RL with bounded staleness: the sampler runs up to `s` policy versions ahead of
+the learner (issue 26; BUILD_NOTES "Asynchronous RL with bounded staleness").
+
+The schedule is fixed, so a resumed run equals an uninterrupted one. A policy's *version* is
+the number of updates applied to it (the learner is at version t when step t starts). At
+step t, before its update, the trainer submits the draw of step t + s with the current
+policy (version t) and takes the draw of step t, sampled by version max(0, t - s):
+
+    step t:  submit draw t+s (version t) -> take draw t -> signal -> batch -> update -> push
+
+With `max_staleness = 0` this is the synchronous loop: draw t is submitted and taken at once,
+on the main thread, with nothing else in flight.
+
+Where the work runs (`Pipeline`):
+
+* one device set (`rollout.sampler_devices = 0`): sampling and updates alternate on the
+  devices as before, and the reward scoring of the draw just sampled (host threads and
+  process pools) runs on a worker thread while the main thread signals and updates the
+  previous draw (`Pipeline.score_later`). The batch-level rules of the rewards (the rows
+  gathered over processes, applicability per prompt, the failure guards:
+  `mr_rl.rollout.StreamingScore.finish`) run on the main thread when the draw is taken, in
+  submission order, so the guards count the same consecutive batches as without overlap.
+* disjoint device sets (`rollout.sampler_devices = n > 0`): the first n devices sample, the
+  rest learn (`split_devices`); each draw (sampling and scoring) runs on the worker thread
+  with the sampler's own copy of the weights, which the trainer refreshes after every
+  update (`Pipeline.push`, timed as `time/weight_push`). One process only for now.
+
+The bound: `StaleQueue.take` never hands out a draw sampled more than `s` versions before
+the learner's; such a draw is dropped (`async/stale_dropped`) and the trainer samples afresh.
+Metrics (only when `s > 0` or the devices are split, so a synchronous run logs what it
+always did): `async/staleness` (learner version minus the consumed draw's), `async/in_flight`,
+`async/stale_dropped`, `time/reward_wait` (the part of the scoring the main thread waited
+for), `time/weight_push`.
+
+Resume: at each checkpoint the draws in flight are finished and written next to it
+(`Pipeline.save`: WORKDIR/inflight/<step>.p<process>.pkl, host numpy values) and restored
+with it (`Pipeline.restore`), so the resumed run consumes the very groups the uninterrupted
+one would have.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import glob
+import os
+import pickle
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+
+from mr_rl import rollout as rollout_lib
+from mr_rl.models import sharding
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncSettings:
+  """How far the sampler may run ahead of the learner (from `config.rollout`).
+
+  Attributes:
+    max_staleness: s, the most updates between the policy that sampled a group and the one
+      that learns from it (0 = the synchronous loop).
+    sampler_devices: devices given to the sampler, the rest to the learner (0 = both share
+      all devices and alternate on them).
+  """
+  max_staleness: int = 0
+  sampler_devices: int = 0
+
+  def __post_init__(self):
+    for name in ("max_staleness", "sampler_devices"):
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"config.rollout.{name} must be an int >= 0, got {v!r}")
+
+  @property
+  def active(self) -> bool:
+    """Whether the run differs from the synchronous loop (metrics, worker thread)."""
+    return self.max_staleness > 0 or self.sampler_devices > 0
+
+
+def split_devices(devices: Sequence[Any], sampler_devices: int) -> tuple[list, list]:
+  """(sampler devices, learner devices): the first `sampler_devices` and the rest, disjoint.
+
+  Raises:
+    ValueError: the split leaves either side without a device.
+  """
+  devices = list(devices)
+  if not 0 < sampler_devices < len(devices):
+    raise ValueError(f"config.rollout.sampler_devices={sampler_devices} must leave devices to "
+                     f"both the sampler and the learner; this run has {len(devices)}")
+  return devices[:sampler_devices], devices[sampler_devices:]
+
+
+def split_meshes(mesh_sizes, sampler_devices: int):
+  """(sampler mesh, learner mesh) over disjoint devices (`split_devices`): the learner's
+  follows `config.mesh`, the sampler's decodes data-parallel with the same tensor split."""
+  sampler, learner = split_devices(jax.devices(), sampler_devices)
+  return (sharding.make_mesh({"data": -1, "tensor": mesh_sizes["tensor"]}, devices=sampler),
+          sharding.make_mesh(dict(mesh_sizes), devices=learner))
+
+
+@dataclasses.dataclass
+class InFlight:
+  """A draw on its way: for step `step`, sampled by policy version `version`.
+
+  `job` is its unfinished part (a future, or None once finished) and `finish` turns the job's
+  value into the draw on the main thread; `draw` is set once finished.
+  """
+  step: int
+  version: int
+  job: Any = None
+  finish: Callable[[Any], Any] | None = None
+  draw: Any = None
+  wait_s: float = 0.0
+
+  def resolve(self) -> Any:
+    """The finished draw (waits for the job; the finish runs here, on the caller's thread)."""
+    if self.draw is None:
+      t0 = time.perf_counter()
+      value = self.job.result() if isinstance(self.job, concurrent.futures.Future) else self.job
+      self.wait_s = time.perf_counter() - t0
+      self.draw = value if self.finish is None else self.finish(value)
+      self.job = self.finish = None
+    return self.draw
+
+
+class StaleQueue:
+  """The draws in flight, oldest first, each tagged with the version that sampled it."""
+
+  def __init__(self, max_staleness: int):
+    self.max_staleness = max_staleness
+    self._items: collections.deque[InFlight] = collections.deque()
+    self.dropped = 0
+
+  def __len__(self) -> int:
+    return len(self._items)
+
+  def __iter__(self):
+    return iter(self._items)
+
+  @property
+  def next_step(self) -> int | None:
+    """The step the next submitted draw is for (None when empty)."""
+    return self._items[-1].step + 1 if self._items else None
+
+  def put(self, item: InFlight) -> None:
+    """Appends `item` (its step must follow the newest one's)."""
+    if self._items and item.step != self._items[-1].step + 1:
+      raise ValueError(f"draw for step {item.step} submitted after step {self._items[-1].step}")
+    self._items.append(item)
+
+  def take(self, step: int, version: int) -> InFlight | None:
+    """The draw of `step` for a learner at `version`; None when there is none or when it is
+    more than `max_staleness` versions old (then it is dropped, never consumed)."""
+    if not self._items:
+      return None
+    if self._items[0].step != step:
+      raise ValueError(f"the oldest draw in flight is for step {self._items[0].step}, not {step}")
+    item = self._items.popleft()
+    if version - item.version > self.max_staleness:
+      self.dropped += 1
+      return None
+    return item
+
+
+class Pipeline:
+  """The trainer's draws in flight (module docstring): submits, bounds, finishes, saves.
+
+  Draws are submitted past the run's last step too (s of them, written with the last
+  checkpoint), so a run resumed with a larger `total_steps` consumes what an uninterrupted
+  longer run would have.
+
+  Args:
+    settings: AsyncSettings.
+    sampler_shardings: with split devices, the shardings of the sampler's copy of the
+      policy's params (None: the sampler uses the learner's params).
+  """
+
+  def __init__(self, settings: AsyncSettings, sampler_shardings=None):
+    if settings.sampler_devices and jax.process_count() > 1:
+      raise ValueError("config.rollout.sampler_devices > 0 runs the sampler on a worker thread, "
+                       "which is single-process for now; use sampler_devices=0 (max_staleness "
+                       "still overlaps reward scoring) with several processes")
+    self.settings = settings
+    self.queue = StaleQueue(settings.max_staleness)
+    self._shardings = sampler_shardings
+    self._sampler_params = None
+    self._push_s = 0.0
+    self._taken: InFlight | None = None
+    self._worker = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mr_rl_async")
+                    if settings.active else None)
+
+  @classmethod
+  def for_run(cls, settings: AsyncSettings, model, sampler_mesh, learner_mesh, *,
+              ppo: bool = False, lora: bool = False) -> "Pipeline":
+    """A trainer's pipeline; with split devices (`learner_mesh` given, built by
+    `split_meshes`) the sampler's copy of the params is sharded on `sampler_mesh`."""
+    n = settings.sampler_devices
+    have = 0 if learner_mesh is None else sampler_mesh.devices.size
+    if n != have:
+      raise ValueError(f"config.rollout.sampler_devices={n}, but the components were built "
+                       f"with {have} sampler devices (build them with these settings)")
+    if n and (ppo or lora):
+      raise ValueError("config.rollout.sampler_devices > 0 pushes the policy's full params; "
+                       "not with PPO's critic or LoRA adapters yet")
+    shardings = None
+    if n:
+      shardings = sharding.param_shardings(model, sampler_mesh, sharding.DEFAULT_RULES)
+    return cls(settings, shardings)
+
+  # ---------------------------------------------------------------- weights
+  @property
+  def split(self) -> bool:
+    return self._shardings is not None
+
+  def push(self, params) -> None:
+    """The sampler's copy of `params` (split devices; timed). A no-op on one device set."""
+    if not self.split:
+      return
+    params = jax.block_until_ready(params)  # the update's own time is not the push's
+    t0 = time.perf_counter()
+    self._sampler_params = jax.block_until_ready(jax.device_put(params, self._shardings))
+    self._push_s = time.perf_counter() - t0
+
+  def sampler_params(self, learner_params):
+    """The params the sampler draws with: its pushed copy, or the learner's own."""
+    return self._sampler_params if self.split else learner_params
+
+  # ------------------------------------------------------------ submit / take
+  def score_later(self, scoring: rollout_lib.StreamingScore, ro: rollout_lib.Rollout,
+                  finish: Callable):
+    """A draw whose wait for its scores (`StreamingScore.wait`, host-local: the calls started
+    as rows finished) runs on the worker thread; `finish(r_BGK, metrics, seconds)` makes the
+    draw on the main thread from the gathered rewards (`StreamingScore.finish`: the gather and
+    the runner's batch rules). Synchronous (the value itself) without a worker."""
+    if self._worker is None or self.split:  # split: already on the worker
+      t0 = time.perf_counter()
+      r_BGK, m = scoring.finish(ro)
+      return finish(r_BGK, m, time.perf_counter() - t0)
+
+    def job():
+      t0 = time.perf_counter()
+      scoring.wait()
+      return time.perf_counter() - t0
+
+    def done(seconds):
+      r_BGK, m = scoring.finish(ro)
+      return finish(r_BGK, m, seconds)
+
+    return InFlight(-1, -1, self._worker.submit(job), done)
+
+  def fill(self, step: int, draw_fn: Callable[[int], Callable[[], Any]]) -> None:
+    """Submits the draws of steps up to `step + max_staleness` with the current policy,
+    version `step`. `draw_fn(u)` returns the call that draws step u."""
+    u = step if self.queue.next_step is None else self.queue.next_step
+    while u <= step + self.settings.max_staleness:
+      self.queue.put(self._submit(u, step, draw_fn(u)))
+      u += 1
+
+  def _submit(self, u: int, version: int, call: Callable[[], Any]) -> InFlight:
+    if self.split:  # sampling and scoring on the sampler's devices, off the main thread
+      return InFlight(u, version, self._worker.submit(call))
+    out = call()  # sampling here; scoring maybe on the worker (score_later)
+    if isinstance(out, InFlight):
+      return dataclasses.replace(out, step=u, version=version)
+    return InFlight(u, version, draw=out)
+
+  def take(self, step: int, draw_fn: Callable[[int], Callable[[], Any]]) -> Any:
+    """The draw of `step` for the learner at version `step`."""
+    item = self.queue.take(step, step)
+    if item is None:  # dropped as too stale (or nothing in flight): sample with this policy
+      item = self._submit(step, step, draw_fn(step))
+    draw = item.resolve()
+    self._taken = item
+    return draw
+
+  def metrics(self) -> dict[str, float]:
+    """The async/* metrics of the step whose draw was taken last, with the time of the
+    latest weight push (the one after its update); none for a synchronous run."""
+    if not self.settings.active or self._taken is None:
+      return {}
+    return {"async/staleness": float(self._taken.step - self._taken.version),
+            "async/in_flight": float(len(self.queue)),
+            "async/stale_dropped": float(self.queue.dropped),
+            "time/reward_wait": self._taken.wait_s, "time/weight_push": self._push_s}
+
+  def settle(self) -> None:
+    """Finishes every draw in flight (before evaluation and checkpoints: the reward runner
+    and the data iterator are then the main thread's alone)."""
+    for item in self.queue:
+      item.resolve()
+
+  # ---------------------------------------------------------------- resume
+  @staticmethod
+  def _path(workdir: str, step: int) -> str:
+    return os.path.join(workdir, "inflight", f"{step}.p{jax.process_index()}.pkl")
+
+  def save(self, workdir: str, step: int, keep: Iterable[int] = ()) -> None:
+    """Writes the draws in flight after `step` (finished first) for a resume at `step`, and
+    removes the files of steps neither `step` nor in `keep` (the checkpoints kept)."""
+    if not self.settings.active:
+      return
+    self.settle()
+    path = self._path(workdir, step)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    items = [(it.step, it.version, it.draw) for it in self.queue]
+    with open(path + ".tmp", "wb") as f:
+      pickle.dump({"step": step, "items": items}, f)
+    os.replace(path + ".tmp", path)
+    keep = set(keep) | {step}
+    for old in glob.glob(os.path.join(workdir, "inflight", "*.pkl")):
+      if int(os.path.basename(old).split(".")[0]) not in keep:
+        os.remove(old)
+
+  def restore(self, workdir: str, step: int) -> None:
+    """Puts back the draws that were in flight when the checkpoint of `step` was written."""
+    if not self.settings.active:
+      return
+    path = self._path(workdir, step)
+    if not os.path.exists(path):
+      raise FileNotFoundError(f"the checkpoint of step {step} has no draws in flight at {path} "
+                              f"(rollout.max_staleness={self.settings.max_staleness}); a "
+                              "checkpoint written by an asynchronous run always has one")
+    with open(path, "rb") as f:
+      saved = pickle.load(f)
+    for u, version, draw in saved["items"]:
+      self.queue.put(InFlight(u, version, draw=draw))
+
+  def __enter__(self) -> "Pipeline":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def close(self) -> None:
+    """Stops the worker thread (draws still in flight are abandoned)."""
+    if self._worker is not None:
+      self._worker.shutdown(wait=True, cancel_futures=True)
+      self._worker = None

@@ -26,6 +26,7 @@ DEFAULTS = {"task": "negative", "method": "tag"}
 def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/tag_moe.py")
   c = tag_math.base_config("qwen3_30b_a3b", a["task"])
+  c.model.moe_impl = "ep"                            # expert-parallel dispatch (exact; memory)
   cl.tag_method(c, a["method"], 2)
   return cl.runlocal(c, "qwen3_30b_a3b") if a["runlocal"] else c
 

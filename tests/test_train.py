@@ -328,3 +328,11 @@ def test_sigterm_saves_the_step_and_the_resumed_run_equals_an_uninterrupted_one(
   train_lib.train(s, ref_dir, log=None)
   _assert_same_metrics(resumed, metrics_lib.read_jsonl(os.path.join(ref_dir, "metrics.jsonl")),
                        rtol=1e-5)
+
+
+def test_model_moe_impl_reaches_the_policy(base_policy):
+  """config.model.moe_impl picks the MoE dispatch of the model the trainer builds."""
+  c = _config(base_policy, 1)
+  c.model.path, c.model.preset, c.model.moe_impl = "", "tiny_moe", "ep"
+  model, params, _ = train_lib.load_policy(settings_lib.from_config(c))
+  assert model.config.moe_impl == "ep" and "mlp" in params["layers_0"]

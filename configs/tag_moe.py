@@ -8,9 +8,10 @@ r"""TAG Table 10: Qwen3-30B-A3B-Instruct-2507 (MoE, 3.3B active) under 4,096-tok
 Arguments: task = brief (< 512 tokens) | negative; method = rp_only | additive | tag; runlocal
 (a tiny 4-expert MoE). Otherwise the tag_math set-up (Big-Math hard split).
 TPU slice: v5p-32 (16 chips, mesh tensor 4 x expert 4; run launch/check.py first).
-launch/check.py (grouped-matmul stand-in, BUILD_NOTES "Pod check"): the policy step needs 280 GB
-per chip and does NOT fit (every chip holds all 147K routed rows of a 4-row micro-batch; no config
-field lowers that); the sampler (72 GB) and the reference pass (40 GB) fit.
+launch/check.py (grouped-matmul stand-in, BUILD_NOTES "Pod check"): with model.moe_impl='ep'
+(expert-parallel dispatch, exact) the policy step needs 249 GB per chip (280 with 'ragged') and
+does NOT fit: per layer the fp32 attention scores [8 heads, 4,608, 4,608] and the 'ep' row buffers
+dominate; no config field lowers them. The reference pass (74 GB with 'ep') fits.
 Estimate: 162 v5p chip-hours for the default point (task=negative,method=tag, probes included);
 whole table 758.
 """

@@ -8,7 +8,7 @@ the largest array of the analytic count (`moe_block_bytes`) and the count's sum 
 reuse), i.e. within a factor 1 of the analytic kernel memory, while the ragged_dot lowering's
 exceed the sum several times; and a whole program (the reference pass) compiled with the
 stand-in needs less than half the temporaries of the ragged_dot lowering (moe_impl='ragged').
-For moe_impl='ep' (configs/tag_moe.py's choice) the policy step compiles with the stand-in and
+For moe_impl='ep' (`--preset=...:moe_impl=ep`) the policy step compiles with the stand-in and
 the block's temporaries lie within `ep_block_bytes`. Three subprocesses (fake devices must be
 set before jax is imported), about 40 s of CPU.
 """
@@ -64,10 +64,9 @@ def test_stand_in_matches_the_analytic_count_and_ragged_dot_does_not():
 
 
 def test_ep_dispatch_is_compiled_with_the_stand_in_within_its_analytic_count():
-  """configs/tag_moe.py sets model.moe_impl='ep': the check compiles that path (policy step
-  included: the stand-in's custom VJP inside shard_map) and its one-block count brackets XLA's
-  temporaries."""
-  text = _run(["--preset=tiny_moe:num_experts=32", "--programs=policy_step,moe_block"])
+  """The check compiles the 'ep' path (policy step included: the stand-in's custom VJP inside
+  shard_map) and its one-block count brackets XLA's temporaries."""
+  text = _run(["--preset=tiny_moe:num_experts=32,moe_impl=ep", "--programs=policy_step,moe_block"])
   assert "moe_impl='ep', grouped matmuls compiled as" in text, text
   assert re.search(r"policy_step\s+args .* fits", text), text
   analytic = _bytes(text, "analytic sum (no buffer reuse)")

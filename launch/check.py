@@ -31,7 +31,8 @@ a 30-layer model takes minutes; the CPU backend's buffer assignment approximates
 (same sharded shapes, a different scheduler), so keep 10-20% headroom. Exit status 1 if a
 program does not fit.
 
-MoE models (`moe_impl='ragged'`): XLA:CPU lowers `jax.lax.ragged_dot` to dense dots over a
+MoE models (`moe_impl` 'ragged' or 'ep', from `config.model.moe_impl`; 'ep' runs the same grouped
+matmuls per device inside a shard_map, counted by `ep_block_bytes`): XLA:CPU lowers `jax.lax.ragged_dot` to dense dots over a
 group-masked copy of the left operand, [M, local experts, K] temporaries (thousands of GB per
 device for Qwen3-30B-A3B), where TPU runs a grouped-matmul kernel (megablox GMM / XLA's
 ragged-dot) that holds its operands and result in HBM and its tiles in VMEM. So by default

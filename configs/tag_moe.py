@@ -9,8 +9,10 @@ Arguments: task = brief (< 512 tokens) | negative; method = rp_only | additive |
 (a tiny 4-expert MoE). Otherwise the tag_math set-up (Big-Math hard split).
 TPU slice: v5p-32 (16 chips, mesh tensor 4 x expert 4; run launch/check.py first).
 launch/check.py (grouped-matmul stand-in, BUILD_NOTES "Pod check"): the policy step needs 280 GB
-per chip and does NOT fit (every chip holds all 147K routed rows of a 4-row micro-batch; no config
-field lowers that); the sampler (72 GB) and the reference pass (40 GB) fit.
+per chip and does NOT fit (every chip holds all 147K routed rows of a 4-row micro-batch); the
+sampler (72 GB) and the reference pass (40 GB) fit. `--set model.moe_impl=ep` (expert-parallel
+dispatch, exact): policy step 249 GB, still no fit (fp32 attention scores [8 heads, 4,608,
+4,608] per layer), and the sampler 312 GB on the CPU compile, so the config keeps 'ragged'.
 Estimate: 162 v5p chip-hours for the default point (task=negative,method=tag, probes included);
 whole table 758.
 """

@@ -43,7 +43,8 @@ a 30-layer model takes minutes; the CPU backend's buffer assignment approximates
 (same sharded shapes, a different scheduler), so keep 10-20% headroom. Exit status 1 if a
 program does not fit.
 
-MoE models (`moe_impl='ragged'`): XLA:CPU lowers `jax.lax.ragged_dot` to dense dots over a
+MoE models (`moe_impl` 'ragged' or 'ep', from `config.model.moe_impl`; 'ep' runs the same grouped
+matmuls per device inside a shard_map, counted by `ep_block_bytes`): XLA:CPU lowers `jax.lax.ragged_dot` to dense dots over a
 group-masked copy of the left operand, [M, local experts, K] temporaries (thousands of GB per
 device for Qwen3-30B-A3B), where TPU runs a grouped-matmul kernel (megablox GMM / XLA's
 ragged-dot) that holds its operands and result in HBM and its tiles in VMEM. So by default
@@ -193,6 +194,33 @@ def moe_block_bytes(cfg, mesh_shape: dict, tokens: int, act_bytes: int) -> dict[
   }
 
 
+def ep_block_bytes(cfg, mesh_shape: dict, tokens: int, act_bytes: int) -> dict[str, int]:
+  """As `moe_block_bytes` for moe_impl='ep' (`mr_rl.models.moe.ep_moe`, default rules): a
+  device's X/(data*fsdp*expert) tokens split again over tensor, routed locally, a send and a
+  receive buffer of expert x `ep_capacity` rows each, grouped matmuls over its E/expert experts
+  at full width F, the results sent back. Upper bound (no buffer reuse); the largest entry is a
+  lower bound."""
+  from mr_rl.models.moe import ep_capacity
+  U, E, D, F = cfg.num_experts_per_tok, cfg.num_experts, cfg.d_model, cfg.moe_d_ff
+  e, t = mesh_shape.get("expert", 1), mesh_shape.get("tensor", 1)
+  x_b = tokens // (mesh_shape.get("data", 1) * mesh_shape.get("fsdp", 1) * e)
+  x_dev = -(-x_b // t)
+  rows = e * ep_capacity(x_dev, U, E // e)
+  return {
+      "router logits + probabilities [X/dev, E] (float32)": 2 * x_dev * E * 4,
+      "top-k weights + ids, slots [X/dev, U]": x_dev * U * 12,
+      "send / receive indices, expert ids [rows] (5, int32)": 5 * rows * 4,
+      "send, received, sorted rows [rows, D]": 3 * rows * D * act_bytes,
+      "gate, up, silu(gate)*up [rows, F] (grouped matmul results)": 3 * rows * F * act_bytes,
+      "down [rows, D] (grouped matmul result), unsorted, returned": 3 * rows * D * act_bytes,
+      "returned rows per token [X/dev, U, D]": x_dev * U * D * act_bytes,
+      "combined y, its sum over tensor [X/dev*tensor, D]": 2 * x_dev * t * D * act_bytes,
+      "local experts' weights at full width, all-gathered (3 x [E/expert, D, F])":
+          3 * E // e * D * F * act_bytes,
+      "kernel metadata (3 calls)": 3 * gmm_metadata_bytes(rows, E // e),
+  }
+
+
 def main(argv=None) -> int:
   a = _args(sys.argv[1:] if argv is None else argv)
   # Must happen before jax is imported anywhere.
@@ -227,9 +255,11 @@ def main(argv=None) -> int:
     raise ValueError(f"--chip={a.chip!r}; valid: {sorted(config_lib.CHIPS)}")
   hbm = config_lib.CHIPS[a.chip].hbm_bytes
   dtype = jnp.dtype(c.model.dtype)
+  preset_fields.setdefault("moe_impl", c.model.moe_impl)  # config.model.moe_impl unless --preset
   cfg = models.get_preset(preset, **preset_fields).replace(param_dtype=dtype, dtype=dtype,
                                                            remat=bool(a.remat))
-  stand_in = cfg.is_moe and cfg.moe_impl == "ragged" and a.moe_matmul == "stand_in"
+  grouped = cfg.is_moe and cfg.moe_impl in ("ragged", "ep")  # paths with grouped matmuls
+  stand_in = grouped and a.moe_matmul == "stand_in"
   model = models.Transformer(cfg)
   mesh_sizes = _parse_mesh(a.mesh) if a.mesh else {k: int(c.mesh[k]) for k in c.mesh}
   mesh = shd.make_mesh(mesh_sizes)
@@ -274,8 +304,8 @@ def main(argv=None) -> int:
         f"{c.rollout.get('dtype', '') or dtype.name}, KV cache "
         f"{c.rollout.get('cache_dtype', '') or c.rollout.get('dtype', '') or dtype.name}\n"
         f"budget   {_gb(hbm)} per device ({a.chip})")
-  if cfg.is_moe and cfg.moe_impl == "ragged":
-    print("moe      grouped matmuls compiled as " + (
+  if grouped:
+    print(f"moe      moe_impl={cfg.moe_impl!r}, grouped matmuls compiled as " + (
         "mr_rl.models.moe.stand_in_grouped_matmul (TPU kernel's memory: operands + result; "
         "group metadata added analytically; values wrong, memory only)" if stand_in else
         "XLA:CPU's lowering of jax.lax.ragged_dot ([M, experts, K] temporaries TPU does not "
@@ -368,7 +398,8 @@ def main(argv=None) -> int:
 
   def moe_block():
     """One MoE block's forward at the policy step's micro-batch: stand-in vs ragged_dot vs the
-    analytic count (verification; not part of the fit)."""
+    analytic count (`moe_block_bytes`, or `ep_block_bytes` for 'ep'; verification, not part of
+    the fit)."""
     from mr_rl.models import moe
     n = rows // micro
     x = jax.ShapeDtypeStruct((n, T, cfg.d_model), dtype, sharding=shd.batch_sharding(
@@ -380,7 +411,8 @@ def main(argv=None) -> int:
       fn = lambda p, h: moe.MoEBlock(cfg).apply({"params": p}, h)  # a fresh trace per impl
       with ctx, shd.activation_sharding(mesh, rules):
         temps[impl] = jax.jit(fn).lower(w, x).compile().memory_analysis().temp_size_in_bytes
-    parts = moe_block_bytes(cfg, dict(mesh.shape), n * T, dtype.itemsize)
+    count = ep_block_bytes if cfg.moe_impl == "ep" else moe_block_bytes
+    parts = count(cfg, dict(mesh.shape), n * T, dtype.itemsize)
     total = sum(parts.values())
     print(f"  moe_block    one MoE block forward, {n} rows x {T} tokens (the policy step's "
           f"micro-batch), per device:")
@@ -425,16 +457,15 @@ def main(argv=None) -> int:
   lowerings = {"policy_step": lower_step, "ref_logprob": lower_ref, "sampler": lower_sampler}
   samplers = ["sampler"] if c.rollout.engine == "static" else list(engine_names)
   wanted = [p.strip() for p in a.programs.split(",") if p.strip()] or (
-      ["policy_step", "ref_logprob"] + samplers
-      + (["moe_block"] if cfg.is_moe and cfg.moe_impl == "ragged" else []))
+      ["policy_step", "ref_logprob"] + samplers + (["moe_block"] if grouped else []))
   wanted = [n for p in wanted for n in (engine_names if p == "engine" else (p,))]
   wanted = [] if wanted == ["none"] else wanted
   valid = sorted(lowerings) + list(engine_names) + ["engine", "moe_block", "none"]
   unknown = sorted(set(wanted) - set(valid))
   if unknown:
     raise ValueError(f"--programs: unknown {unknown}; valid: {valid} ('none' alone)")
-  if "moe_block" in wanted and not (cfg.is_moe and cfg.moe_impl == "ragged"):
-    raise ValueError("--programs=moe_block needs an MoE model with moe_impl='ragged'")
+  if "moe_block" in wanted and not grouped:
+    raise ValueError("--programs=moe_block needs an MoE model with moe_impl 'ragged' or 'ep'")
   # Analytic TPU kernel workspace (group metadata of the largest call) added to each total.
   if stand_in:
     rows_max = max(rows // micro * T, rows // ref_chunks * T, rows * prompt_cols)

@@ -244,6 +244,7 @@ class ModelSettings:
   preset: str              # or a named preset with random init (tests, dry runs)
   dtype: str               # parameter / activation dtype; logits are always float32
   lora: Any = None         # a mr_rl.models.lora.LoraConfig (adapters on the frozen base) or None
+  moe_impl: str = "ragged"  # MoE dispatch, ModelConfig.moe_impl: 'ragged' | 'dense' | 'ep'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,6 +387,8 @@ def default_config():
       path="",                    # HF checkpoint dir or hub id
       preset="",                  # or a preset name with random init
       dtype="float32",            # 'float32' | 'bfloat16'
+      moe_impl="ragged",          # MoE models: 'ragged' | 'dense' | 'ep' (expert-parallel
+                                  # all_to_all dispatch; mr_rl/models/moe.py)
       lora=ml_collections.ConfigDict(dict(  # LoRA RL (mr_rl.models.lora); rank 0 = off
           rank=0,                 # R, adapter rank (0 = full fine-tuning)
           alpha=16.0,             # the update is scaled by alpha / R (PEFT's lora_alpha)
@@ -588,8 +591,9 @@ def from_config(cfg) -> RunSettings:
       vf_clip=_optional_positive("optim.vf_clip", o.vf_clip), pack=c.update_batch.pack,
       lora=lora)
 
+  from mr_rl.models.config import MOE_IMPLS
   model = ModelSettings(path=c.model.path, preset=c.model.preset, dtype=model_dtype,
-                        lora=lora)
+                        lora=lora, moe_impl=_choice("model.moe_impl", c.model.moe_impl, MOE_IMPLS))
   if bool(model.path) == bool(model.preset):
     raise ValueError("set exactly one of config.model.path (checkpoint) and config.model.preset "
                      f"(random init); got path={model.path!r}, preset={model.preset!r}")

@@ -88,6 +88,7 @@ def test_the_demo_config_resolves():
     ("data.template", "amrp_math", r"config.data.template='amrp_math': model .* has no known "
                                    r"template style"),
     ("model.path", 5, r"config.model.path must be a str"),
+    ("model.moe_impl", "sparse", r"config.model.moe_impl='sparse' is not valid"),
 ])
 def test_out_of_range_fields_fail_naming_the_field(field, value, needle):
   c = _demo_config()

@@ -399,3 +399,11 @@ def test_continuous_engine_with_streamed_rewards_equals_the_static_engine(base_p
       if k.startswith(("reward/", "reward_runner/", "response/")) and k != "reward_runner/seconds":
         assert x[k] == y[k] or (x[k] != x[k] and y[k] != y[k]), (x["step"], k, x[k], y[k])
   _assert_same_metrics(static, cont, rtol=1e-5)
+
+
+def test_model_moe_impl_reaches_the_policy(base_policy):
+  """config.model.moe_impl picks the MoE dispatch of the model the trainer builds."""
+  c = _config(base_policy, 1)
+  c.model.path, c.model.preset, c.model.moe_impl = "", "tiny_moe", "ep"
+  model, params, _ = train_lib.load_policy(settings_lib.from_config(c))
+  assert model.config.moe_impl == "ep" and "mlp" in params["layers_0"]

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 FAMILIES = ("qwen3", "llama", "qwen3_moe")
-MOE_IMPLS = ("ragged", "dense")
+MOE_IMPLS = ("ragged", "dense", "ep")
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -80,7 +80,9 @@ class ModelConfig:
     dtype: activation / compute dtype.
     logits_dtype: dtype of the returned logits (float32 recommended).
     moe_impl: 'ragged' (exact sort + lax.ragged_dot dispatch, compute ~ top-k experts) or
-      'dense' (every expert on every token, einsum over the 'expert' axis; simplest to shard).
+      'dense' (every expert on every token, einsum over the 'expert' axis; simplest to shard)
+      or 'ep' (expert-parallel dispatch with per-device routing over the ambient mesh: shard_map
+      + all_to_all over the 'expert' axis; exact, no token dropped; see mr_rl/models/moe.py).
     remat: rematerialise each decoder block in the backward pass.
     matmul_precision: None (backend default) or a jax.lax.Precision name such as 'highest'
       (for fp32 parity on accelerators whose default fp32 matmul is reduced precision).

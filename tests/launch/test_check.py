@@ -7,8 +7,10 @@ XLA:CPU lowers `jax.lax.ragged_dot` to dense dots over a group-masked copy of th
 the largest array of the analytic count (`moe_block_bytes`) and the count's sum (no buffer
 reuse), i.e. within a factor 1 of the analytic kernel memory, while the ragged_dot lowering's
 exceed the sum several times; and a whole program (the reference pass) compiled with the
-stand-in needs less than half the temporaries of the ragged_dot lowering. Two subprocesses
-(fake devices must be set before jax is imported), about 20 s of CPU.
+stand-in needs less than half the temporaries of the ragged_dot lowering (moe_impl='ragged').
+For moe_impl='ep' (`--preset=...:moe_impl=ep`) the policy step compiles with the stand-in and
+the block's temporaries lie within `ep_block_bytes`. Three subprocesses (fake devices must be
+set before jax is imported), about 40 s of CPU.
 """
 
 import os
@@ -19,9 +21,10 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 BASE = [sys.executable, os.path.join(REPO, "launch", "check.py"),
-        "--config=configs/tag_moe.py", "--preset=tiny_moe:num_experts=32", "--devices=4",
+        "--config=configs/tag_moe.py", "--devices=4",
         "--mesh=tensor=2,expert=2", "--rows=8", "--prompt_len=16", "--new_tokens=16",
-        "--micro_batches=2", "--programs=ref_logprob,moe_block"]
+        "--micro_batches=2"]
+RAGGED = ["--preset=tiny_moe:num_experts=32,moe_impl=ragged", "--programs=ref_logprob,moe_block"]
 _MB = {"MB": 1e6, "GB": 1e9}
 
 
@@ -45,7 +48,7 @@ def _ref_temp(text):
 
 
 def test_stand_in_matches_the_analytic_count_and_ragged_dot_does_not():
-  text = _run([])
+  text = _run(RAGGED)
   assert "stand_in_grouped_matmul" in text, text
   analytic = _bytes(text, "analytic sum (no buffer reuse)")
   largest = max(_bytes(text, "gathered rows xs [X*U, D]"),
@@ -55,7 +58,7 @@ def test_stand_in_matches_the_analytic_count_and_ragged_dot_does_not():
   assert largest <= stand_in <= analytic, (largest, stand_in, analytic)
   assert ragged > 3 * analytic, (ragged, analytic)
   # The full program compiled through the ragged_dot lowering: its temporaries are inflated.
-  ragged_text = _run(["--moe_matmul=ragged_dot", "--programs=ref_logprob"])
+  ragged_text = _run(RAGGED + ["--moe_matmul=ragged_dot", "--programs=ref_logprob"])
   assert "XLA:CPU's lowering of jax.lax.ragged_dot" in ragged_text
   assert _ref_temp(text) < 0.5 * _ref_temp(ragged_text), (text, ragged_text)
 
@@ -99,3 +102,17 @@ def test_lora_and_continuous_engine_programs():
   for prog in ("engine_prefill", "engine_step", "engine_shrink"):
     assert _line(text, prog)[3] >= base + state - 0.02e6, (prog, text)  # + the sampler's
   assert "  sampler " not in text  # the static sampler is not the config's engine
+
+
+def test_ep_dispatch_is_compiled_with_the_stand_in_within_its_analytic_count():
+  """The check compiles the 'ep' path (policy step included: the stand-in's custom VJP inside
+  shard_map) and its one-block count brackets XLA's temporaries."""
+  text = _run(["--preset=tiny_moe:num_experts=32,moe_impl=ep", "--programs=policy_step,moe_block"])
+  assert "moe_impl='ep', grouped matmuls compiled as" in text, text
+  assert re.search(r"policy_step\s+args .* fits", text), text
+  analytic = _bytes(text, "analytic sum (no buffer reuse)")
+  largest = max(_bytes(text, "local experts' weights at full width, all-gathered (3 x [E/expert, "
+                             "D, F])") / 3,
+                _bytes(text, "send, received, sorted rows [rows, D]") / 3)
+  stand_in = _bytes(text, "XLA temp with stand_in")
+  assert largest <= stand_in <= analytic, (largest, stand_in, analytic)

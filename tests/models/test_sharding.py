@@ -49,6 +49,67 @@ def _numpy_params(model, seed=0):
   return jax.tree_util.tree_map_with_path(draw, M.abstract_params(model))
 
 
+def _ep_checks(params, tok, mask):
+  """moe_impl='ep' on (data, fsdp, tensor, expert) = (1, 1, 2, 4) against one device's
+  'ragged': logits, the gradient of a loss on them, and prefill + one cached decode step on 4
+  rows (one row per expert shard: the decode step's single token is padded over tensor 2)."""
+  res = {}
+  real = np.asarray(mask).astype(bool)
+  ragged = M.Transformer(M.get_preset("tiny_moe", moe_impl="ragged"))
+  ep = M.Transformer(M.get_preset("tiny_moe", moe_impl="ep"))
+  mesh = shd.make_mesh({"data": 1, "fsdp": 1, "tensor": 2, "expert": 4})
+  p_sh = shd.param_shardings(ep, mesh)
+  b_sh = shd.batch_sharding(mesh)
+  sharded = jax.device_put(params, p_sh)
+
+  def loss(model):
+    def f(p, t, m):
+      lg = M.logits(model, p, t, m)
+      return jnp.sum(jnp.where(m[..., None] > 0, jax.nn.log_softmax(lg), 0.0) ** 2) * 1e-4
+    return jax.value_and_grad(f)
+
+  (ref_l, ref_g) = jax.jit(loss(ragged))(params, tok, mask)
+  with shd.activation_sharding(mesh):
+    out = jax.jit(lambda p, t, m: M.logits(ep, p, t, m), in_shardings=(p_sh, b_sh, b_sh))(
+        sharded, tok, mask)
+    l, g = jax.jit(loss(ep), in_shardings=(p_sh, b_sh, b_sh))(sharded, tok, mask)
+  ref = np.asarray(jax.jit(lambda p, t, m: M.logits(ragged, p, t, m))(params, tok, mask))
+  res["ep_tensor_diff"] = float(np.abs(np.asarray(out) - ref)[real].max())
+  res["ep_loss_rel"] = float(abs(l - ref_l) / abs(ref_l))
+  res["ep_grad_diff"] = max(float(np.abs(np.asarray(a) - np.asarray(b)).max() /
+                                  (np.abs(np.asarray(b)).max() + 1e-12))
+                            for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(ref_g)))
+  n, S = 4, T + 2
+  t4, m4 = tok[:n], mask[:n]
+  pos = M.positions_from_mask(m4)
+  kv0 = jnp.zeros((n, S), jnp.int32).at[:, :T].set(m4)
+
+  def two_steps(model):
+    def f(p, cache):
+      step = lambda t, ps, kv, c, i: model.apply({"params": p}, t, ps, kv_mask_NC=kv, cache=c,
+                                                  cache_index=i)
+      _, cache = step(t4, pos, kv0, cache, jnp.int32(0))
+      lg, _ = step(jnp.arange(n, dtype=jnp.int32)[:, None] + 3, pos[:, -1:] + 1,
+                   kv0.at[:, T].set(1), cache, jnp.int32(T))
+      return lg
+    return f
+
+  ref_lg = jax.jit(two_steps(ragged))(params, M.init_cache(ragged.config, n, S))
+  c_sh = shd.cache_shardings(ep.config, mesh, n, S)
+  with shd.activation_sharding(mesh):
+    lg = jax.jit(two_steps(ep), in_shardings=(p_sh, c_sh))(
+        sharded, jax.device_put(M.init_cache(ep.config, n, S), c_sh))
+  res["ep_decode_diff"] = float(np.abs(np.asarray(lg) - np.asarray(ref_lg)).max())
+  bad = M.Transformer(M.get_preset("tiny_moe", moe_impl="ep", num_experts=6))
+  try:
+    with shd.activation_sharding(mesh):
+      jax.eval_shape(lambda p: M.logits(bad, p, tok, mask), M.abstract_params(bad))
+    res["ep_indivisible_error"] = ""
+  except ValueError as e:
+    res["ep_indivisible_error"] = str(e)
+  return res
+
+
 def _worker(tmpdir):
   """Runs under 8 devices; returns {check name: value}."""
   assert jax.device_count() == 8, jax.devices()
@@ -124,12 +185,15 @@ def _worker(tmpdir):
   params = shd.shard_params(ref_params, model, mesh)
   res["expert_spec"] = _spec(params["layers_0"]["mlp"]["gate_proj"])
   p_sh = shd.param_shardings(model, mesh)
-  for impl in ("dense", "ragged"):   # same params; the single-device reference is 'dense'
+  for impl in ("dense", "ragged", "ep"):   # same params; the single-device reference is 'dense'
     model = M.Transformer(M.get_preset("tiny_moe", moe_impl=impl))
     with shd.activation_sharding(mesh):
       out = jax.jit(fwd(model), in_shardings=(p_sh, shd.batch_sharding(mesh),
                                               shd.batch_sharding(mesh)))(params, tok, mask)
     res[f"moe_{impl}_diff"] = float(np.abs(np.asarray(out) - ref)[real].max())
+
+  # --- 'ep' dispatch with a token-splitting tensor axis: logits, gradients, cached decode
+  res.update(_ep_checks(ref_params, tok, mask))
 
   # --- a tensor axis that does not divide the kv heads fails with a clear error
   mesh = shd.make_mesh({"tensor": 4, "fsdp": -1})
@@ -176,11 +240,24 @@ def test_sharded_cache_decode_matches(worker_results):
   assert worker_results["decode_diff"] < 1e-5
 
 
-@pytest.mark.parametrize("impl", ["dense", "ragged"])
+@pytest.mark.parametrize("impl", ["dense", "ragged", "ep"])
 def test_moe_expert_parallel_matches_single_device(worker_results, impl):
   assert worker_results["moe_mesh_shape"] == [1, 2, 1, 4]
   assert worker_results["expert_spec"] == ["expert", "fsdp", "tensor"]    # [E, embed, mlp]
   assert worker_results[f"moe_{impl}_diff"] < 1e-5
+
+
+def test_moe_ep_tensor_split_logits_grads_decode(worker_results):
+  r = worker_results
+  assert r["ep_tensor_diff"] < 1e-5
+  assert r["ep_loss_rel"] < 1e-5
+  assert r["ep_grad_diff"] < 1e-5          # relative to each leaf's largest entry
+  assert r["ep_decode_diff"] < 1e-5
+
+
+def test_moe_ep_experts_not_divisible_error(worker_results):
+  assert "num_experts 6" in worker_results["ep_indivisible_error"]
+  assert "'expert' mesh axis (4)" in worker_results["ep_indivisible_error"]
 
 
 def test_indivisible_sharding_error(worker_results):

@@ -77,7 +77,7 @@ def loaded(ckpts):
 _jit_logits = jax.jit(M.logits, static_argnums=0)
 
 CASES = [("qwen3", "ragged"), ("llama", "ragged"), ("qwen3_moe", "ragged"),
-         ("qwen3_moe", "dense")]
+         ("qwen3_moe", "dense"), ("qwen3_moe", "ep")]   # 'ep' without a mesh: one device
 
 
 @pytest.mark.parametrize("family,moe_impl", CASES)

@@ -1,7 +1,7 @@
 """Asynchronous RL with bounded staleness (`mr_rl.async_rl`, issue 26): the bound, the
 schedule, s = 0 equal to the synchronous loop, s = 1 resumed bit-exactly, and the sampler /
 learner split on 8 fake CPU devices (this file run as a script in a subprocess, XLA_FLAGS set
-before jax is imported).
+before jax is imported); the pod timeline model against hand-computed periods.
 """
 
 import json

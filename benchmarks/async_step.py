@@ -6,7 +6,9 @@ channels: `arith_acc` and a slow host reward, the code sandbox running a HumanEv
 canonical solution against its tests (the problem picked by the prompt's uid; the policy writes
 no programs, so the sandbox runs the reference program: its cost is the sandbox's real cost,
 as in `benchmarks/stream_rewards.py`). Two modes, alternated round by round in this process so
-background load hits both alike, over the same prompts and keys:
+background load hits both alike, over the same prompts and keys. `--reward latency` replaces the
+sandbox by a call that only waits (`--latency-ms` per row, no local CPU: a remote judge's
+stand-in), the case where scoring does not compete with the device for the host's cores:
 
   s=0 : the synchronous loop (rollout, wait for the scores, update);
   s=1 : the draw of step t + 1 sampled before step t's update, its scoring waited for on the
@@ -21,6 +23,7 @@ component times of the s=0 steps (rollout, scoring tail, update: `time/rollout`,
 
   python benchmarks/async_step.py --quick --json out.json   # 2 rounds x 6 steps
   python benchmarks/async_step.py                           # 3 rounds x 10 steps
+  python benchmarks/async_step.py --quick --reward latency --latency-ms 200
 """
 
 from __future__ import annotations
@@ -58,8 +61,17 @@ def humaneval_canonical(response, example, num_tokens):
                            timeout_s=sandbox.SMALL_TEST_TIMEOUT_S).passed)
 
 
-def config(policy: str, steps: int, staleness: int, prompts: int, group: int, tokens: int):
-  """The run's config: arithmetic prompts, continuous engine, the sandbox channel."""
+def latency(response, example, num_tokens, seconds=0.2):
+  """A reward channel (`async_step:latency`) that waits `seconds` and scores 1."""
+  del response, example, num_tokens
+  time.sleep(seconds)
+  return 1.0
+
+
+def config(policy: str, steps: int, staleness: int, prompts: int, group: int, tokens: int,
+           latency_s: float | None = None):
+  """The run's config: arithmetic prompts, continuous engine, the sandbox channel (or the
+  waiting one, `latency_s` per row)."""
   from mr_rl.testing.runs import arith_config
   c = arith_config(policy, steps)
   c.data.batch_prompts = prompts
@@ -70,6 +82,9 @@ def config(policy: str, steps: int, staleness: int, prompts: int, group: int, to
   c.rollout.max_staleness = staleness
   c.loss.tis_cap = 2.0  # the lag correction (required at s > 0; the same objective at s = 0)
   c.rewards.channels = "arith_acc,async_step:humaneval_canonical"
+  if latency_s is not None:
+    c.rewards.channels = "arith_acc,async_step:latency"
+    c.rewards.params.latency = dict(seconds=latency_s)
   c.rewards.timeout_s = 60.0
   c.checkpoint_every = 0
   c.kl_ref_every = 0
@@ -87,6 +102,8 @@ def main(argv=None):
   p.add_argument("--prompts", type=int, default=8)
   p.add_argument("--group", type=int, default=4)
   p.add_argument("--tokens", type=int, default=24, help="max_new_tokens")
+  p.add_argument("--reward", choices=("sandbox", "latency"), default="sandbox")
+  p.add_argument("--latency-ms", type=float, default=200.0, help="--reward latency: wait per row")
   p.add_argument("--pod", type=int, default=8, help="devices of the pod in the timeline table")
   p.add_argument("--quick", action="store_true", help="2 rounds x 6 steps")
   p.add_argument("--json", default=None)
@@ -96,14 +113,17 @@ def main(argv=None):
   if a.steps <= a.skip + 1:
     raise ValueError(f"--steps={a.steps} must exceed --skip + 1 = {a.skip + 1}")
   from mr_rl import async_rl, settings as settings_lib, train as train_lib
+  lat = a.latency_ms / 1e3 if a.reward == "latency" else None
   build = {s: settings_lib.from_config(config(a.policy, a.steps, s, a.prompts, a.group,
-                                              a.tokens)) for s in (0, 1)}
+                                              a.tokens, lat)) for s in (0, 1)}
+  slow = "latency" if lat is not None else "humaneval_canonical"
   comp = train_lib.build(build[0])
   res = dict(policy=a.policy, rows=a.prompts * a.group, max_new_tokens=a.tokens,
+             reward=a.reward, latency_ms=a.latency_ms if lat is not None else None,
              rounds=a.rounds, steps=a.steps, skip=a.skip, load_avg_start=os.getloadavg(),
              modes={})
   print(f"{a.prompts} prompts x {a.group} = {a.prompts * a.group} rows of <= {a.tokens} tokens, "
-        f"rewards arith_acc + HumanEval sandbox; load average {res['load_avg_start']}",
+        f"rewards arith_acc + {slow}; load average {res['load_avg_start']}",
         flush=True)
   steps = {0: [], 1: []}
   parts = {0: [], 1: []}
@@ -119,8 +139,8 @@ def main(argv=None):
       parts[s] += [{k: h[k] for k in ("time/rollout", "time/reward", "time/update",
                                       "time/reward_wait") if k in h}
                    for h in out.history[a.skip + 1:]]
-      assert all(h["reward/humaneval_canonical/mean"] == 1.0 for h in out.history), \
-          "every canonical solution must pass (the sandbox ran)"
+      assert all(h[f"reward/{slow}/mean"] == 1.0 for h in out.history), \
+          f"every {slow} call must score 1 (every canonical solution passes)"
       if s:
         assert [h["async/staleness"] for h in out.history[1:]] == [1.0] * (a.steps - 1)
       print(f"round {rnd} s={s}: median step {statistics.median(dt):.3f} s over {len(dt)} "

@@ -101,6 +101,54 @@ def split_meshes(mesh_sizes, sampler_devices: int):
           sharding.make_mesh(dict(mesh_sizes), devices=learner))
 
 
+@dataclasses.dataclass(frozen=True)
+class StepTimes:
+  """Measured seconds of one RL step's parts, on all N devices of one set (`timeline`).
+
+  Attributes:
+    rollout: sampling the step's batch (with scoring started row by row as rows finish).
+    score: the host-side scoring still running when the rollout ends (its tail).
+    update: signal, batch and update (what the main thread does after taking a draw).
+    push: copying the updated weights to the sampler's devices (split only).
+  """
+  rollout: float
+  score: float
+  update: float
+  push: float = 0.0
+
+
+def timeline(t: StepTimes, devices: int, sampler_devices: int = 0,
+             max_staleness: int = 0) -> float:
+  """Predicted steps/s in steady state of the schedule in the module docstring.
+
+  One device set (`sampler_devices = 0`): sampling and updates alternate on the devices, so
+  a step costs rollout + update; at s = 0 the scoring tail adds to it, at s >= 1 it runs on
+  the worker thread during the next rollout and update, so it only bounds the step from
+  below (one worker waits on one draw's scoring at a time):
+
+      s = 0: T = rollout + score + update          s >= 1: T = max(rollout + update, score)
+
+  Split (n of N devices sample, the rest learn): the parts scale by the share of devices
+  (rollout' = rollout N / n, update' = update N / (N - n): an ideal, linear scaling; the
+  caller feeds measured times when it has them). The worker thread draws (rollout' + score),
+  the main thread updates and pushes (update' + push); at s >= 1 they run side by side:
+
+      s = 0: T = rollout' + score + update' + push   s >= 1: T = max(rollout' + score,
+                                                                    update' + push)
+
+  Returns 1 / T. Raises ValueError on a split that leaves a side without devices.
+  """
+  if sampler_devices:
+    split_devices(range(devices), sampler_devices)  # (the same check as a run's)
+    draw = t.rollout * devices / sampler_devices + t.score
+    learn = t.update * devices / (devices - sampler_devices) + t.push
+    period = max(draw, learn) if max_staleness else draw + learn
+  else:
+    period = (max(t.rollout + t.update, t.score) if max_staleness
+              else t.rollout + t.score + t.update)
+  return 1.0 / period
+
+
 @dataclasses.dataclass
 class InFlight:
   """A draw on its way: for step `step`, sampled by policy version `version`.

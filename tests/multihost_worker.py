@@ -93,6 +93,22 @@ def run(scenario: str, base_policy: str, out: str) -> dict:
     c.anchor.samples_per_prompt = 2   # the drift's 4 prompts x 2 rows split over 8 devices
     report = pipelines.run(c, wd)
     return {"report": report}
+  if scenario == "async":
+    # rollout.max_staleness = 1 on one device set (issue 26): the draw of step t + 1 sampled on
+    # the continuous engine before step t's update, its scoring waited for on the worker thread
+    # while the main thread updates; 2 steps (staleness 0 then 1). Then the split mode's refusal
+    # of several processes (a clear error, no collective reached).
+    from mr_rl import async_rl
+    c = _config(base_policy, 2, checkpoint_every=0, **{
+        "rollout.engine": "continuous", "rollout.slots": 8, "rollout.max_staleness": 1,
+        "loss.tis_cap": 2.0})
+    res = train_lib.train(settings_lib.from_config(c), None, log=None)
+    try:
+      async_rl.Pipeline(async_rl.AsyncSettings(max_staleness=1, sampler_devices=4)).close()
+      refusal = None
+    except ValueError as e:
+      refusal = str(e)
+    return {"history": res.history, "split_refusal": refusal}
   if scenario == "fail_one":
     # A reward that raises on process 1 only: every process must stop, not hang.
     c = _config(base_policy, 2, checkpoint_every=0)

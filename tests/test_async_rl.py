@@ -1,7 +1,7 @@
 """Asynchronous RL with bounded staleness (`mr_rl.async_rl`, issue 26): the bound, the
 schedule, s = 0 equal to the synchronous loop, s = 1 resumed bit-exactly, and the sampler /
 learner split on 8 fake CPU devices (this file run as a script in a subprocess, XLA_FLAGS set
-before jax is imported).
+before jax is imported); the pod timeline model against hand-computed periods.
 """
 
 import json
@@ -79,6 +79,26 @@ def test_staleness_needs_the_lag_correction_and_valid_counts():
     settings_lib.from_config(c)
   with pytest.raises(ValueError, match="sampler_devices=1 must leave devices"):
     async_rl.split_devices(jax.devices()[:1], 1)
+
+
+# --------------------------------------------------------------------- the timeline model
+def test_timeline_model_against_hand_computed_steps():
+  t = async_rl.StepTimes(rollout=1.0, score=2.0, update=1.5, push=0.25)
+  period = lambda *a, **k: 1.0 / async_rl.timeline(t, 8, *a, **k)
+  # one device set: s = 0 adds everything; s >= 1 hides the scoring tail behind the next
+  # rollout + update (2.5 s > 2 s of scoring)
+  assert period() == pytest.approx(1.0 + 2.0 + 1.5)
+  assert period(max_staleness=1) == period(max_staleness=3) == pytest.approx(2.5)
+  # scoring longer than rollout + update bounds the step: 4 s
+  assert 1.0 / async_rl.timeline(async_rl.StepTimes(1.0, 4.0, 1.5), 8, max_staleness=1) == \
+      pytest.approx(4.0)
+  # 4 + 4 of 8 devices: rollout 2 s, update 3 s; s = 0 in series, s = 1 the longer side
+  assert period(4) == pytest.approx(2.0 + 2.0 + 3.0 + 0.25)
+  assert period(4, max_staleness=1) == pytest.approx(max(2.0 + 2.0, 3.0 + 0.25))
+  # 2 samplers: rollout 4 s + 2 s of scoring against update 1.5 x 8 / 6 = 2 s + push
+  assert period(2, max_staleness=1) == pytest.approx(6.0)
+  with pytest.raises(ValueError, match="sampler_devices=8"):
+    async_rl.timeline(t, 8, 8)
 
 
 # ------------------------------------------------------------------------ the trainer

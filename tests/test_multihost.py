@@ -2,7 +2,9 @@
 collectives) against 1 process x 8 devices, scenario by scenario (tests/multihost_worker.py):
 a run on the continuous engine stopped after 2 steps and resumed to 3, with its HF export
 (`export.hf_at_end`) and final evaluation; DAPO dynamic sampling with refill; PPO with a
-reward-model channel; the TAG pipeline (probes, election, training). Tokens, rewards and
+reward-model channel; the TAG pipeline (probes, election, training); asynchronous RL at
+`rollout.max_staleness = 1` on one device set (and the split mode's refusal of several
+processes). Tokens, rewards and
 reward profiles must be equal exactly (the reward model's scores, and what is computed from
 them, to float rounding: see `_same_history`), losses to 1e-5 relative, and every process
 must see the same values. A reward that fails on one process only must stop both within a
@@ -23,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "launch"))
 import local_multiprocess  # noqa: E402  (launch/local_multiprocess.py)
-SCENARIOS = ("train_resume", "dynamic", "ppo", "demo_smoke")
+SCENARIOS = ("train_resume", "dynamic", "ppo", "demo_smoke", "async")
 TIMEOUT_S = 1800  # per launch of all scenarios: a bound on a hang (900 s was passed at load ~25)
 
 
@@ -113,6 +115,10 @@ def test_two_processes_equal_one(runs, scenario):
     rm = [h["reward/reward_model/std"] for h in single["history"]]
     assert all(h["reward/reward_model/nan_frac"] == 0 for h in single["history"]), rm
     assert all(v > 0 for v in rm), rm
+  if scenario == "async":  # s = 1: step 1 learnt from the draw of version 0, on every process
+    assert [h["async/staleness"] for h in single["history"]] == [0.0, 1.0]
+    assert single["split_refusal"] is None  # one process: the split mode is allowed
+    assert "single-process for now" in multi[0]["split_refusal"], multi[0]["split_refusal"]
   if "rollout" in single:  # the trained policy's rollout: the same tokens and rewards per row
     a, b = multi[0]["rollout"], single["rollout"]
     assert a["tokens"] == b["tokens"] and a["lengths"] == b["lengths"]

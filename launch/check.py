@@ -37,7 +37,9 @@ nothing during the step, the adapter state during the reference pass, the base a
 state during the sampler), and
 judges total = peak + resident (+ the MoE kernel workspace below) against the chip's HBM. It
 lists the largest arrays of the train state with their sharding and per-device size. `--remat`
-rematerialises each decoder block (ModelConfig.remat) to show what activation memory that saves.
+(or the config's `model.remat`) rematerialises each decoder block (ModelConfig.remat); the CPU
+compile keeps jax.checkpoint's optimization barriers (`KEEP_REMAT_FLAG`), as TPU and GPU do, so
+the saving shows.
 The sampler follows `rollout.dtype` / `rollout.cache_dtype` of the config. CPU compilation of
 a 30-layer model takes minutes; the CPU backend's buffer assignment approximates the TPU one
 (same sharded shapes, a different scheduler), so keep 10-20% headroom. Exit status 1 if a
@@ -221,11 +223,19 @@ def ep_block_bytes(cfg, mesh_shape: dict, tokens: int, act_bytes: int) -> dict[s
   }
 
 
+# XLA:CPU's `cse_barrier_expander` pass deletes the optimization barriers that jax.checkpoint puts
+# around a rematerialised block's recomputation, and CSE then merges the recomputation into the
+# forward: on CPU remat saves nothing (a 4-layer grad kept every layer's activations), while TPU
+# and GPU keep the barriers. Disabling the pass makes the CPU compile honour remat as they do.
+KEEP_REMAT_FLAG = "--xla_disable_hlo_passes=cse_barrier_expander"
+
+
 def main(argv=None) -> int:
   a = _args(sys.argv[1:] if argv is None else argv)
   # Must happen before jax is imported anywhere.
   flags = os.environ.get("XLA_FLAGS", "")
-  os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={a.devices}".strip()
+  os.environ["XLA_FLAGS"] = (f"{flags} --xla_force_host_platform_device_count={a.devices} "
+                             f"{KEEP_REMAT_FLAG}").strip()
   os.environ["JAX_PLATFORMS"] = "cpu"
   import flax.linen as nn
   import jax
@@ -257,7 +267,8 @@ def main(argv=None) -> int:
   dtype = jnp.dtype(c.model.dtype)
   preset_fields.setdefault("moe_impl", c.model.moe_impl)  # config.model.moe_impl unless --preset
   cfg = models.get_preset(preset, **preset_fields).replace(param_dtype=dtype, dtype=dtype,
-                                                           remat=bool(a.remat))
+                                                           remat=bool(a.remat or
+                                                                      c.model.get("remat")))
   grouped = cfg.is_moe and cfg.moe_impl in ("ragged", "ep")  # paths with grouped matmuls
   stand_in = grouped and a.moe_matmul == "stand_in"
   model = models.Transformer(cfg)
@@ -295,7 +306,7 @@ def main(argv=None) -> int:
       f"{len(lora_lib.target_paths(cfg, lora_cfg))} kernels (frozen base)")
   print(f"config   {a.config}{sets}\n"
         f"model    {preset} ({config_lib.model_sizes(cfg)['total'] / 1e9:.2f}B params, "
-        f"{dtype.name}{', remat' if a.remat else ''})\n"
+        f"{dtype.name}{', remat' if cfg.remat else ''})\n"
         f"training {training}\n"
         f"mesh     {dict(mesh.shape)} on {a.devices} fake devices\n"
         f"batch    rows={rows} (G={group}), T={prompt_cols}+{resp_cols}, micro_batches={micro}, "

@@ -245,6 +245,7 @@ class ModelSettings:
   dtype: str               # parameter / activation dtype; logits are always float32
   lora: Any = None         # a mr_rl.models.lora.LoraConfig (adapters on the frozen base) or None
   moe_impl: str = "ragged"  # MoE dispatch, ModelConfig.moe_impl: 'ragged' | 'dense' | 'ep'
+  remat: bool = False      # recompute each decoder block in the backward (ModelConfig.remat)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,6 +390,8 @@ def default_config():
       dtype="float32",            # 'float32' | 'bfloat16'
       moe_impl="ragged",          # MoE models: 'ragged' | 'dense' | 'ep' (expert-parallel
                                   # all_to_all dispatch; mr_rl/models/moe.py)
+      remat=False,                # recompute each decoder block in the backward pass: the
+                                  # policy step keeps one block's activations, not every layer's
       lora=ml_collections.ConfigDict(dict(  # LoRA RL (mr_rl.models.lora); rank 0 = off
           rank=0,                 # R, adapter rank (0 = full fine-tuning)
           alpha=16.0,             # the update is scaled by alpha / R (PEFT's lora_alpha)
@@ -592,8 +595,11 @@ def from_config(cfg) -> RunSettings:
       lora=lora)
 
   from mr_rl.models.config import MOE_IMPLS
+  if not isinstance(c.model.remat, bool):
+    raise ValueError(f"config.model.remat must be True or False, got {c.model.remat!r}")
   model = ModelSettings(path=c.model.path, preset=c.model.preset, dtype=model_dtype,
-                        lora=lora, moe_impl=_choice("model.moe_impl", c.model.moe_impl, MOE_IMPLS))
+                        lora=lora, moe_impl=_choice("model.moe_impl", c.model.moe_impl, MOE_IMPLS),
+                        remat=c.model.remat)
   if bool(model.path) == bool(model.preset):
     raise ValueError("set exactly one of config.model.path (checkpoint) and config.model.preset "
                      f"(random init); got path={model.path!r}, preset={model.preset!r}")

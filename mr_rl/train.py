@@ -109,10 +109,12 @@ def load_policy(settings: RunSettings, mesh=None):
   dtype = jnp.dtype(settings.model.dtype)
   if settings.model.path:
     model, params = models.load_pretrained(settings.model.path, dtype=dtype, mesh=mesh,
-                                           moe_impl=settings.model.moe_impl)
+                                           moe_impl=settings.model.moe_impl,
+                                           remat=settings.model.remat)
     return model, params, models.load_tokenizer(settings.model.path)
   cfg = models.get_preset(settings.model.preset).replace(param_dtype=dtype, dtype=dtype,
-                                                         moe_impl=settings.model.moe_impl)
+                                                         moe_impl=settings.model.moe_impl,
+                                                         remat=settings.model.remat)
   model = models.Transformer(cfg)
   key = jax.random.PRNGKey(settings.seed)
   if mesh is None:

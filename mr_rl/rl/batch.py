@@ -41,7 +41,7 @@ import numpy as np
 
 from mr_rl import distributed
 from mr_rl.rl import gae
-from mr_rl.rl.losses import token_weights
+from mr_rl.rl.losses import token_logprobs_and_entropy, token_weights
 
 MIN_COLUMN_BUCKET = 8
 PACKED_ROWS_PER_OCTAVE = 16  # packed row counts: `fine_bucket`, at most 6.25% padding rows
@@ -258,6 +258,23 @@ def make_batch(ro, advantages_BG=None, *, loss_rows_BG=None, trim: bool = True,
   if pack is not None:
     batch = pack_rows(batch, pack)
   return batch.check()
+
+
+def response_logprobs(logits_fn, params, row_keys, mb: LearnerBatch):
+  """(logp_NT, entropy_NT) of `mb`'s tokens as `token_logprobs_and_entropy` gives them, with
+  the LM head over the response window only: columns [r0 - 1, T) for a batch with a static
+  `response_start` r0 (the trunk still sees every column); 0 before r0, where `response_mask`
+  is 0. `logits_fn(params, row_keys, tokens, mask[, segments], head_start=...)`."""
+  seg = () if mb.segment_ids is None else (mb.segment_ids,)
+  r0 = mb.response_start
+  if r0 is None or r0 <= 1:
+    return token_logprobs_and_entropy(logits_fn(params, row_keys, mb.tokens, mb.mask, *seg),
+                                      mb.tokens)
+  h0 = int(r0) - 1  # position h0 predicts the first response column r0
+  logits = logits_fn(params, row_keys, mb.tokens, mb.mask, *seg, head_start=h0)
+  logp, ent = token_logprobs_and_entropy(logits, mb.tokens[:, h0:])
+  pad = jnp.zeros((mb.tokens.shape[0], h0), jnp.float32)
+  return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
 
 
 # ------------------------------------------------------------------------------- packing

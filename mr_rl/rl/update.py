@@ -36,7 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mr_rl.models import sharding
 from mr_rl.rl import critic as critic_lib
-from mr_rl.rl.batch import LearnerBatch, batch_fields, example_batch
+from mr_rl.rl.batch import LearnerBatch, batch_fields, example_batch, response_logprobs
 from mr_rl.rl.critic import ValueFn
 from mr_rl.rl.losses import (PolicyLossConfig, policy_loss, token_logprobs_and_entropy,
                              token_weights, value_loss)
@@ -163,23 +163,6 @@ def _accumulate(grad_fn, num_micro: int, rows, constrain):
   return g, m
 
 
-def response_logprobs(logits_fn, params, row_keys, mb: LearnerBatch):
-  """(logp_NT, entropy_NT) of `mb`'s tokens as `token_logprobs_and_entropy` gives them, with
-  the LM head over the response window only: columns [r0 - 1, T) for a batch with a static
-  `response_start` r0 (the trunk still sees every column); 0 before r0, where `response_mask`
-  is 0. `logits_fn(params, row_keys, tokens, mask[, segments], head_start=...)`."""
-  seg = () if mb.segment_ids is None else (mb.segment_ids,)
-  r0 = mb.response_start
-  if r0 is None or r0 <= 1:
-    return token_logprobs_and_entropy(logits_fn(params, row_keys, mb.tokens, mb.mask, *seg),
-                                      mb.tokens)
-  h0 = int(r0) - 1  # position h0 predicts the first response column r0
-  logits = logits_fn(params, row_keys, mb.tokens, mb.mask, *seg, head_start=h0)
-  logp, ent = token_logprobs_and_entropy(logits, mb.tokens[:, h0:])
-  pad = jnp.zeros((mb.tokens.shape[0], h0), jnp.float32)
-  return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
-
-
 def policy_grad_fn(logits_fn, cfg: PolicyLossConfig):
   """Gradient of the policy loss; `logits_fn(params, row_keys, tokens, mask[, segments],
   head_start=...)` (`response_logprobs`)."""
@@ -264,9 +247,7 @@ def _jit(impl, mesh, rules, state_sharding, batch_example, base_sharding=None):
   base_sh = () if base_sharding is None else (base_sharding,)
   programs = {}
 
-  def jitted_for(response_start):
-    """The jitted step for batches of this static `response_start` (the batch shardings'
-    tree carries it, as the batch's does)."""
+  def jitted_for(response_start):  # batch shardings carry the batch's static response_start
     if response_start not in programs:
       sh = b_sh.replace(response_start=response_start) if isinstance(b_sh, LearnerBatch) \
           else b_sh

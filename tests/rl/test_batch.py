@@ -223,6 +223,33 @@ def test_response_window_head_equals_full_head(model_and_params, agg):
   assert want[0]['entropy'] > 0 and 0 < want[0]['clip_frac'] < 1
 
 
+def test_response_window_head_in_the_ppo_step(model_and_params):
+  """PPO (make_batch's GAE targets; the critic keeps its own full forward): the windowed
+  policy head gives the full head's policy and value metrics and both gradients."""
+  from mr_rl.rl import critic
+  model, params, _ = model_and_params
+  ro = _with_own_logprobs(model, params, make_rollout(5, max_prompt=P, max_resp=9))
+  value_fn = jax.jit(critic.model_value_fn(model))
+  vparams = critic.init_value_params(model, params, jax.random.PRNGKey(1))
+  R = np.random.default_rng(9).normal(size=(B, G)).astype(np.float32)
+  batch = batch_lib.make_batch(ro, ppo=batch_lib.PPOTargets(
+      lambda t, m: value_fn(vparams, t, m), R, gamma=1.0, lam=0.95))
+  assert batch.response_start > 1 and np.ndim(batch.advantages) == 2
+  cfg = update.UpdateConfig(loss=losses.PolicyLossConfig(), value_lr=1e-3)
+
+  def run(b):
+    tx, vtx = optax.sgd(1.0), optax.sgd(1.0)
+    state = update.init_train_state(jax.tree.map(jnp.array, params), tx,
+                                    jax.tree.map(jnp.array, vparams), vtx)
+    new, m = update.make_ppo_step(update.model_logits_fn(model), critic.model_value_fn(model),
+                                  cfg, tx, vtx)(state, b, jax.random.PRNGKey(0))
+    g = jax.tree.map(lambda a, c: np.asarray(a) - np.asarray(c), (params, vparams),
+                     (new.params, new.value_params))
+    return jax.device_get(m), g
+
+  _assert_same(run(batch), run(batch.replace(response_start=None)))
+
+
 def test_response_start_is_checked():
   batch = batch_lib.make_batch(make_rollout(0), jnp.zeros((B, G)))
   first = int(np.argmax(np.asarray(batch.response_mask).any(0)))  # the first response column

@@ -52,7 +52,7 @@ class Transformer(nn.Module):
 
   __call__(tokens_NT, positions_NT, *, kv_mask_NC=None, cache=None, cache_index=None,
            return_hidden=False, segment_ids_NT=None, head_start=0)
-    -> (logits_NHV, new_cache[, hidden_NTD])
+    -> (logits, new_cache[, hidden_NTD]), logits [N, T - head_start, V]
 
   * cache None (training / scoring): causal attention over the T tokens; kv_mask_NC ([N, T],
     default all ones) is 1 on real tokens, 0 on padding; padded keys are never attended to.
@@ -62,9 +62,9 @@ class Transformer(nn.Module):
     at slots [cache_index, cache_index + T); query t attends to slot c iff kv_mask_NC[n, c]
     ([N, C], set by the caller for the new slots) and c <= cache_index + t.
   hidden_NTD is the final-normed hidden state (input of the lm head), for every column.
-  The lm head runs on columns [head_start, T) only (a static int): logits_NHV has
-  H = T - head_start columns, column j the logits of position head_start + j (the policy
-  step's response window, `mr_rl.rl.batch.LearnerBatch.response_start`).
+  The lm head runs on columns [head_start, T) only (a static int): column j of the logits is
+  position head_start + j (the policy step's response window,
+  `mr_rl.rl.batch.LearnerBatch.response_start`).
   """
   config: ModelConfig
 

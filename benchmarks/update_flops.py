@@ -53,11 +53,14 @@ from rl_step import DEMO_POLICY, forward_flops  # noqa: E402
 
 B, G, P, S = 8, 8, 16, 48
 SIZES = ("demo", "20m")
-# variant -> (pack, num_micro_batches, packed row counts per octave). "pack-old" is packing
-# with the row buckets it had before issue 25 (`size_bucket`: two per octave).
-VARIANTS = {"trim": (False, 1, None), "trim-M2": (False, 2, None), "pack-old": (True, 1, 2),
-            "pack": (True, 1, batch_lib.PACKED_ROWS_PER_OCTAVE),
-            "pack-M2": (True, 2, batch_lib.PACKED_ROWS_PER_OCTAVE)}
+# variant -> (pack, num_micro_batches, packed row counts per octave, LM head on every column).
+# "pack-old" is packing with the row buckets it had before issue 25 (`size_bucket`: two per
+# octave); "trim-head" the trimmed batch with the LM head over every column (before issue 25
+# item 5: `response_start` None), "trim" runs it over the response window only.
+VARIANTS = {"trim": (False, 1, None, False), "trim-head": (False, 1, None, True),
+            "trim-M2": (False, 2, None, False), "pack-old": (True, 1, 2, False),
+            "pack": (True, 1, batch_lib.PACKED_ROWS_PER_OCTAVE, False),
+            "pack-M2": (True, 2, batch_lib.PACKED_ROWS_PER_OCTAVE, False)}
 
 
 def load_avg() -> list[float]:
@@ -116,7 +119,7 @@ def _flops(compiled) -> float:
 
 
 def measure(model, params, ro: Rollout, pack: bool, num_micro: int, repeats: int,
-            rows_per_octave: int | None = None) -> dict:
+            rows_per_octave: int | None = None, full_head: bool = False) -> dict:
   """Builds the variant's learner batch and step; returns its FLOP counts and step time."""
   loss = PolicyLossConfig(eps_low=0.2, eps_high=0.28, loss_agg="token-mean")
   cfg = update.UpdateConfig(loss=loss, num_micro_batches=num_micro, lr=2e-4, weight_decay=0.0,
@@ -129,6 +132,8 @@ def measure(model, params, ro: Rollout, pack: bool, num_micro: int, repeats: int
     batch = batch_lib.make_batch(ro, adv, pack=spec)
   finally:
     batch_lib.PACKED_ROWS_PER_OCTAVE = default_octave
+  if full_head:
+    batch = batch.replace(response_start=None)
   batch = jax.tree.map(jnp.asarray, batch)
   lrn = update.learner(model, cfg)
   state = lrn.init(params, jax.random.PRNGKey(0))
@@ -145,7 +150,7 @@ def measure(model, params, ro: Rollout, pack: bool, num_micro: int, repeats: int
     mb = mb.replace(weights=token_weights(batch.response_mask, "token-mean")[::num_micro],
                     metric_weights=token_weights(batch.response_mask, "token-mean")[::num_micro])
   full_logits = update.model_logits_fn(model)  # full fine-tuning: no dropout row keys
-  grad_fn = update.policy_grad_fn(lambda params, keys, *rows: full_logits(params, *rows),
+  grad_fn = update.policy_grad_fn(lambda params, keys, *rows, **kw: full_logits(params, *rows, **kw),
                                   cfg.loss)
   per_mb = _flops(jax.jit(grad_fn).lower(state.params, mb, None).compile())
   times, first = [], None
@@ -158,7 +163,8 @@ def measure(model, params, ro: Rollout, pack: bool, num_micro: int, repeats: int
   executed = compiled_flops + (num_micro - 1) * per_mb  # the scan body is counted once
   N, T = batch.shape
   real = int(np.asarray(batch.mask).sum())
-  return dict(rows=N, columns=T, real_positions=real, fill=real / (N * T),
+  return dict(rows=N, columns=T, response_start=batch.response_start, real_positions=real,
+              fill=real / (N * T),
               executed_flops=executed, micro_batch_flops=per_mb, num_micro_batches=num_micro,
               compile_s=compile_s, step_s=statistics.median(times[1:]),
               policy_loss=float(first["policy_loss"]), grad_norm=float(first["grad_norm"]))
@@ -184,8 +190,8 @@ def main(argv=None):
     rows = {}
     print(hdr, flush=True)
     for name in args.variants.split(","):
-      pack, m, octave = VARIANTS[name]
-      r = measure(model, params, ro, pack, m, args.repeats, octave)
+      pack, m, octave, full_head = VARIANTS[name]
+      r = measure(model, params, ro, pack, m, args.repeats, octave, full_head)
       r.update(needed_flops=need, ratio=r["executed_flops"] / need)
       rows[name] = r
       print(f"{size:5s} {name:8s} {r['rows']:>3d} x {r['columns']:<3d} {r['fill']:5.2f} "

@@ -121,6 +121,10 @@ def _args(argv):
   p.add_argument("--ref_chunks", type=int, default=0,
                  help="compile the reference pass on rows/ref_chunks rows (0: the micro-batch "
                       "count, as the trainer runs it; 1: all rows in one call)")
+  p.add_argument("--response_start", type=int, default=-1,
+                 help="policy step: the batch's static response start (the LM head runs from "
+                      "it on; -1 = the prompt width P, as make_batch's full-width batch; 0 = "
+                      "the head over every column)")
   p.add_argument("--top", type=int, default=8, help="largest state arrays to list")
   return p.parse_args(argv)
 
@@ -340,7 +344,9 @@ def main(argv=None) -> int:
   row_col = lambda dtype: jax.ShapeDtypeStruct((rows, T), dtype)
   batch_abs = LearnerBatch(tokens=row_col(i32), mask=row_col(i32), response_mask=row_col(i32),
                            old_logp=row_col(f32), advantages=jax.ShapeDtypeStruct((rows,), f32),
-                           ref_logp=row_col(f32) if loss.kl_coef > 0 else None)
+                           ref_logp=row_col(f32) if loss.kl_coef > 0 else None,
+                           response_start=(prompt_cols if a.response_start < 0 else
+                                           a.response_start or None))
   repl = NamedSharding(mesh, P())
   key_in = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl)
 

@@ -199,8 +199,9 @@ def test_sharded_training_matches_one_device(policy):
   assert res["param_diff"] < 1e-5
   dm, d1 = res["drift_mesh"], res["drift_one"]
   assert dm["mean_len_probe"] == d1["mean_len_probe"] and d1["rev_kl_exact_per_token"] > 0
-  for k in d1:
-    np.testing.assert_allclose(dm[k], d1[k], rtol=1e-5, err_msg=k)
+  for k in d1:  # atol: rev_kl_per_token (~1e-3) is a difference of log-probs of size ~1, so
+    # float32 rounding of either side (~1e-7 absolute) is ~1e-5 of it
+    np.testing.assert_allclose(dm[k], d1[k], rtol=1e-5, atol=1e-7, err_msg=k)
   em, e1 = res["eval_mesh"], res["eval_one"]
   assert em.keys() == e1.keys() and "eval/arith_len" in em
   for k in em:

@@ -51,7 +51,8 @@ class Transformer(nn.Module):
   """Decoder-only LM.
 
   __call__(tokens_NT, positions_NT, *, kv_mask_NC=None, cache=None, cache_index=None,
-           return_hidden=False, segment_ids_NT=None) -> (logits_NTV, new_cache[, hidden_NTD])
+           return_hidden=False, segment_ids_NT=None, head_start=0)
+    -> (logits, new_cache[, hidden_NTD]), logits [N, T - head_start, V]
 
   * cache None (training / scoring): causal attention over the T tokens; kv_mask_NC ([N, T],
     default all ones) is 1 on real tokens, 0 on padding; padded keys are never attended to.
@@ -60,18 +61,23 @@ class Transformer(nn.Module):
   * cache given (a tuple of LayerCache, see `layers.LayerCache`): the T new K/V are written
     at slots [cache_index, cache_index + T); query t attends to slot c iff kv_mask_NC[n, c]
     ([N, C], set by the caller for the new slots) and c <= cache_index + t.
-  hidden_NTD is the final-normed hidden state (input of the lm head).
+  hidden_NTD is the final-normed hidden state (input of the lm head), for every column.
+  The lm head runs on columns [head_start, T) only (a static int): column j of the logits is
+  position head_start + j (the policy step's response window,
+  `mr_rl.rl.batch.LearnerBatch.response_start`).
   """
   config: ModelConfig
 
   @nn.compact
   def __call__(self, tokens_NT, positions_NT, *, kv_mask_NC=None, cache=None, cache_index=None,
-               return_hidden=False, segment_ids_NT=None):
+               return_hidden=False, segment_ids_NT=None, head_start=0):
     cfg = self.config
     if tokens_NT.ndim != 2 or positions_NT.shape != tokens_NT.shape:
       raise ValueError(f"tokens_NT must be [N, T] and positions_NT the same shape; got "
                        f"{tokens_NT.shape} and {positions_NT.shape}")
     N, T = tokens_NT.shape
+    if not isinstance(head_start, (int, np.integer)) or not 0 <= head_start < T:
+      raise ValueError(f"head_start must be a static int in [0, T={T}), got {head_start!r}")
     if segment_ids_NT is not None and (cache is not None or segment_ids_NT.shape != (N, T)):
       raise ValueError(f"segment_ids_NT must be [N, T] = {(N, T)} and used without a cache; got "
                        f"{segment_ids_NT.shape}, cache {'given' if cache is not None else 'None'}")
@@ -113,14 +119,15 @@ class Transformer(nn.Module):
                                                  cache_index, segment_ids_NT)
       new_cache.append(c)
     h = RMSNorm(cfg.norm_eps, cfg.param_dtype, name="final_norm")(x)
+    h_head = h[:, int(head_start):] if head_start else h
     prec = precision_of(cfg)
     if cfg.tie_embeddings:
-      logits = jnp.einsum("ntd,vd->ntv", h, emb.astype(cfg.dtype), precision=prec,
+      logits = jnp.einsum("ntd,vd->ntv", h_head, emb.astype(cfg.dtype), precision=prec,
                           preferred_element_type=cfg.logits_dtype)
     else:
       w = param_with_axes(self, "lm_head", nn.initializers.normal(0.02),
                           (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.param_dtype)
-      logits = jnp.einsum("ntd,dv->ntv", h, w.astype(cfg.dtype), precision=prec,
+      logits = jnp.einsum("ntd,dv->ntv", h_head, w.astype(cfg.dtype), precision=prec,
                           preferred_element_type=cfg.logits_dtype)
     logits = nn.with_logical_constraint(
         logits.astype(cfg.logits_dtype),
@@ -163,10 +170,11 @@ def positions_from_segments(segment_ids_NT: jax.Array) -> jax.Array:
 
 
 def logits(model: Transformer, params, tokens_NT: jax.Array, mask_NT: jax.Array | None = None,
-           segment_ids_NT: jax.Array | None = None):
+           segment_ids_NT: jax.Array | None = None, *, head_start: int = 0):
   """Full-sequence logits [N, T, V] for a left-padded batch (mask 1 on real tokens), or for
   packed rows (`segment_ids_NT`: 1, 2, ... per sequence, 0 on padding; positions restart and
-  attention stays within each segment).
+  attention stays within each segment). With `head_start` (a static int) the trunk still runs
+  over all T columns but the lm head only over columns [head_start, T): [N, T - head_start, V].
 
   `params` may be a LoRA policy (`mr_rl.models.lora.Adapted`: base plus adapters).
   Values at padded positions are finite but meaningless.
@@ -178,8 +186,9 @@ def logits(model: Transformer, params, tokens_NT: jax.Array, mask_NT: jax.Array 
   from mr_rl.models import lora  # local import: lora reads the model's layout
   variables = lora.variables_of(params)
   if segment_ids_NT is None:
-    out, _ = model.apply(variables, tokens_NT, positions_from_mask(mask_NT), kv_mask_NC=mask_NT)
+    out, _ = model.apply(variables, tokens_NT, positions_from_mask(mask_NT), kv_mask_NC=mask_NT,
+                         head_start=head_start)
     return out
   out, _ = model.apply(variables, tokens_NT, positions_from_segments(segment_ids_NT),
-                       kv_mask_NC=mask_NT, segment_ids_NT=segment_ids_NT)
+                       kv_mask_NC=mask_NT, segment_ids_NT=segment_ids_NT, head_start=head_start)
   return out

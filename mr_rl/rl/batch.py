@@ -10,6 +10,14 @@ response that enters the loss, rounded up by `column_bucket`, so a run compiles 
 for a few widths only. Cut columns hold only padding (prompts are left-padded, responses
 right-padded), so every loss and metric is unchanged up to float summation order.
 
+The LM head only where a loss needs it: an unpacked batch records `response_start`, a static
+column (part of the compiled program, not an array) at or before its first response column,
+rounded down to `response_start_bucket` (the `size_bucket` grid or P itself), and the policy
+step runs the head over columns [response_start - 1, T - 1) only. A run compiles one step
+per (width, response start) pair met (BUILD_NOTES.md, "The LM head only where a loss needs
+it"). Packed rows keep the head on every column (`response_start` None): their sequences'
+responses start at data-dependent columns.
+
 Packing (`pack=PackSpec(...)`): every sequence that carries a loss token is written, without
 its padding, back to back into rows of width `column_bucket(longest sequence)`, first-fit
 decreasing; `segment_ids` (1, 2, ... per sequence, 0 on the row's tail) restart positions
@@ -33,7 +41,7 @@ import numpy as np
 
 from mr_rl import distributed
 from mr_rl.rl import gae
-from mr_rl.rl.losses import token_weights
+from mr_rl.rl.losses import token_logprobs_and_entropy, token_weights
 
 MIN_COLUMN_BUCKET = 8
 PACKED_ROWS_PER_OCTAVE = 16  # packed row counts: `fine_bucket`, at most 6.25% padding rows
@@ -76,6 +84,25 @@ def column_bucket(n: int, cap: int) -> int:
   return min(size_bucket(n, MIN_COLUMN_BUCKET), int(cap))
 
 
+def response_start_bucket(p_w: int, P: int) -> int:
+  """The static response start of a batch whose responses begin at column `p_w` (>= 1): the
+  largest of P and the `size_bucket` sizes (1, 2, 3, 4, 6, 8, ...) that is <= `p_w`. At
+  least 2/3 of `p_w`, and exactly `p_w` when the prompt side is its full width P (the usual
+  case once responses are shorter than the cap, since the trimmed width's slack goes to the
+  prompt side first)."""
+  p_w, P = int(p_w), int(P)
+  if p_w < 1:
+    raise ValueError(f"the response start must be >= 1 (column 0 predicts nothing), got {p_w}")
+  if p_w >= P:
+    return P if p_w == P else p_w  # p_w > P only for hand-built batches: keep it exact
+  best, n = 1, 1
+  while True:
+    n = size_bucket(n + 1)
+    if n > p_w:
+      return best
+    best = n
+
+
 @flax.struct.dataclass
 class LearnerBatch:
   """What one policy step consumes: N rows x T columns (host or device arrays).
@@ -97,6 +124,9 @@ class LearnerBatch:
     ref_logp: float32 [N, T] reference-policy log-probs (the KL penalty), or None.
     returns, old_values: float32 [N, T] PPO's GAE returns and the critic's values at rollout
       time, or None.
+    response_start: a static int (not an array: part of the step's compiled shape) or None:
+      `response_mask` is 0 on every column before it, so the step applies the LM head to
+      columns [response_start - 1, T - 1) only; None: the head runs over every column.
   """
   tokens: Any
   mask: Any
@@ -109,6 +139,7 @@ class LearnerBatch:
   ref_logp: Any = None
   returns: Any = None
   old_values: Any = None
+  response_start: Optional[int] = flax.struct.field(pytree_node=False, default=None)
 
   @property
   def shape(self) -> tuple[int, int]:
@@ -117,7 +148,8 @@ class LearnerBatch:
 
   def fields(self) -> tuple[str, ...]:
     """Names of the fields that hold arrays (not None)."""
-    return tuple(f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None)
+    return tuple(f.name for f in dataclasses.fields(self)
+                 if f.name != "response_start" and getattr(self, f.name) is not None)
 
   def check(self) -> "LearnerBatch":
     """Raises ValueError naming a field whose shape is not [N, T] (advantages: [N] or
@@ -134,6 +166,17 @@ class LearnerBatch:
     if (self.returns is None) != (self.old_values is None):
       raise ValueError("LearnerBatch.returns and old_values are given together (PPO) or not at "
                        "all")
+    r0 = self.response_start
+    if r0 is not None:
+      if not isinstance(r0, (int, np.integer)) or not 1 <= r0 < T:
+        raise ValueError(f"LearnerBatch.response_start must be an int in [1, T={T}) or None, "
+                         f"got {r0!r}")
+      if self.segment_ids is not None:
+        raise ValueError("LearnerBatch.response_start is for unpacked rows; packed rows "
+                         "(segment_ids) keep the LM head on every column")
+      if isinstance(self.response_mask, np.ndarray) and self.response_mask[:, :r0].any():
+        raise ValueError(f"LearnerBatch.response_mask has loss tokens before response_start="
+                         f"{r0}")
     return self
 
 
@@ -204,7 +247,8 @@ def make_batch(ro, advantages_BG=None, *, loss_rows_BG=None, trim: bool = True,
       mask=np.concatenate([rep(ro.prompt_mask), resp[:, :s_w]], 1),
       response_mask=np.concatenate([zeros, loss_resp[:, :s_w]], 1),
       old_logp=np.concatenate([zeros.astype(np.float32), ro.logprobs.reshape(N, S)[:, :s_w]], 1),
-      advantages=None if advantages_BG is None else np.asarray(advantages_BG).reshape(N))
+      advantages=None if advantages_BG is None else np.asarray(advantages_BG).reshape(N),
+      response_start=response_start_bucket(p_w, P))
   if ppo is not None:  # the critic's values come back to the host: GAE runs on every process
     values = distributed.to_host(ppo.values_fn(batch.tokens, batch.mask))
     R_N = np.nan_to_num(np.asarray(ppo.R_BG).reshape(N), nan=0.0)
@@ -214,6 +258,23 @@ def make_batch(ro, advantages_BG=None, *, loss_rows_BG=None, trim: bool = True,
   if pack is not None:
     batch = pack_rows(batch, pack)
   return batch.check()
+
+
+def response_logprobs(logits_fn, params, row_keys, mb: LearnerBatch):
+  """(logp_NT, entropy_NT) of `mb`'s tokens as `token_logprobs_and_entropy` gives them, with
+  the LM head over the response window only: columns [r0 - 1, T) for a batch with a static
+  `response_start` r0 (the trunk still sees every column); 0 before r0, where `response_mask`
+  is 0. `logits_fn(params, row_keys, tokens, mask[, segments], head_start=...)`."""
+  seg = () if mb.segment_ids is None else (mb.segment_ids,)
+  r0 = mb.response_start
+  if r0 is None or r0 <= 1:
+    return token_logprobs_and_entropy(logits_fn(params, row_keys, mb.tokens, mb.mask, *seg),
+                                      mb.tokens)
+  h0 = int(r0) - 1  # position h0 predicts the first response column r0
+  logits = logits_fn(params, row_keys, mb.tokens, mb.mask, *seg, head_start=h0)
+  logp, ent = token_logprobs_and_entropy(logits, mb.tokens[:, h0:])
+  pad = jnp.zeros((mb.tokens.shape[0], h0), jnp.float32)
+  return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
 
 
 # ------------------------------------------------------------------------------- packing
@@ -290,7 +351,7 @@ def pack_rows(batch: LearnerBatch, spec: PackSpec) -> LearnerBatch:
       for k, v in per_token.items():
         out[k][r, dst] = v[i, src]
       col += n
-  return LearnerBatch(**out)
+  return LearnerBatch(**out)  # response_start None: the head runs over every column
 
 
 def batch_fields(config, ppo: bool) -> tuple[str, ...]:

@@ -36,12 +36,13 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mr_rl.models import sharding
 from mr_rl.rl import critic as critic_lib
-from mr_rl.rl.batch import LearnerBatch, batch_fields, example_batch
+from mr_rl.rl.batch import LearnerBatch, batch_fields, example_batch, response_logprobs
 from mr_rl.rl.critic import ValueFn
 from mr_rl.rl.losses import (PolicyLossConfig, policy_loss, token_logprobs_and_entropy,
                              token_weights, value_loss)
 
-LogitsFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
+# (params, tokens_NT, mask_NT[, segment_ids_NT], *, head_start=0) -> logits [N, T - head_start, V]
+LogitsFn = Callable[..., jax.Array]
 
 
 @flax.struct.dataclass
@@ -134,7 +135,8 @@ def init_train_state(params, tx, value_params=None, value_tx=None) -> TrainState
 
 # ------------------------------------------------------------------------- model glue
 def model_logits_fn(model) -> LogitsFn:
-  """``(params, tokens_NT, mask_NT) -> logits_NTV`` for an ``mr_rl.models.Transformer``."""
+  """``(params, tokens_NT, mask_NT[, segment_ids_NT], *, head_start=0) -> logits`` for an
+  ``mr_rl.models.Transformer`` (the head over columns [head_start, T) only)."""
   from mr_rl import models  # local import: rl math does not need the model package
   return functools.partial(models.logits, model)
 
@@ -162,12 +164,11 @@ def _accumulate(grad_fn, num_micro: int, rows, constrain):
 
 
 def policy_grad_fn(logits_fn, cfg: PolicyLossConfig):
-  """Gradient of the policy loss; `logits_fn(params, row_keys, tokens, mask[, segments])`."""
+  """Gradient of the policy loss; `logits_fn(params, row_keys, tokens, mask[, segments],
+  head_start=...)` (`response_logprobs`)."""
 
   def loss_fn(params, mb: LearnerBatch, row_keys):
-    seg = () if mb.segment_ids is None else (mb.segment_ids,)
-    logits = logits_fn(params, row_keys, mb.tokens, mb.mask, *seg)
-    logp, ent = token_logprobs_and_entropy(logits, mb.tokens)
+    logp, ent = response_logprobs(logits_fn, params, row_keys, mb)
     loss, metrics = policy_loss(logp, mb.old_logp, mb.advantages, mb.response_mask, cfg,
                                 weights_NT=mb.weights, metric_weights_NT=mb.metric_weights,
                                 ref_logp_NT=mb.ref_logp, entropy_NT=ent)
@@ -182,15 +183,15 @@ def _step_impl(state, batch, rng, base=None, *, logits_fn, tx, config, value_fn=
     raise ValueError('a LoRA step (UpdateConfig.lora) takes the frozen base params as its fourth '
                      'argument (Learner.update); a full fine-tuning step takes none')
   row_keys, full_logits_fn = None, logits_fn  # rng: LoRA dropout's masks only
-  logits_fn = lambda params, keys, *rows: full_logits_fn(params, *rows)
+  logits_fn = lambda params, keys, *rows, **kw: full_logits_fn(params, *rows, **kw)
   critic = lambda vp: vp
   if base is not None:  # LoRA: state.params are the adapters on the frozen base
     from mr_rl.models import lora as lora_lib  # local import: rl math does not need models
     lc = config.lora
     if lc.dropout > 0:  # per-row masks (BUILD_NOTES.md "LoRA": dropout)
       row_keys = lora_lib.dropout_row_keys(rng, batch.tokens.shape[0])
-    logits_fn = lambda ad, keys, *rows: full_logits_fn(
-        lora_lib.Adapted(base, ad, lc.scale, lc.dropout, keys), *rows)
+    logits_fn = lambda ad, keys, *rows, **kw: full_logits_fn(
+        lora_lib.Adapted(base, ad, lc.scale, lc.dropout, keys), *rows, **kw)
     critic = lambda vp: {**vp, 'trunk': lora_lib.Adapted(base, vp['trunk'], lc.scale)}
   ppo = value_fn is not None
   rmask = batch.response_mask
@@ -244,14 +245,23 @@ def _jit(impl, mesh, rules, state_sharding, batch_example, base_sharding=None):
   b_sh = sharding.batch_shardings(batch_example, mesh)
   repl = NamedSharding(mesh, P())
   base_sh = () if base_sharding is None else (base_sharding,)
-  jitted = jax.jit(impl, in_shardings=(state_sharding, b_sh, repl, *base_sh),
-                   out_shardings=(state_sharding, repl), donate_argnums=0)
+  programs = {}
+
+  def jitted_for(response_start):  # batch shardings carry the batch's static response_start
+    if response_start not in programs:
+      sh = b_sh.replace(response_start=response_start) if isinstance(b_sh, LearnerBatch) \
+          else b_sh
+      programs[response_start] = jax.jit(
+          impl, in_shardings=(state_sharding, sh, repl, *base_sh),
+          out_shardings=(state_sharding, repl), donate_argnums=0)
+    return programs[response_start]
 
   def step(state, batch, rng, *base):
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      return jitted(state, batch, rng, *base)
+      return jitted_for(getattr(batch, 'response_start', None))(state, batch, rng, *base)
 
-  step.jitted = jitted
+  step.jitted = jitted_for(getattr(batch_example, 'response_start', None))
+  step.jitted_for = jitted_for
   return step
 
 
@@ -260,7 +270,9 @@ def make_policy_step(logits_fn: LogitsFn, config: UpdateConfig, tx=None, *, mesh
   """Builds the jitted GRPO-family step ``step(state, batch, rng) -> (state, metrics)``.
 
   Args:
-    logits_fn: ``(params, tokens_NT, mask_NT) -> logits_NTV`` (see ``model_logits_fn``).
+    logits_fn: ``(params, tokens_NT, mask_NT[, segment_ids_NT], *, head_start=0) ->
+      logits`` over columns [head_start, T) (see ``model_logits_fn``); batches with a
+      ``response_start`` call it with ``head_start = response_start - 1``.
     config: UpdateConfig.
     tx: optimizer (default ``make_optimizer(config)``); must be the one that built the state.
     mesh: optional jax Mesh; then ``rules``, ``state_sharding`` (see
@@ -436,7 +448,7 @@ class Learner:
                        f'{list(batch.fields())}')
     if self.batch_sharding is None:
       return batch
-    return jax.device_put(batch, self.batch_sharding)
+    return jax.device_put(batch, self.batch_sharding.replace(response_start=batch.response_start))
 
 
 @functools.lru_cache(maxsize=16)

@@ -354,3 +354,20 @@ def test_a_corrupt_config_json_is_named(tmp_path):
   c.rewards.channels = "arith_acc"
   with pytest.raises(ValueError, match=needle):
     dry_run(c)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_head_start_runs_the_head_on_the_last_columns(tie):
+  """`head_start`: the trunk sees every column, the lm head runs on [head_start, T) only."""
+  cfg = M.ModelConfig(family="qwen3", vocab_size=40, d_model=32, n_layers=1, n_heads=2,
+                      n_kv_heads=1, head_dim=16, d_ff=64, max_seq_len=32, tie_embeddings=tie)
+  model = M.Transformer(cfg)
+  params = M.init_params(model, jax.random.PRNGKey(0))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 12), 1, 40)
+  mask = (jnp.arange(12)[None] >= jnp.array([[0], [3], [5]])).astype(jnp.int32)
+  full = M.logits(model, params, tokens, mask)
+  part = M.logits(model, params, tokens, mask, head_start=5)
+  assert part.shape == (3, 7, 40)
+  np.testing.assert_allclose(part, full[:, 5:], rtol=1e-6, atol=1e-6)
+  with pytest.raises(ValueError, match="head_start"):
+    M.logits(model, params, tokens, mask, head_start=12)

@@ -192,21 +192,98 @@ def test_packed_batch_equals_unpacked(model_and_params, agg):
   assert set(update.batch_fields(cfg_p, False)) == set(packed.fields()) | {'ref_logp'}
 
 
+def test_response_start_buckets():
+  got = [batch_lib.response_start_bucket(p, P) for p in range(1, P + 1)]
+  assert got == [1, 2, 3, 4, 4, 6, 6, 8, 8, 8, 8, 12, 12, 14]  # P = 14 is exact
+  assert [batch_lib.response_start_bucket(p, 1024) for p in (1023, 1024, 700)] == [768, 1024, 512]
+  for p in range(1, 3000):
+    r = batch_lib.response_start_bucket(p, 3000)
+    assert 2 * p / 3 <= r <= p
+  with pytest.raises(ValueError, match='>= 1'):
+    batch_lib.response_start_bucket(0, P)
+
+
+@pytest.mark.parametrize('agg', losses.LOSS_AGG_MODES)
+def test_response_window_head_equals_full_head(model_and_params, agg):
+  """The LM head over the response window only (the batch's static `response_start`) gives
+  the losses, metrics and gradients of the head over every column, on the same batch."""
+  model, params, ref = model_and_params
+  ro = _with_own_logprobs(model, params, make_rollout(4, max_prompt=P, max_resp=9))
+  A = jnp.asarray(np.random.default_rng(8).normal(size=(B, G)), jnp.float32)
+  batch = batch_lib.make_batch(ro, A)
+  r0 = batch.response_start
+  assert 1 < r0 <= int(np.argmax(np.asarray(batch.response_mask).any(0)))
+  assert r0 > batch.shape[1] // 3  # the window skips a real share of the columns
+  cfg = update.UpdateConfig(loss=losses.PolicyLossConfig(
+      loss_agg=agg, kl_coef=0.05, entropy_coef=0.01,
+      norm_len=S if agg == 'seq-mean-token-sum-norm' else None), num_micro_batches=2)
+  got = _step(model, cfg, batch, params, ref)
+  want = _step(model, cfg, batch.replace(response_start=None), params, ref)
+  _assert_same(got, want)
+  assert want[0]['entropy'] > 0 and 0 < want[0]['clip_frac'] < 1
+
+
+def test_response_window_head_in_the_ppo_step(model_and_params):
+  """PPO (make_batch's GAE targets; the critic keeps its own full forward): the windowed
+  policy head gives the full head's policy and value metrics and both gradients."""
+  from mr_rl.rl import critic
+  model, params, _ = model_and_params
+  ro = _with_own_logprobs(model, params, make_rollout(5, max_prompt=P, max_resp=9))
+  value_fn = jax.jit(critic.model_value_fn(model))
+  vparams = critic.init_value_params(model, params, jax.random.PRNGKey(1))
+  R = np.random.default_rng(9).normal(size=(B, G)).astype(np.float32)
+  batch = batch_lib.make_batch(ro, ppo=batch_lib.PPOTargets(
+      lambda t, m: value_fn(vparams, t, m), R, gamma=1.0, lam=0.95))
+  assert batch.response_start > 1 and np.ndim(batch.advantages) == 2
+  cfg = update.UpdateConfig(loss=losses.PolicyLossConfig(), value_lr=1e-3)
+
+  def run(b):
+    tx, vtx = optax.sgd(1.0), optax.sgd(1.0)
+    state = update.init_train_state(jax.tree.map(jnp.array, params), tx,
+                                    jax.tree.map(jnp.array, vparams), vtx)
+    new, m = update.make_ppo_step(update.model_logits_fn(model), critic.model_value_fn(model),
+                                  cfg, tx, vtx)(state, b, jax.random.PRNGKey(0))
+    g = jax.tree.map(lambda a, c: np.asarray(a) - np.asarray(c), (params, vparams),
+                     (new.params, new.value_params))
+    return jax.device_get(m), g
+
+  _assert_same(run(batch), run(batch.replace(response_start=None)))
+
+
+def test_response_start_is_checked():
+  batch = batch_lib.make_batch(make_rollout(0), jnp.zeros((B, G)))
+  first = int(np.argmax(np.asarray(batch.response_mask).any(0)))  # the first response column
+  assert batch.response_start <= first
+  batch.replace(response_start=first).check()
+  with pytest.raises(ValueError, match='loss tokens before response_start'):
+    batch.replace(response_start=first + 1).check()
+  with pytest.raises(ValueError, match=r'in \[1, T='):
+    batch.replace(response_start=0).check()
+
+
 def test_compiles_stay_bounded_over_many_lengths():
-  """40 batches of random prompt / response lengths compile the step once per bucket pair."""
+  """40 batches of random prompt / response lengths compile the step once per (width,
+  response start) pair met, and the LM head runs from the response start on."""
   V = 16
   traced = []
 
-  def logits_fn(W, tokens, mask):  # a bigram policy; records each trace's shape
+  def logits_fn(W, tokens, mask, head_start=0):  # a bigram policy; records each trace
     del mask
-    traced.append(tokens.shape)
-    return W[tokens]
+    traced.append((tokens.shape, head_start))
+    return W[tokens[:, head_start:]]
 
   cfg = update.UpdateConfig()
-  # Widths are buckets of P + S = 34: 8, 12, 16, 24, 32, 34.
-  step = update.make_policy_step(chex.assert_max_traces(logits_fn, n=6), cfg, optax.sgd(0.1))
+  # Widths are buckets of P + S = 34: 8, 12, 16, 24, 32, 34; response starts 1, 2, 3, 4, 6,
+  # 8, 12, 14, each at most the width's prompt side: 27 reachable pairs.
+  possible = set()
+  for p_used in range(1, P + 1):
+    for s_used in range(1, S + 1):
+      T = batch_lib.column_bucket(p_used + s_used, P + S)
+      possible.add((T, batch_lib.response_start_bucket(min(P, T - s_used), P)))
+  assert len(possible) == 27
+  step = update.make_policy_step(chex.assert_max_traces(logits_fn, n=27), cfg, optax.sgd(0.1))
   state = update.init_train_state(jnp.zeros((V, V)), optax.sgd(0.1))
-  widths = set()
+  widths, pairs = set(), set()
   for seed in range(40):
     rng = np.random.default_rng(seed)
     ro = make_rollout(seed, max_prompt=int(rng.integers(2, P + 1)),
@@ -217,10 +294,13 @@ def test_compiles_stay_bounded_over_many_lengths():
     s_w = int(ro.lengths.max())
     T = batch.shape[1]
     assert T == batch_lib.column_bucket(p_w + s_w, P + S)
+    assert batch.response_start == batch_lib.response_start_bucket(min(P, T - s_w), P)
     widths.add(T)
+    pairs.add((T, batch.response_start))
     state, m = step(state, batch, jax.random.PRNGKey(0))
     assert np.isfinite(float(m['policy_loss']))
-  assert len(traced) == len(set(traced)) == len(widths) <= 6
+  assert len(traced) == len(set(traced)) == len(pairs) and pairs <= possible
+  assert {(shape[1], h + 1) for shape, h in traced} == pairs  # head from response_start - 1
   assert len(widths) > 3  # the lengths did vary
 
 

@@ -84,12 +84,15 @@ def test_dropout_step_gradient_is_the_hand_computed_one(setup):
   rng, sgd = jax.random.PRNGKey(3), optax.sgd(1.0)
   ad = jax.tree.map(np.asarray, _nonzero_adapters(LORA))
   grads = {}
-  for p in (0.0, 0.25):
-    lc = dataclasses.replace(LORA, dropout=p)
+  # The LM head over the response window only (a static response start) as well: same masks.
+  r0 = int(np.argmax(np.asarray(batch.response_mask).any(0)))
+  assert r0 > 1
+  for p, b in ((0.0, batch), (0.25, batch), ('window', batch.replace(response_start=r0))):
+    lc = dataclasses.replace(LORA, dropout=0.25 if p == 'window' else p)
     cfg = update.UpdateConfig(loss=loss, lora=lc, num_micro_batches=2, max_grad_norm=None)
     step = update.make_policy_step(update.model_logits_fn(model), cfg, sgd)
-    new, _ = step(update.init_train_state(jax.tree.map(jnp.array, ad), sgd), batch, rng, base)
-    grads[p] = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), ad, new.params)
+    new, _ = step(update.init_train_state(jax.tree.map(jnp.array, ad), sgd), b, rng, base)
+    grads[p] = jax.tree.map(lambda a, c: np.asarray(a) - np.asarray(c), ad, new.params)
   keys = lora_lib.dropout_row_keys(rng, batch.tokens.shape[0])
   w = batch.response_mask / batch.response_mask.sum()
 
@@ -99,8 +102,8 @@ def test_dropout_step_gradient_is_the_hand_computed_one(setup):
                                                               batch.mask), batch.tokens)
     return -jnp.sum(jnp.exp(logp - batch.old_logp) * batch.advantages[:, None] * w)
 
-  for p in (0.0, 0.25):
-    want = jax.grad(hand)(ad, p)
+  for p in (0.0, 0.25, 'window'):
+    want = jax.grad(hand)(ad, 0.25 if p == 'window' else p)
     for x, y in zip(jax.tree.leaves(grads[p]), jax.tree.leaves(want)):
       np.testing.assert_allclose(x, np.asarray(y), rtol=1e-4, atol=1e-6)
   diff = max(np.abs(x - y).max() for x, y in zip(jax.tree.leaves(grads[0.0]),

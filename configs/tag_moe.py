@@ -8,13 +8,14 @@ r"""TAG Table 10: Qwen3-30B-A3B-Instruct-2507 (MoE, 3.3B active) under 4,096-tok
 Arguments: task = brief (< 512 tokens) | negative; method = rp_only | additive | tag; runlocal
 (a tiny 4-expert MoE). Otherwise the tag_math set-up (Big-Math hard split).
 TPU slice: v5p-32 (16 chips, mesh tensor 4 x expert 4; run launch/check.py first).
-launch/check.py (grouped-matmul stand-in, BUILD_NOTES "Pod check"): the policy step needs 280 GB
-per chip and does NOT fit (every chip holds all 147K routed rows of a 4-row micro-batch); the
-sampler (72 GB) and the reference pass (40 GB) fit. `--set model.moe_impl=ep` (expert-parallel
-dispatch, exact): policy step 249 GB, still no fit (fp32 attention scores [8 heads, 4,608,
-4,608] per layer), and the sampler 312 GB on the CPU compile, so the config keeps 'ragged'.
-Estimate: 162 v5p chip-hours for the default point (task=negative,method=tag, probes included);
-whole table 758.
+launch/check.py (grouped-matmul stand-in, BUILD_NOTES "Pod check"): with `model.remat` (set
+here: each decoder block recomputed in the backward) the policy step needs 57 GB per chip; the
+sampler (72 GB) and the reference pass (40 GB) fit. Without remat the policy step keeps every
+layer's fp32 attention scores ([8 heads, 4,608, 4,608]) and routed rows: 280 GB, no fit.
+`--set model.moe_impl=ep` (expert-parallel dispatch, exact) is 249 GB without remat, and its
+sampler 312 GB on the CPU compile, so the config keeps 'ragged'.
+Estimate: 172 v5p chip-hours for the default point (task=negative,method=tag, probes included;
+remat's recomputed forward counted); whole table 813.
 """
 
 from mr_rl import config_lib as cl
@@ -29,6 +30,7 @@ def get_config(arg=None):
   a = cl.parse_arg(arg, CHOICES, DEFAULTS, "configs/tag_moe.py")
   c = tag_math.base_config("qwen3_30b_a3b", a["task"])
   cl.tag_method(c, a["method"], 2)
+  c.model.remat = True  # the policy step fits v5p-32 only with block remat (docstring)
   return cl.runlocal(c, "qwen3_30b_a3b") if a["runlocal"] else c
 
 

@@ -485,7 +485,8 @@ def test_dry_run_prints_settings_and_estimate_without_weights(tmp_path):
   s = json.loads(block)
   assert s["total_steps"] == 7 and s["model"]["path"] == str(no_weights)
   assert s["pipeline"] == "demo" and s["logging"]["wandb_project"] == ""
-  assert re.search(r"compute estimate: v5p [0-9.e+-]+, .*h100 [0-9.e+-]+ chip-hours", text)
+  assert re.search(r"compute estimate: v5p [0-9.e+-]+, .*h100 [0-9.e+-]+(, h200 [0-9.e+-]+)? "
+                   r"chip-hours", text)
   assert "0.5M parameters" in text
   r = subprocess.run([sys.executable, "-m", "mr_rl.main", "--config=configs/demo.py"],
                      capture_output=True, text=True, cwd=REPO, timeout=300)
@@ -499,7 +500,8 @@ def test_dry_run_estimate_equals_the_paper_estimate():
     c = args.load_config_module(os.path.join(REPO, "configs", name)).get_config(None)
     text = dry_run(c)
     assert f"v5p {estimates.estimate_config(c, 'v5p'):.3g}," in text, text[-600:]
-    assert f"h100 {estimates.estimate_config(c, 'h100'):.3g} chip-hours" in text
+    assert f"h100 {estimates.estimate_config(c, 'h100'):.3g}," in text
+    assert f"h200 {estimates.estimate_config(c, 'h200'):.3g} chip-hours" in text
 
 
 def test_offline_errors_name_the_config_fields(monkeypatch, tmp_path):

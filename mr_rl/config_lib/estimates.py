@@ -47,7 +47,8 @@ def model_sizes(preset) -> dict[str, float]:
 
 
 def estimate_device_hours(preset, *, steps: int, rows: int, prompt_len: int,
-                          new_tokens: int, chip: str = "v5p", critic: bool = False) -> float:
+                          new_tokens: int, chip: str = "v5p", critic: bool = False,
+                          remat: bool = False) -> float:
   """Chip-hours of `steps` GRPO steps of `rows` = B*G sequences (the trainer's padded shapes).
 
   Per step (P = max_prompt_len, N = max_new_tokens, T = P + N, all rows padded to them):
@@ -59,7 +60,8 @@ def estimate_device_hours(preset, *, steps: int, rows: int, prompt_len: int,
       KL metric) + policy step (6 FLOPs/param/token), plus attention 4 T^2 width per row per
       pass (x4 for fwd+bwd+ref), over rows * T tokens at MFU.
   With `critic` (PPO) the critic's forward for the values and its update add the same train
-  FLOPs again. Chip-hours do not depend on the slice size in this model (both terms scale with 1/chips).
+  FLOPs again. With `remat` (ModelConfig.remat) the policy step recomputes its forward in the
+  backward: 8 FLOPs/param/token and x5 attention instead of 6 and x4. Chip-hours do not depend on the slice size in this model (both terms scale with 1/chips).
   Not counted: reward evaluation (math-verify / sandbox / NLI / reward model, on the host),
   evaluation runs, checkpointing, compilation.
   """
@@ -70,7 +72,8 @@ def estimate_device_hours(preset, *, steps: int, rows: int, prompt_len: int,
   kv_read = rows * (prompt_len + new_tokens / 2) * s["kv_bytes_per_token"]
   decode_mem = new_tokens * (param_bytes + kv_read) / (c.hbm_bw * DECODE_BW_EFF)
   decode_flops = 2 * s["active"] * rows * T / (c.peak_flops * MFU)
-  train_flops = rows * (8 * s["active"] * T + 4 * 4 * T * T * s["attn_width"])
+  passes = 5 if remat else 4  # reference + policy forward, backward (2), remat's forward
+  train_flops = rows * (2 * passes * s["active"] * T + 4 * passes * T * T * s["attn_width"])
   if critic:
     train_flops *= 2
   per_step = max(decode_mem, decode_flops) + train_flops / (c.peak_flops * MFU)
@@ -85,11 +88,11 @@ def run_hours(model, settings, chip: str = "v5p") -> float:
   kw = dict(prompt_len=s.data.max_prompt_len, new_tokens=s.rollout.max_new_tokens, chip=chip)
   hours = estimate_device_hours(model, steps=s.total_steps,
                                 rows=s.data.batch_prompts * s.rollout.group_size,
-                                critic=s.advantage == "ppo", **kw)
+                                critic=s.advantage == "ppo", remat=s.model.remat, **kw)
   if s.pipeline == "tag":
     hours += s.num_channels * estimate_device_hours(
         model, steps=s.anchor.probe_steps,
-        rows=s.anchor.probe_batch_prompts * s.rollout.group_size, **kw)
+        rows=s.anchor.probe_batch_prompts * s.rollout.group_size, remat=s.model.remat, **kw)
   return hours
 
 

@@ -247,15 +247,25 @@ def run_alternating(sides: list, steps: int) -> None:
 
 # ---------------------------------------------------------------------------------- mr_rl
 class _RecordingRunner:
-  """mr_rl's reward runner, recording each step's response lengths and prompt uids."""
+  """mr_rl's reward runner, recording each step's response lengths and prompt uids (the
+  trainer scores rows as they finish: `RewardRunner.start`, then `PendingScores.add` per row)."""
 
   def __init__(self, runner):
     self._runner, self.lengths, self.uids = runner, [], []
 
-  def __call__(self, responses_BG, examples_B, num_tokens_BG):
-    self.lengths.append(np.asarray(num_tokens_BG).reshape(-1).tolist())
+  def start(self, examples_B, group_size):
     self.uids.append([ex["uid"] for ex in examples_B])
-    return self._runner(responses_BG, examples_B, num_tokens_BG)
+    lengths = [0] * (len(examples_B) * group_size)  # row b * G + g, filled as rows are added
+    self.lengths.append(lengths)
+    pending = self._runner.start(examples_B, group_size)
+    add = pending.add
+
+    def recording_add(b, g, response, num_tokens):
+      lengths[b * group_size + g] = int(num_tokens)
+      add(b, g, response, num_tokens)
+
+    pending.add = recording_add
+    return pending
 
   def __getattr__(self, name):
     return getattr(self._runner, name)

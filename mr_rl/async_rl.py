@@ -23,7 +23,17 @@ Where the work runs (`Pipeline`):
 * disjoint device sets (`rollout.sampler_devices = n > 0`): the first n devices sample, the
   rest learn (`split_devices`); each draw (sampling and scoring) runs on the worker thread
   with the sampler's own copy of the weights, which the trainer refreshes after every
-  update (`Pipeline.push`, timed as `time/weight_push`). One process only for now.
+  update (`Pipeline.push`, timed as `time/weight_push`).
+* split devices over several processes ("ordered"): each process gives the same number of its
+  devices to each side (`split_devices`) and the push copies within each process
+  (`push_params`). Programs of a multi-process job must start in the same order on every
+  process, which two threads dispatching at will do not guarantee (on XLA:CPU with gloo,
+  two threads running cross-process programs on disjoint device sets hang within a few
+  hundred steps; BUILD_NOTES "Asynchronous RL"). So every device program is dispatched from
+  the main thread: the draws of later steps are deferred (`fill`) and started right after
+  the step's update is dispatched (`draw_deferred`), and since jax dispatches
+  asynchronously the learner's devices run the update while the main thread drives the
+  sampler's devices; scoring waits on the worker as on one device set.
 
 The bound: `StaleQueue.take` never hands out a draw sampled more than `s` versions before
 the learner's; such a draw is dropped (`async/stale_dropped`) and the trainer samples afresh.
@@ -43,6 +53,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import glob
 import os
 import pickle
@@ -81,16 +92,31 @@ class AsyncSettings:
 
 
 def split_devices(devices: Sequence[Any], sampler_devices: int) -> tuple[list, list]:
-  """(sampler devices, learner devices): the first `sampler_devices` and the rest, disjoint.
+  """(sampler devices, learner devices), disjoint: each process gives its first
+  `sampler_devices / process count` devices (of `devices`, in order) to the sampler and the rest
+  to the learner, so both sets span every process (with one process: the first
+  `sampler_devices` and the rest).
 
   Raises:
-    ValueError: the split leaves either side without a device.
+    ValueError: the split leaves either side without a device, or does not divide evenly
+      over the processes.
   """
   devices = list(devices)
-  if not 0 < sampler_devices < len(devices):
+  processes = sorted({d.process_index for d in devices}) if devices and hasattr(
+      devices[0], "process_index") else [0]
+  per = {p: [d for d in devices if getattr(d, "process_index", 0) == p] for p in processes}
+  if sampler_devices % len(processes):
+    raise ValueError(f"config.rollout.sampler_devices={sampler_devices} must be a multiple of "
+                     f"the process count {len(processes)} (each process gives the sampler the "
+                     "same number of its devices)")
+  k = sampler_devices // len(processes)
+  if not 0 < k < min(len(v) for v in per.values()):
     raise ValueError(f"config.rollout.sampler_devices={sampler_devices} must leave devices to "
-                     f"both the sampler and the learner; this run has {len(devices)}")
-  return devices[:sampler_devices], devices[sampler_devices:]
+                     f"both the sampler and the learner; this run has {len(devices)}"
+                     + (f" ({len(devices) // len(processes)} per process)"
+                        if len(processes) > 1 else ""))
+  return ([d for p in processes for d in per[p][:k]],
+          [d for p in processes for d in per[p][k:]])
 
 
 def split_meshes(mesh_sizes, sampler_devices: int):
@@ -99,6 +125,38 @@ def split_meshes(mesh_sizes, sampler_devices: int):
   sampler, learner = split_devices(jax.devices(), sampler_devices)
   return (sharding.make_mesh({"data": -1, "tensor": mesh_sizes["tensor"]}, devices=sampler),
           sharding.make_mesh(dict(mesh_sizes), devices=learner))
+
+
+@functools.lru_cache(maxsize=4)
+def _replicate(mesh):
+  """A jitted identity whose outputs are whole on every device of `mesh` (compiled once)."""
+  return jax.jit(lambda tree: tree, out_shardings=jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec()))
+
+
+def push_params(params, shardings, learner_mesh=None):
+  """`params` (on the learner's devices) copied to the sampler's `shardings`.
+
+  One process: `jax.device_put` (device to device). Several: a device_put between disjoint
+  device sets spanning several processes is not supported outside TPU runtimes (jax raises
+  "cross-host reshard ... should have the same set of devices"), and each process can only
+  write its own devices. So the params are first made whole on every learner device (an
+  all-gather among the learner's devices: a no-op for params the learner already replicates,
+  e.g. data-parallel), then each process copies, device to device within the process, the
+  slice each of its sampler devices holds. Costs a full copy of the params per learner device
+  while it runs.
+  """
+  if jax.process_count() == 1:
+    return jax.device_put(params, shardings)
+  whole = _replicate(learner_mesh)(params)
+
+  def leaf(x, s):
+    local = x.addressable_data(0)  # all of x, on one of this process's learner devices
+    shards = [jax.device_put(local[index], d)
+              for d, index in s.addressable_devices_indices_map(x.shape).items()]
+    return jax.make_array_from_single_device_arrays(x.shape, s, shards)
+
+  return jax.tree.map(leaf, whole, shardings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,8 +211,10 @@ def timeline(t: StepTimes, devices: int, sampler_devices: int = 0,
 class InFlight:
   """A draw on its way: for step `step`, sampled by policy version `version`.
 
-  `job` is its unfinished part (a future, or None once finished) and `finish` turns the job's
-  value into the draw on the main thread; `draw` is set once finished.
+  `call` is the sampling not started yet (split devices over several processes: it runs
+  when `Pipeline.draw_deferred` or `resolve` calls it), `job` its unfinished part (a future,
+  or None once finished) and `finish` turns the job's value into the draw on the main thread;
+  `draw` is set once finished.
   """
   step: int
   version: int
@@ -162,9 +222,21 @@ class InFlight:
   finish: Callable[[Any], Any] | None = None
   draw: Any = None
   wait_s: float = 0.0
+  call: Callable[[], Any] | None = None
+
+  def start(self) -> None:
+    """Runs the deferred sampling `call` (if any) on the caller's thread."""
+    if self.call is not None:
+      call, self.call = self.call, None
+      out = call()
+      if isinstance(out, InFlight):  # scoring still running on the worker (score_later)
+        self.job, self.finish = out.job, out.finish
+      else:
+        self.draw = out
 
   def resolve(self) -> Any:
     """The finished draw (waits for the job; the finish runs here, on the caller's thread)."""
+    self.start()
     if self.draw is None:
       t0 = time.perf_counter()
       value = self.job.result() if isinstance(self.job, concurrent.futures.Future) else self.job
@@ -226,14 +298,14 @@ class Pipeline:
       policy's params (None: the sampler uses the learner's params).
   """
 
-  def __init__(self, settings: AsyncSettings, sampler_shardings=None):
-    if settings.sampler_devices and jax.process_count() > 1:
-      raise ValueError("config.rollout.sampler_devices > 0 runs the sampler on a worker thread, "
-                       "which is single-process for now; use sampler_devices=0 (max_staleness "
-                       "still overlaps reward scoring) with several processes")
+  def __init__(self, settings: AsyncSettings, sampler_shardings=None, learner_mesh=None):
     self.settings = settings
     self.queue = StaleQueue(settings.max_staleness)
     self._shardings = sampler_shardings
+    self._learner_mesh = learner_mesh
+    # Split devices over several processes: every device program is dispatched from the main
+    # thread, in the schedule's order (module docstring: "ordered").
+    self.ordered = sampler_shardings is not None and jax.process_count() > 1
     self._sampler_params = None
     self._push_s = 0.0
     self._taken: InFlight | None = None
@@ -256,7 +328,7 @@ class Pipeline:
     shardings = None
     if n:
       shardings = sharding.param_shardings(model, sampler_mesh, sharding.DEFAULT_RULES)
-    return cls(settings, shardings)
+    return cls(settings, shardings, learner_mesh)
 
   # ---------------------------------------------------------------- weights
   @property
@@ -269,7 +341,8 @@ class Pipeline:
       return
     params = jax.block_until_ready(params)  # the update's own time is not the push's
     t0 = time.perf_counter()
-    self._sampler_params = jax.block_until_ready(jax.device_put(params, self._shardings))
+    self._sampler_params = jax.block_until_ready(
+        push_params(params, self._shardings, self._learner_mesh))
     self._push_s = time.perf_counter() - t0
 
   def sampler_params(self, learner_params):
@@ -283,7 +356,7 @@ class Pipeline:
     as rows finished) runs on the worker thread; `finish(r_BGK, metrics, seconds)` makes the
     draw on the main thread from the gathered rewards (`StreamingScore.finish`: the gather and
     the runner's batch rules). Synchronous (the value itself) without a worker."""
-    if self._worker is None or self.split:  # split: already on the worker
+    if self._worker is None or (self.split and not self.ordered):  # already on the worker
       t0 = time.perf_counter()
       r_BGK, m = scoring.finish(ro)
       return finish(r_BGK, m, time.perf_counter() - t0)
@@ -308,12 +381,25 @@ class Pipeline:
       u += 1
 
   def _submit(self, u: int, version: int, call: Callable[[], Any]) -> InFlight:
-    if self.split:  # sampling and scoring on the sampler's devices, off the main thread
+    if self.ordered and u > version:  # sampled once this step's update is dispatched
+      return InFlight(u, version, call=call)
+    if self.split and not self.ordered:  # sampling and scoring off the main thread
       return InFlight(u, version, self._worker.submit(call))
     out = call()  # sampling here; scoring maybe on the worker (score_later)
     if isinstance(out, InFlight):
       return dataclasses.replace(out, step=u, version=version)
     return InFlight(u, version, draw=out)
+
+  def draw_deferred(self) -> None:
+    """Starts the draws `fill` deferred (ordered mode; a no-op otherwise), on this thread.
+
+    The trainer calls it right after dispatching a step's update and before the weight push:
+    jax dispatches asynchronously, so the learner's devices run the update while this thread
+    drives the sampler's devices through the next draws, with the sampler's copy of the
+    weights still the version `fill` recorded (the push comes after).
+    """
+    for item in self.queue:
+      item.start()
 
   def take(self, step: int, draw_fn: Callable[[int], Callable[[], Any]]) -> Any:
     """The draw of `step` for the learner at version `step`."""

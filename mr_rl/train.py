@@ -182,10 +182,12 @@ def drop_long_prompts(policy: rollout_lib.Policy, examples, what: str) -> list:
 
 def build(settings: RunSettings) -> Components:
   """Loads the policy, data and reward channels of a run (on a mesh with > 1 device)."""
-  mesh = sharding.make_mesh(dict(settings.mesh)) if jax.device_count() > 1 else None
   learner_mesh = None
-  if settings.asynchrony.sampler_devices:  # disjoint sampler / learner devices
-    mesh, learner_mesh = async_rl.split_meshes(settings.mesh, settings.asynchrony.sampler_devices)
+  if settings.asynchrony.sampler_devices:  # disjoint sampler / learner devices (config.mesh:
+    mesh, learner_mesh = async_rl.split_meshes(  # the learner's devices)
+        settings.mesh, settings.asynchrony.sampler_devices)
+  else:
+    mesh = sharding.make_mesh(dict(settings.mesh)) if jax.device_count() > 1 else None
   model, params, tokenizer = load_policy(settings, mesh if learner_mesh is None else learner_mesh)
   if tokenizer is None:
     raise ValueError("config.model.preset gives random weights but no tokenizer; point "
@@ -340,6 +342,7 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
       # step
       placed = learner.place_batch(batch)
       state["train"], upd_m = learner.update(state["train"], placed, k_upd, comp.base_params)
+      pipe.draw_deferred()  # (split over processes: the next draws, beside the update)
       pipe.push(learner.policy(state["train"], comp.base_params))  # split devices: timed
       kl_m = None if ref_logp is None else reference_kl(ref_logp, placed.old_logp,
                                                         placed.response_mask)

@@ -96,19 +96,32 @@ def run(scenario: str, base_policy: str, out: str) -> dict:
   if scenario == "async":
     # rollout.max_staleness = 1 on one device set (issue 26): the draw of step t + 1 sampled on
     # the continuous engine before step t's update, its scoring waited for on the worker thread
-    # while the main thread updates; 2 steps (staleness 0 then 1). Then the split mode's refusal
-    # of several processes (a clear error, no collective reached).
-    from mr_rl import async_rl
+    # while the main thread updates; 2 steps (staleness 0 then 1). Then the same at s = 1 with
+    # the sampler and the learner on disjoint devices (`rollout.sampler_devices = 4`: 2 of each
+    # process's 4 devices; the learner's 4 as data 2 x fsdp 2), the weights pushed after each
+    # update; its result is read on the sampler's devices.
+    import numpy as np
     c = _config(base_policy, 2, checkpoint_every=0, **{
         "rollout.engine": "continuous", "rollout.slots": 8, "rollout.max_staleness": 1,
         "loss.tis_cap": 2.0})
     res = train_lib.train(settings_lib.from_config(c), None, log=None)
-    try:
-      async_rl.Pipeline(async_rl.AsyncSettings(max_staleness=1, sampler_devices=4)).close()
-      refusal = None
-    except ValueError as e:
-      refusal = str(e)
-    return {"history": res.history, "split_refusal": refusal}
+    c = _config(base_policy, 2, checkpoint_every=0, **{
+        "rollout.max_staleness": 1, "rollout.sampler_devices": 4, "loss.tis_cap": 2.0})
+    c.mesh.data, c.mesh.fsdp = 2, 2
+    s = settings_lib.from_config(c)
+    comp = train_lib.build(s)
+    split = train_lib.train(s, None, comp=comp, log=None)
+    from mr_rl import distributed
+    sampler = [d for d in comp.policy.mesh.devices.flat]
+    learner = [d for d in comp.mesh.devices.flat]
+    params = {"/".join(str(k) for k in path): float(np.asarray(
+        distributed.to_host(x), np.float64).sum())
+        for path, x in jax.tree_util.tree_leaves_with_path(split.params)}
+    return {"history": res.history, "split_history": split.history, "split_params": params,
+            "split_devices": {"sampler": sorted((d.process_index, d.id) for d in sampler),
+                              "learner": sorted((d.process_index, d.id) for d in learner),
+                              "result_on": sorted({d.id for x in jax.tree.leaves(split.params)
+                                                   for d in x.sharding.device_set})}}
   if scenario == "fail_one":
     # A reward that raises on process 1 only: every process must stop, not hang.
     c = _config(base_policy, 2, checkpoint_every=0)

@@ -4,6 +4,7 @@ learner split on 8 fake CPU devices (this file run as a script in a subprocess, 
 before jax is imported); the pod timeline model against hand-computed periods.
 """
 
+import collections
 import json
 import os
 import subprocess
@@ -79,6 +80,22 @@ def test_staleness_needs_the_lag_correction_and_valid_counts():
     settings_lib.from_config(c)
   with pytest.raises(ValueError, match="sampler_devices=1 must leave devices"):
     async_rl.split_devices(jax.devices()[:1], 1)
+
+
+def test_split_gives_each_process_the_same_share_of_its_devices():
+  # 2 processes x 4 devices (as jax lists them: process by process): each process gives its
+  # first sampler_devices / 2 to the sampler, so both sides span both processes.
+  Device = collections.namedtuple("Device", "id process_index")
+  devices = [Device(p * 1024 + i, p) for p in range(2) for i in range(4)]
+  sampler, learner = async_rl.split_devices(devices, 4)
+  assert [(d.process_index, d.id % 1024) for d in sampler] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+  assert [(d.process_index, d.id % 1024) for d in learner] == [(0, 2), (0, 3), (1, 2), (1, 3)]
+  sampler, learner = async_rl.split_devices(devices, 2)
+  assert [d.process_index for d in sampler] == [0, 1] and len(learner) == 6
+  with pytest.raises(ValueError, match="multiple of the process count 2"):
+    async_rl.split_devices(devices, 3)
+  with pytest.raises(ValueError, match="must leave devices.*4 per process"):
+    async_rl.split_devices(devices, 8)
 
 
 # --------------------------------------------------------------------- the timeline model

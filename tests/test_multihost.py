@@ -3,8 +3,8 @@ collectives) against 1 process x 8 devices, scenario by scenario (tests/multihos
 a run on the continuous engine stopped after 2 steps and resumed to 3, with its HF export
 (`export.hf_at_end`) and final evaluation; DAPO dynamic sampling with refill; PPO with a
 reward-model channel; the TAG pipeline (probes, election, training); asynchronous RL at
-`rollout.max_staleness = 1` on one device set (and the split mode's refusal of several
-processes). Tokens, rewards and
+`rollout.max_staleness = 1` on one device set and with the sampler and learner on disjoint
+devices (2 of each process's 4 each). Tokens, rewards and
 reward profiles must be equal exactly (the reward model's scores, and what is computed from
 them, to float rounding: see `_same_history`), losses to 1e-5 relative, and every process
 must see the same values. A reward that fails on one process only must stop both within a
@@ -117,8 +117,18 @@ def test_two_processes_equal_one(runs, scenario):
     assert all(v > 0 for v in rm), rm
   if scenario == "async":  # s = 1: step 1 learnt from the draw of version 0, on every process
     assert [h["async/staleness"] for h in single["history"]] == [0.0, 1.0]
-    assert single["split_refusal"] is None  # one process: the split mode is allowed
-    assert "single-process for now" in multi[0]["split_refusal"], multi[0]["split_refusal"]
+    # Disjoint sampler / learner devices at s = 1: the same run as one process, the sampler
+    # on 2 devices of each process, the learner on the other 2, the result on the sampler's.
+    _same_history(multi[0]["split_history"], single["split_history"], "async split")
+    assert [h["async/staleness"] for h in single["split_history"]] == [0.0, 1.0]
+    assert all(h["time/weight_push"] > 0 for h in multi[0]["split_history"])
+    for k, v in single["split_params"].items():
+      np.testing.assert_allclose(multi[0]["split_params"][k], v, rtol=1e-5, err_msg=k)
+    devices = multi[0]["split_devices"]
+    assert [p for p, _ in devices["sampler"]] == [0, 0, 1, 1]
+    assert [p for p, _ in devices["learner"]] == [0, 0, 1, 1]
+    assert not {i for _, i in devices["sampler"]} & {i for _, i in devices["learner"]}
+    assert set(devices["result_on"]) == {i for _, i in devices["sampler"]}
   if "rollout" in single:  # the trained policy's rollout: the same tokens and rewards per row
     a, b = multi[0]["rollout"], single["rollout"]
     assert a["tokens"] == b["tokens"] and a["lengths"] == b["lengths"]

@@ -18,7 +18,9 @@ Each round is one `train` call of `--steps` steps; a step's wall time is the int
 the trainer's per-step log lines, the first `--skip` steps of a round left out (compiles,
 the first submissions). Reports per mode the median step time and steps/s, the median
 component times of the s=0 steps (rollout, scoring tail, update: `time/rollout`,
-`time/reward`, `time/update`), the ratio s=1 / s=0, and the pod timeline model
+`time/reward`, `time/update`), the ratio s=1 / s=0, the machine's busy CPU seconds per step
+(all processes, /proc/stat) with the bound they put on any overlap (a step cannot be shorter
+than its CPU work spread over every core), and the pod timeline model
 (`mr_rl.async_rl.timeline`) fed by those components.
 
   python benchmarks/async_step.py --quick --json out.json   # 2 rounds x 6 steps
@@ -92,6 +94,18 @@ def config(policy: str, steps: int, staleness: int, prompts: int, group: int, to
   return c
 
 
+def cpu_busy_s() -> float:
+  """Machine-wide CPU seconds spent busy so far (all cores, all processes: /proc/stat), or NaN
+  where /proc/stat is missing."""
+  try:
+    with open("/proc/stat") as f:
+      fields = [int(v) for v in f.readline().split()[1:]]
+  except OSError:
+    return float("nan")
+  idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+  return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,15 +141,17 @@ def main(argv=None):
         flush=True)
   steps = {0: [], 1: []}
   parts = {0: [], 1: []}
+  busy = {0: [], 1: []}  # machine CPU seconds per timed step
   for rnd in range(a.rounds):
     for s in (0, 1):
-      stamps = []
-      out = train_lib.train(build[s], None, comp=comp,
-                            log=lambda line: stamps.append(time.perf_counter()))
+      stamps, cpu = [], []
+      out = train_lib.train(build[s], None, comp=comp, log=lambda line: (
+          stamps.append(time.perf_counter()), cpu.append(cpu_busy_s())))
       if len(stamps) != a.steps:
         raise RuntimeError(f"expected one log line per step, got {len(stamps)}")
       dt = [b - x for x, b in zip(stamps[a.skip:], stamps[a.skip + 1:])]
       steps[s] += dt
+      busy[s].append((cpu[-1] - cpu[a.skip]) / len(dt))
       parts[s] += [{k: h[k] for k in ("time/rollout", "time/reward", "time/update",
                                       "time/reward_wait") if k in h}
                    for h in out.history[a.skip + 1:]]
@@ -149,6 +165,7 @@ def main(argv=None):
     med = {k: statistics.median(p[k] for p in parts[s]) for k in parts[s][0]}
     step_s = statistics.median(steps[s])
     res["modes"][f"s={s}"] = dict(step_s=step_s, steps_per_s=1.0 / step_s, step_times=steps[s],
+                                  cpu_busy_s_per_step=statistics.median(busy[s]),
                                   **{k.replace("time/", "") + "_s": v for k, v in med.items()})
   s0, s1 = res["modes"]["s=0"], res["modes"]["s=1"]
   res["ratio"] = s1["steps_per_s"] / s0["steps_per_s"]
@@ -162,6 +179,15 @@ def main(argv=None):
         f"{s0['reward_s']:.3f} s, update {s0['update_s']:.3f} s); s=1: {s1['steps_per_s']:.3f} "
         f"steps/s (scoring waited for {s1.get('reward_wait_s', float('nan')):.3f} s); "
         f"ratio {res['ratio']:.2f}x; load average at end {res['load_avg_end']}")
+  cores = os.cpu_count()
+  # The cores bound: a step cannot take less than its CPU work spread over every core.
+  res["cores"] = cores
+  res["cpu_bound_ratio"] = s0["step_s"] / (s0["cpu_busy_s_per_step"] / cores)
+  print(f"machine CPU busy per step: s=0 {s0['cpu_busy_s_per_step']:.3f} core-s, s=1 "
+        f"{s1['cpu_busy_s_per_step']:.3f} core-s on {cores} cores (utilisation s=0 "
+        f"{s0['cpu_busy_s_per_step'] / cores / s0['step_s']:.0%}, s=1 "
+        f"{s1['cpu_busy_s_per_step'] / cores / s1['step_s']:.0%}); overlap can reach at most "
+        f"{res['cpu_bound_ratio']:.2f}x here")
   print(f"timeline model ({a.pod} devices, these times, push 0): steps/s")
   for name, v in res["model"].items():
     print(f"  {name:12s} s=0 {v['s=0']:.3f}  s=1 {v['s=1']:.3f}  ({v['s=1'] / v['s=0']:.2f}x)")

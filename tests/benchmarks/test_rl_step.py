@@ -120,3 +120,24 @@ def test_raised_position_limit_keeps_outputs(bench, tmp_path):
   assert model.config.max_seq_len == 64
   with pytest.raises(ValueError, match="already allows 64 positions > 48"):
     bench.raise_position_limit(dst, str(tmp_path / "lower"), 48)
+
+
+def test_recording_runner_sees_every_row_the_trainer_scores(bench, base_policy):
+  """mr_rl's side records each step's lengths and prompts through the path the trainer scores
+  by (`RewardRunner.start`, rows added as they finish): a real 2-step run, its recorded
+  lengths equal the trainer's own response lengths."""
+  import dataclasses
+  from mr_rl import settings as settings_lib, train as train_lib
+  from mr_rl.testing import runs
+  c = runs.arith_config(base_policy, 2)
+  c.rewards.channels = "arith_len,arith_fmt"
+  s = settings_lib.from_config(c)
+  comp = train_lib.build(s)
+  rec = bench._RecordingRunner(comp.runner)
+  res = train_lib.train(s, None, comp=dataclasses.replace(comp, runner=rec), log=None)
+  rows = c.data.batch_prompts * c.rollout.group_size
+  assert len(rec.lengths) == len(rec.uids) == 2
+  assert all(len(v) == rows and min(v) >= 1 for v in rec.lengths)
+  assert all(len(u) == c.data.batch_prompts for u in rec.uids)
+  for lens, h in zip(rec.lengths, res.history):
+    assert np.mean(lens) == pytest.approx(h["response/length_mean"], rel=1e-6)

@@ -63,7 +63,7 @@ from typing import Any, Callable, Iterable, Sequence
 import jax
 
 from mr_rl import rollout as rollout_lib
-from mr_rl.models import sharding
+from mr_rl.models import lora as lora_lib, sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,18 +313,16 @@ class Pipeline:
                     if settings.active else None)
 
   @classmethod
-  def for_run(cls, settings: AsyncSettings, model, sampler_mesh, learner_mesh, *,
-              ppo: bool = False, lora: bool = False) -> "Pipeline":
+  def for_run(cls, settings: AsyncSettings, model, sampler_mesh, learner_mesh) -> "Pipeline":
     """A trainer's pipeline; with split devices (`learner_mesh` given, built by
-    `split_meshes`) the sampler's copy of the params is sharded on `sampler_mesh`."""
+    `split_meshes`) the sampler's copy of the params is sharded on `sampler_mesh`. PPO's
+    critic stays with the learner (its values are computed when the batch is made); a LoRA
+    policy is pushed merged (`push`)."""
     n = settings.sampler_devices
     have = 0 if learner_mesh is None else sampler_mesh.devices.size
     if n != have:
       raise ValueError(f"config.rollout.sampler_devices={n}, but the components were built "
                        f"with {have} sampler devices (build them with these settings)")
-    if n and (ppo or lora):
-      raise ValueError("config.rollout.sampler_devices > 0 pushes the policy's full params; "
-                       "not with PPO's critic or LoRA adapters yet")
     shardings = None
     if n:
       shardings = sharding.param_shardings(model, sampler_mesh, sharding.DEFAULT_RULES)
@@ -339,7 +337,9 @@ class Pipeline:
     """The sampler's copy of `params` (split devices; timed). A no-op on one device set."""
     if not self.split:
       return
-    params = jax.block_until_ready(params)  # the update's own time is not the push's
+    # A LoRA policy is pushed merged, on the learner's devices (the sampler decodes merged
+    # weights in any case: `mr_rl.rollout.rollout`), so the push has the plain params' shape.
+    params = jax.block_until_ready(lora_lib.merge(params))  # (not the push's time)
     t0 = time.perf_counter()
     self._sampler_params = jax.block_until_ready(
         push_params(params, self._shardings, self._learner_mesh))

@@ -645,9 +645,6 @@ def from_config(cfg) -> RunSettings:
     raise ValueError(f"config.rollout.max_staleness={asynchrony.max_staleness} needs the lag "
                      "correction: set config.loss.tis_cap (C >= 1, e.g. 2.0; AReaL's decoupled "
                      "objective, docs/methods.md §4)")
-  if asynchrony.sampler_devices and update.lora is not None:
-    raise ValueError("config.rollout.sampler_devices > 0 pushes full weights to the sampler; "
-                     "with config.model.lora use sampler_devices=0")
   rows = data.batch_prompts * rollout.group_size
   if rows % update.num_micro_batches:
     raise ValueError(f"config.optim.num_micro_batches={update.num_micro_batches} must divide "

@@ -278,8 +278,7 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
   data_iter = data.ResumableIterator(list(comp.train_examples), s.data.batch_prompts,
                                      seed=s.seed)
   alarm = metrics_lib.ShortcutAlarm(s.alarm_window)
-  pipe = async_rl.Pipeline.for_run(s.asynchrony, comp.model, comp.policy.mesh,
-                                   comp.learner_mesh, ppo=ppo, lora=learner.lora is not None)
+  pipe = async_rl.Pipeline.for_run(s.asynchrony, comp.model, comp.policy.mesh, comp.learner_mesh)
   start = 0
   ckpt = writer = None
   history = []

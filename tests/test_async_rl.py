@@ -236,7 +236,8 @@ def test_guards_and_dynamic_sampling_keep_their_meaning_at_s1(policy, tmp_path, 
 # ------------------------------------------------- sampler and learner on disjoint devices
 def _split_worker(policy_path: str) -> dict:
   """In the 8-device process: a split run (4 sampler + 4 learner devices) at s = 0 and at
-  s = 1, a shared-device run at s = 0, and a push of weights across the split."""
+  s = 1, a shared-device run at s = 0, a push of weights across the split, and PPO and LoRA
+  runs shared against split."""
   out = {}
   for name, split, staleness in (("shared", 0, 0), ("split", 4, 0), ("split_s1", 4, 1)):
     c = runs.length_config(policy_path, 3)
@@ -260,6 +261,18 @@ def _split_worker(policy_path: str) -> dict:
       out["pushed_on_sampler"] = on(pushed, sampler)
       out["pushed_equal"] = not _trees_differ(pushed, comp.base_params)
       pipe.close()
+  # PPO (the critic stays with the learner) and LoRA (pushed merged), shared against split.
+  for kind in ("ppo", "lora"):
+    for split in (0, 4):
+      c = runs.length_config(policy_path, 2)
+      c.rollout.sampler_devices = split
+      if kind == "ppo":
+        c.advantage.name = "ppo"
+      else:
+        c.model.lora.rank, c.model.lora.alpha = 4, 8.0
+        c.optim.lr = 1e-2  # adapters start at b = 0: move them within 2 steps
+      res = train_lib.train(settings_lib.from_config(c), None, log=None)
+      out[f"{kind}_{'split' if split else 'shared'}"] = res.history
   return out
 
 
@@ -281,6 +294,13 @@ def test_sampler_and_learner_on_disjoint_devices(policy):
   assert all(h["time/weight_push"] > 0 for h in split + split1)
   assert [h["async/staleness"] for h in split1] == [0.0, 1.0, 1.0]
   assert all(np.isfinite(h["loss/policy"]) for h in split1)
+  for kind in ("ppo", "lora"):  # the same runs with the sampler on devices of its own
+    shared, split = res[f"{kind}_shared"], res[f"{kind}_split"]
+    for x, y in zip(shared, split):
+      for k in ("reward/arith_len/mean", "response/length_mean"):
+        assert x[k] == y[k], (kind, x["step"], k, x[k], y[k])
+      np.testing.assert_allclose(x["loss/policy"], y["loss/policy"], rtol=1e-4, atol=1e-6)
+    assert all(h["time/weight_push"] > 0 for h in split)
 
 
 if __name__ == "__main__":

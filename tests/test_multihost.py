@@ -31,8 +31,11 @@ TIMEOUT_S = 1800  # per launch of all scenarios: a bound on a hang (900 s was pa
 
 def _launch(out, base_policy, n, devices, scenarios, timeout=TIMEOUT_S):
   """Runs `n` worker processes with `devices` CPU devices each; returns their (rc, output)."""
+  # A cache of its own: the processes build the tiny assets they need (the reward model)
+  # themselves, as each host of a pod would.
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, HERE,
-                                                     os.environ.get("PYTHONPATH", "")]))
+                                                     os.environ.get("PYTHONPATH", "")]),
+             MR_RL_CACHE=os.path.join(out, "cache"))
   command = lambda i, port: [sys.executable, os.path.join(HERE, "multihost_worker.py"), out,
                              base_policy, str(n), str(i), str(port), ",".join(scenarios)]
   rcs = local_multiprocess.launch(n, devices, command, out, timeout, env)

@@ -362,16 +362,18 @@ def tree_set(tree, path, value):
 
 
 def save_pretrained(model: Transformer, params, path: str, *, source: str | None = None,
-                    max_shard_bytes: int = 5 * 2**30) -> None:
+                    max_shard_bytes: int = 5 * 2**30, write: bool | None = None) -> None:
   """Writes a transformers-loadable checkpoint (safetensors + config.json) to `path`.
 
   Tensors are converted one at a time; files hold at most max_shard_bytes (then an index json
   is written, as transformers does). Params keep their dtype. `source` (a local checkpoint
   directory) copies its tokenizer / generation_config files and token ids into the output.
-  In a multi-process run only process 0 writes.
+  In a multi-process run only process 0 writes (a run's outputs), unless `write` says whether
+  this process writes: `write=True` for files each process needs on its own disk (the test
+  assets `mr_rl.testing` builds from host params, on every host of a multi-process job).
   """
   config = model.config
-  is_writer = jax.process_index() == 0
+  is_writer = jax.process_index() == 0 if write is None else write
   if is_writer:
     os.makedirs(path, exist_ok=True)
   extra = {}

@@ -78,7 +78,7 @@ def make_tiny_checkpoint(directory: str, family: str = "qwen3", *, d_model: int 
     tokenizer = make_tokenizer(tmp, family, vocab_size)
     cfg = tiny_model_config(family, len(tokenizer), d_model=d_model, n_layers=n_layers)
     model = models.Transformer(cfg)
-    models.save_pretrained(model, numpy_init(model, seed), tmp)
+    models.save_pretrained(model, numpy_init(model, seed), tmp, write=True)
     with open(os.path.join(tmp, "config.json")) as f:
       hf = json.load(f)
     for name in ("bos", "eos", "pad"):

@@ -66,7 +66,7 @@ def write_random_policy(out: str) -> str:
       lambda path, x: (np.ones(x.shape) if jax.tree_util.keystr(path).endswith("['scale']")
                        else rng.normal(0.0, 0.05, x.shape)).astype(np.float32),
       models.abstract_params(model))
-  models.save_pretrained(model, params, out)
+  models.save_pretrained(model, params, out, write=True)
   tokenizer.save_pretrained(out)
   return out
 

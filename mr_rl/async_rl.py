@@ -102,9 +102,9 @@ def split_devices(devices: Sequence[Any], sampler_devices: int) -> tuple[list, l
       over the processes.
   """
   devices = list(devices)
-  processes = sorted({d.process_index for d in devices}) if devices and hasattr(
-      devices[0], "process_index") else [0]
-  per = {p: [d for d in devices if getattr(d, "process_index", 0) == p] for p in processes}
+  process_of = lambda d: getattr(d, "process_index", 0)  # (the timeline model passes ints)
+  processes = sorted({process_of(d) for d in devices}) or [0]
+  per = {p: [d for d in devices if process_of(d) == p] for p in processes}
   if sampler_devices % len(processes):
     raise ValueError(f"config.rollout.sampler_devices={sampler_devices} must be a multiple of "
                      f"the process count {len(processes)} (each process gives the sampler the "
@@ -134,8 +134,8 @@ def _replicate(mesh):
       mesh, jax.sharding.PartitionSpec()))
 
 
-def push_params(params, shardings, learner_mesh=None):
-  """`params` (on the learner's devices) copied to the sampler's `shardings`.
+def push_params(params, shardings, learner_mesh):
+  """`params` (on `learner_mesh`'s devices) copied to the sampler's `shardings`.
 
   One process: `jax.device_put` (device to device). Several: a device_put between disjoint
   device sets spanning several processes is not supported outside TPU runtimes (jax raises

@@ -7,7 +7,7 @@ Starts from the shipped base policy (mr_rl/demo/assets/base_policy, made by
 task's methods (`DEFAULT_METHODS`: RP-only, additive, 0.9/0.1 weighting, the AND rule, AMRP and
 TAG with its anchor elected by single-channel probes) for 80 GRPO steps on three tasks:
 `brief` (correct & brief: compatible), `negative` (correct & negative answer: incompatible)
-and `acc_fmt_len` (AMRP's accuracy, format and length), the last two on long chains. Writes
+and `acc_fmt_len` (AMRP's accuracy, format and length), each on its own chain lengths. Writes
 WORKDIR/report.json, WORKDIR/report.md (every target with yes / no and its value) and
 WORKDIR/<task>_{profiles,weights}.png.
 Expected runtime: see BUILD_NOTES.md "The CPU demo" (at most 15 minutes on 2 idle cores).
@@ -47,9 +47,11 @@ FULL_METHODS = {
 # Problems per task (chains of min..max single-digit terms; the data set's default is 2-7):
 # `negative` and `acc_fmt_len` draw long chains only, where accuracy is the hard channel for the
 # base policy (the papers' setting: the shortcut pays more reliably than solving, and real
-# attempts often run away or break the format); `brief` keeps 2-7, so about half of its
-# prompts have a brief correct answer.
-PROBLEMS_FOR = {"negative": {"min_terms": 4}, "acc_fmt_len": {"min_terms": 4}}
+# attempts often run away or break the format; acc_fmt_len's 5-7 terms make step-by-step
+# answers overlong, so static weights stay on the shortcut); `brief` draws 3-6 terms, where
+# step-by-step answers are never brief and terse ones are on about half of the prompts.
+PROBLEMS_FOR = {"brief": {"min_terms": 3, "max_terms": 6}, "negative": {"min_terms": 4},
+                "acc_fmt_len": {"min_terms": 5}}
 
 
 def _parse(arg):
@@ -105,7 +107,7 @@ def get_config(arg=None):
       methods="rp_only,additive,tag",  # run on every task ...
       methods_for=ml_collections.ConfigDict(DEFAULT_METHODS),  # ... unless listed here
       problems_for=ml_collections.ConfigDict(PROBLEMS_FOR),
-      brief_threshold=29,           # tokens (incl. EOS) below which a response is brief
+      brief_threshold=15,           # tokens (incl. EOS) below which a response is brief
       len_full_until=40,            # AMRP length rule at toy scale: full reward up to 40 tokens
       len_zero_at=48,               # ... and 0 at the 48-token cap (paper: 2,800 and 3,000)
       ppo_value_lr=1e-3))           # PPO critic learning rate (full variant)

@@ -41,11 +41,17 @@ def test_solution_styles_and_their_lengths():
   assert loop.startswith("<r>7+5=12;12-9=3;12-9=3;12-9=3") and "</r>" not in loop
   with pytest.raises(ValueError, match="loop_step must be in"):
     p.solution("loop", loop_step=3)
-  # The regime of the demo (configs/demo.py: cap 48, length rule full to 40, brief < 29):
-  # concise reasoning fits the cap up to 6 terms, gets full length credit up to 4 and is brief
-  # up to 3 terms always and on 4 terms mostly; verbose reasoning (the base writes it on 2-3
-  # terms) is never brief on 3 terms; direct answers always are; a loop always overshoots the
-  # cap; 7-term reasoning mostly runs into the cap.
+  assert p.solution("terse") == "<r>12;3;6</r><a>6</a>"
+  assert p.solution("terse", broken_format=True) == "<r>12;3;6</r>=6"
+  # The regime of the demo (configs/demo.py: cap 48, length rule full to 40, brief < 15, brief
+  # on 3-6 terms, acc_fmt_len on 5-7): on brief's problems step-by-step reasoning is never
+  # brief and fits the cap; terse reasoning of the same problem is about half as long at every
+  # chain length (the room TAG can cut without losing accuracy), brief on 3 terms always, on 4
+  # mostly, on 5 sometimes and on 6 almost never (where only the direct guess is brief, so
+  # additive pays a wrong guess as much as a correct answer); direct answers are always brief;
+  # on 7 terms step-by-step reasoning is over the length rule's 40 tokens always and over the
+  # cap mostly (acc_fmt_len: reasoning pays less than the shortcut under static weights), terse
+  # never; a loop always overshoots the cap.
   tok, rng = task.make_tokenizer(), np.random.default_rng(0)
   by_k = {}
   for q in task.sample_problems(rng, 3000, max_terms=7):
@@ -53,16 +59,21 @@ def test_solution_styles_and_their_lengths():
   cfg = _demo_config(None)
   cap, full, brief = (cfg.rollout.max_new_tokens, cfg.demo.len_full_until,
                       cfg.demo.brief_threshold)
-  lens = {(k, s): [_tok_len(tok, q.solution(s)) for q in qs]
-          for k, qs in by_k.items() for s in ("concise", "verbose", "direct")}
+  lo, hi = cfg.demo.problems_for.brief.min_terms, cfg.demo.problems_for.brief.max_terms
+  assert (lo, hi) == (3, 6)
+  lens = {(k, s): np.array([_tok_len(tok, q.solution(s)) for q in qs])
+          for k, qs in by_k.items() for s in ("concise", "terse", "direct")}
+  for k in range(lo, hi + 1):
+    assert lens[k, "concise"].min() >= brief and np.mean(lens[k, "concise"] > cap) < 0.02
+    assert lens[k, "terse"].mean() <= 0.6 * lens[k, "concise"].mean()
+  assert lens[3, "terse"].max() < brief
+  assert 0.6 < np.mean(lens[4, "terse"] < brief) < 0.85
+  assert 0.1 < np.mean(lens[5, "terse"] < brief) < 0.3
+  assert np.mean(lens[6, "terse"] < brief) < 0.02
+  assert all(lens[k, "direct"].max() < brief for k in by_k)
   assert all(max(lens[k, "concise"]) <= full for k in (2, 3, 4))
-  assert all(max(lens[k, "concise"]) <= cap for k in (2, 3, 4, 5))
-  assert all(max(lens[k, "concise"]) < brief for k in (2, 3))
-  assert 0.6 < np.mean(np.array(lens[4, "concise"]) < brief) < 0.85
-  assert min(lens[5, "concise"]) >= brief
-  assert min(lens[3, "verbose"]) >= brief and max(lens[3, "verbose"]) <= cap
-  assert np.mean(np.array(lens[7, "concise"]) > cap) > 0.5
-  assert max(max(v) for (k, s), v in lens.items() if s == "direct") < brief
+  assert lens[7, "concise"].min() > full and np.mean(lens[7, "concise"] > cap) > 0.5
+  assert all(lens[k, "terse"].max() <= full for k in by_k)
   assert min(_tok_len(tok, q.solution("loop", loop_step=0)) for q in by_k[4]) > cap
 
 
@@ -99,25 +110,37 @@ def test_rewards_resist_the_obvious_attacks():
 
 # ----------------------------------------------------------------------------- warm start
 def test_warmstart_targets_follow_the_mixture():
-  cfg = warmstart.WarmStartConfig(p_direct=0.3, p_verbose=0.8, verbose_max_terms=3, p_loop=0.3,
-                                  loop_min_terms=4, p_broken_format=0.35, p_sign_slip=0.12)
+  cfg = warmstart.WarmStartConfig(p_direct=0.3, p_terse=0.3, p_verbose=0.8, verbose_max_terms=3,
+                                  p_loop=0.3, loop_min_terms=4, p_broken_format=0.6,
+                                  p_sign_slip=0.12)
   rng = np.random.default_rng(0)
-  probs = task.sample_problems(rng, 6000, max_terms=7)
+  probs = task.sample_problems(rng, 8000, max_terms=7)
   texts = [warmstart.target_text(p, rng, cfg) for p in probs]
   k = np.array([len(p.terms) for p in probs])
   direct = np.array([t.startswith("<r></r>") for t in texts])
   loop = np.array(["</r>" not in t for t in texts])
-  verbose = np.array([t.startswith("<r>") and not d and not lp and
-                      t.split("</r>")[0].count(";") == 2 * len(p.terms) - 3
-                      for p, t, d, lp in zip(probs, texts, direct, loop)])
+  reasoning = [t.split("</r>")[0] for t in texts]
+  verbose = np.array([not d and not lp and r.count(";") == 2 * len(p.terms) - 3
+                      for p, r, d, lp in zip(probs, reasoning, direct, loop)])
+  terse = np.array([not d and not lp and "+" not in r[3:] and "=" not in r
+                    for r, d, lp in zip(reasoning, direct, loop)])
   broken = np.array(["<a>" not in t and "</r>" in t for t in texts])
   slips = np.mean([task.extract_answer(t) == -p.answer for p, t, d, lp in
                    zip(probs, texts, direct, loop) if p.answer != 0 and not lp])
+  reasoned = ~direct & ~loop
   assert abs(direct.mean() - 0.3) < 0.03
-  assert abs(verbose[(k <= 3) & ~direct].mean() - 0.8) < 0.04 and not verbose[k > 3].any()
+  # Terse reasoning at every chain length, the same share on short and long chains.
+  for ks in ((2, 3), (4, 5), (6, 7)):
+    assert abs(terse[reasoned & np.isin(k, ks)].mean() - 0.3) < 0.04, ks
+  assert abs(verbose[(k <= 3) & reasoned].mean() - 0.7 * 0.8) < 0.04 and not verbose[k > 3].any()
   assert abs(loop[(k >= 4) & ~direct].mean() - 0.3) < 0.04 and not loop[k < 4].any()
-  assert abs(broken[~direct & ~loop].mean() - 0.35) < 0.03 and not broken[direct].any()
+  assert abs(broken[reasoned].mean() - 0.6) < 0.03 and not broken[direct].any()
   assert abs(slips - 0.12) < 0.02
+  # The terse targets are the terse solution of their problem (answer and format as drawn).
+  for p, t, tr in zip(probs[:400], texts, terse):
+    if tr:
+      assert t in {p.solution("terse", answer=a, broken_format=b)
+                   for a in (p.answer, -p.answer) for b in (False, True)}, t
   # A runaway target is cut to RESPONSE_LEN tokens without <eos>; others end with <eos>.
   tok = task.make_tokenizer()
   long_p = task.Problem((9,) * 7, ("+",) * 6)
@@ -201,8 +224,11 @@ def test_tasks_draw_their_own_problems():
   base = settings_lib.from_config(cfg)
   neg = run.task_settings(base, cfg.demo, "negative")
   brief = run.task_settings(base, cfg.demo, "brief")
+  afl = run.task_settings(base, cfg.demo, "acc_fmt_len")
   assert neg.data.options["min_terms"] == 4 and neg.data.options["max_terms"] == 7
-  assert brief.data.options["min_terms"] == 2 and brief.data.options["seed"] == 0
+  assert (brief.data.options["min_terms"], brief.data.options["max_terms"]) == (3, 6)
+  assert (afl.data.options["min_terms"], afl.data.options["max_terms"]) == (5, 7)
+  assert brief.data.options["seed"] == 0
   assert neg.rewards.channels == ("arith_acc", "arith_negative")
   assert brief.rewards.params == {"arith_brief": {"threshold": cfg.demo.brief_threshold}}
   cfg.demo.problems_for.negative.num_train = 5
@@ -224,19 +250,20 @@ def _trace(profiles, weights=None, negative=None):
 def _report(seed, rp=0.6, base=0.4, add_neg_acc=0.2, add_neg=0.9, tag=0.58, tag_brief=0.58,
             add_brief=0.3,
             tag_joint=0.4, rp_joint=0.3, amrp=0.5, static=0.4, static_shortcut=0.6,
-            amrp_full=0.5, static_full=0.3, anchor="arith_acc"):
-  row = lambda acc, aux=0.5, joint=0.3: {"accuracy": acc, "aux_rate": aux, "joint_rate": joint,
-                                         "mean_length": 20.0}
+            amrp_full=0.5, static_full=0.3, anchor="arith_acc", tag_len=14.0):
+  row = lambda acc, aux=0.5, joint=0.3, length=20.0: {"accuracy": acc, "aux_rate": aux,
+                                                      "joint_rate": joint, "mean_length": length}
   short_prof = lambda shortcut, full: {
       summary.SHORTCUT: [0.2, shortcut, 0.3, 0.3, 0.3, 0.3, 0.3],
       summary.FULL_PROFILE: [0.3, 0.2, full, full, full, full, full],
       "acc=1,fmt=0,len=1": [0.5, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1]}
-  tag_row = lambda acc, joint=0.3: dict(row(acc, joint=joint), anchor=anchor)
+  tag_row = lambda acc, joint=0.3, length=20.0: dict(row(acc, joint=joint, length=length),
+                                                     anchor=anchor)
   return {
       "negative": {"base": row(base), "rp_only": row(rp), "additive": row(add_neg_acc, add_neg),
                    "tag": tag_row(tag)},
       "brief": {"base": row(base), "rp_only": row(rp, joint=rp_joint),
-                "additive": row(add_brief), "tag": tag_row(tag_brief, tag_joint)},
+                "additive": row(add_brief), "tag": tag_row(tag_brief, tag_joint, tag_len)},
       "acc_fmt_len": {
           "base": row(base), "rp_only": row(rp), "tag": tag_row(0.58),
           "additive": dict(row(static), trace=_trace(short_prof(static_shortcut, static_full))),
@@ -252,6 +279,7 @@ def test_every_target_passes_and_fails_on_synthetic_reports():
       n for n, r in good.items() if not r["passed"]]
   assert good["negative: additive accuracy <= 0.5x RP-only"]["value"] == pytest.approx(1 / 3)
   assert good["brief: TAG correct&brief - RP-only's >= +0.05"]["value"] == pytest.approx(0.1)
+  assert good["brief: TAG mean length <= 0.75x RP-only"]["value"] == pytest.approx(0.7)
   assert "first at step 1" in good[
       "acc_fmt_len: static rollouts' most common profile is (0,1,1) at some step"]["text"]
   # Each target fails on its own violation (the others keep passing).
@@ -259,7 +287,8 @@ def test_every_target_passes_and_fails_on_synthetic_reports():
       "negative: additive negative rate >= 0.8": dict(add_neg=0.79),
       "negative: additive accuracy <= 0.5x RP-only": dict(add_neg_acc=0.31),
       "negative: TAG accuracy >= 0.9x RP-only": dict(tag=0.53),
-      "brief: TAG accuracy >= 0.9x RP-only": dict(tag_brief=0.53),
+      "brief: TAG accuracy >= 0.95x RP-only": dict(tag_brief=0.56),
+      "brief: TAG mean length <= 0.75x RP-only": dict(tag_len=15.5),
       "brief: additive accuracy <= 0.6x RP-only": dict(add_brief=0.37),
       "brief: TAG correct&brief - RP-only's >= +0.05": dict(tag_joint=0.34),
       "acc_fmt_len: static rollouts' most common profile is (0,1,1) at some step":
@@ -405,7 +434,7 @@ def test_demo_smoke_writes_report(tmp_path):
   assert neg_rate["passed"] in (True, False)
   assert f"| negative: additive negative rate >= 0.8 | {'yes' if neg_rate['passed'] else 'NO'}" \
       in md
-  assert "| brief: TAG accuracy >= 0.9x RP-only | n/a |" in md
+  assert "| brief: TAG accuracy >= 0.95x RP-only | n/a |" in md
   assert os.path.getsize(os.path.join(wd, "negative_profiles.png")) > 1000
   assert not os.path.exists(os.path.join(wd, "negative_weights.png"))  # no AMRP run
   drift = json.load(open(os.path.join(wd, "negative", "tag", "drift.json")))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mr_rl import pipelines
-from mr_rl.demo import run, summary, task, warmstart
+from mr_rl.demo import run, styles, summary, task, warmstart
 
 REPO = str(pathlib.Path(__file__).resolve().parents[2])
 
@@ -75,6 +75,29 @@ def test_solution_styles_and_their_lengths():
   assert lens[7, "concise"].min() > full and np.mean(lens[7, "concise"] > cap) > 0.5
   assert all(lens[k, "terse"].max() <= full for k in by_k)
   assert min(_tok_len(tok, q.solution("loop", loop_step=0)) for q in by_k[4]) > cap
+
+
+def test_response_style_names_every_solution_style():
+  for q in task.sample_problems(np.random.default_rng(1), 200, max_terms=7):
+    for style in ("concise", "terse", "direct"):
+      for broken in (False, True):
+        assert styles.response_style(q.solution(style, broken_format=broken)) == style
+    if len(q.terms) > 2:  # on 2 terms 'verbose' is one step written twice
+      assert styles.response_style(q.solution("verbose")) == "verbose"
+    assert styles.response_style(q.solution("loop", loop_step=0)) == "runaway"
+  assert styles.response_style("<r>7+5=12;12</r><a>12</a>") == "other"
+  assert styles.response_style("12</r><a>12</a>") == "other"
+
+
+def test_style_table_of_the_shipped_base_policy():
+  """Shares per chain length sum to 1; accuracies and lengths are in range."""
+  cfg = _demo_config("smoke")
+  table = styles.style_table(cfg.model.path, min_terms=3, max_terms=4, samples=64)
+  assert set(table) == {3, 4}
+  for row in table.values():
+    assert sum(share for share, _, _ in row.values()) == pytest.approx(1.0)
+    assert all(0 <= acc <= 1 and 1 <= n <= 48 for _, acc, n in row.values())
+  assert table[3]["direct"][2] < 10  # `<r></r><a>N</a>` + EOS: 6-8 tokens
 
 
 @pytest.mark.parametrize("response, answer", [

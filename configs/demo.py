@@ -14,6 +14,8 @@ Expected runtime: see BUILD_NOTES.md "The CPU demo" (at most 15 minutes on 2 idl
 
 Variants (`configs/demo.py:ARG[,ARG]`):
   seed=N  another seed (it also draws the arithmetic problems);
+  tasks=A+B  only these tasks, '+'-separated (pilots: `tasks=brief+acc_fmt_len`); each keeps
+          its methods, which `--config.demo.methods_for.TASK=m1,m2` can narrow;
   full    more of the papers' tables (at most 40 minutes): AMRP with GDPO and PPO on
           acc_fmt_len, Additive+KL at beta 0.01 and 1 and the down-weighting sweep 0.5 -> 0.1
           on negative, and correct + brief + negative (additive, Rubric Dropout, TAG);
@@ -64,10 +66,10 @@ def _parse(arg):
 
 def get_config(arg=None):
   args = _parse(arg)
-  unknown = set(args) - {"smoke", "seed", "full"}
+  unknown = set(args) - {"smoke", "seed", "full", "tasks"}
   if unknown:
     raise ValueError(f"configs/demo.py: unknown arguments {sorted(unknown)}; valid: smoke, "
-                     "seed, full")
+                     "seed, full, tasks")
   if "smoke" in args and "full" in args:
     raise ValueError("configs/demo.py: smoke and full exclude each other")
   c = settings.default_config()
@@ -130,4 +132,17 @@ def get_config(arg=None):
     c.demo.tasks = "negative"
     c.demo.methods = "additive,tag"
     c.demo.methods_for = ml_collections.ConfigDict()
+  if "tasks" in args:
+    if "smoke" in args:
+      raise ValueError("configs/demo.py: smoke and tasks exclude each other")
+    spec = "" if args["tasks"] is True else str(args["tasks"])  # `tasks` or `tasks=`: none
+    tasks = [t for t in spec.split("+") if t]
+    offered = c.demo.tasks.split(",")
+    bad = [t for t in tasks if t not in offered]
+    if not tasks or bad:
+      raise ValueError(f"configs/demo.py: tasks={spec!r} names {bad or 'no task'}; "
+                       f"valid: {'+'.join(offered)}")
+    c.demo.tasks = ",".join(tasks)
+    c.demo.methods_for = ml_collections.ConfigDict(
+        {t: c.demo.methods_for[t] for t in tasks})
   return c

@@ -239,6 +239,15 @@ def test_demo_configs_resolve():
     _demo_config("smoke,fast")
   with pytest.raises(ValueError, match="exclude each other"):
     _demo_config("smoke,full")
+  pilot = _demo_config("seed=10,tasks=brief+acc_fmt_len")
+  assert pilot.demo.tasks == "brief,acc_fmt_len" and set(pilot.demo.methods_for) == {
+      "brief", "acc_fmt_len"}
+  assert run.task_methods(pilot.demo, "brief") == run.task_methods(default.demo, "brief")
+  assert set(_demo_config("full,tasks=brief_negative").demo.methods_for) == {"brief_negative"}
+  with pytest.raises(ValueError, match=r"tasks='brief\+nope' names \['nope'\]"):
+    _demo_config("tasks=brief+nope")
+  with pytest.raises(ValueError, match="names no task"):
+    _demo_config("tasks=")
 
 
 def test_tasks_draw_their_own_problems():

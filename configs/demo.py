@@ -50,9 +50,10 @@ FULL_METHODS = {
 # `negative` and `acc_fmt_len` draw long chains only, where accuracy is the hard channel for the
 # base policy (the papers' setting: the shortcut pays more reliably than solving, and real
 # attempts often run away or break the format; acc_fmt_len's 5-7 terms make step-by-step
-# answers overlong, so static weights stay on the shortcut); `brief` draws 3-6 terms, where
-# step-by-step answers are never brief and terse ones are on about half of the prompts.
-PROBLEMS_FOR = {"brief": {"min_terms": 3, "max_terms": 6}, "negative": {"min_terms": 4},
+# answers overlong, so static weights stay on the shortcut); `brief` draws 3-5 terms, where
+# the base's long (restated) answers are never brief, its chained ones are on 3-4 terms, and
+# on 5 terms only a guess is.
+PROBLEMS_FOR = {"brief": {"min_terms": 3, "max_terms": 5}, "negative": {"min_terms": 4},
                 "acc_fmt_len": {"min_terms": 5}}
 
 
@@ -109,7 +110,7 @@ def get_config(arg=None):
       methods="rp_only,additive,tag",  # run on every task ...
       methods_for=ml_collections.ConfigDict(DEFAULT_METHODS),  # ... unless listed here
       problems_for=ml_collections.ConfigDict(PROBLEMS_FOR),
-      brief_threshold=15,           # tokens (incl. EOS) below which a response is brief
+      brief_threshold=23,           # tokens (incl. EOS) below which a response is brief
       len_full_until=40,            # AMRP length rule at toy scale: full reward up to 40 tokens
       len_zero_at=48,               # ... and 0 at the 48-token cap (paper: 2,800 and 3,000)
       ppo_value_lr=1e-3))           # PPO critic learning rate (full variant)

@@ -5,8 +5,8 @@
 Samples `--samples` responses at temperature 1 under the demo's 48-token cap on generated
 problems and prints, per chain length and style (`response_style`), the share of responses,
 their accuracy and their mean length in tokens (EOS included). The `brief` task needs
-the base policy to answer the same problems both step by step and tersely, mostly step by
-step, with both styles about equally accurate (BUILD_NOTES.md "Issue 21").
+the base policy to answer the same problems both long (restated) and short (chained), mostly
+long, with both styles about equally accurate (BUILD_NOTES.md "Issue 21").
 """
 
 from __future__ import annotations
@@ -20,15 +20,18 @@ import numpy as np
 from mr_rl import models, sampling
 from mr_rl.demo import task, warmstart
 
-STYLE_NAMES = ("direct", "terse", "concise", "verbose", "runaway", "other")
-_TOTAL = re.compile(r"-?\d+")
+STYLE_NAMES = ("direct", "chained", "concise", "restated", "verbose", "runaway", "other")
+_QUESTION = re.compile(r"\d(?:[+-]\d)+")
 _STEP = re.compile(r"-?\d+[+-]\d=-?\d+")
+_CHAIN = re.compile(r"\d[+-]\d=-?\d+(?:[+-]\d=-?\d+)+")
 
 
 def response_style(response: str) -> str:
   """The style of a response (`task.Problem.solution`'s names): 'direct' (empty reasoning),
-  'terse' (running totals only), 'concise' (each step once), 'verbose' (each step twice),
-  'runaway' (no closing `</r>`: a loop or a response cut by the cap), else 'other'."""
+  'chained' (two or more operations in one chain), 'concise' (steps, each once; a 2-term
+  chained answer is one step, so 'concise'), 'restated' (the question, then steps),
+  'verbose' (each step twice), 'runaway' (no closing `</r>`: a loop or a response cut by the
+  cap), else 'other'."""
   head, sep, _ = response.partition("</r>")
   if not sep:
     return "runaway"
@@ -37,9 +40,12 @@ def response_style(response: str) -> str:
   reasoning = head[len("<r>"):]
   if not reasoning:
     return "direct"
+  if _CHAIN.fullmatch(reasoning):
+    return "chained"
   steps = reasoning.split(";")
-  if all(_TOTAL.fullmatch(s) for s in steps):
-    return "terse"
+  if len(steps) > 1 and _QUESTION.fullmatch(steps[0]) and all(_STEP.fullmatch(s)
+                                                              for s in steps[1:]):
+    return "restated"
   if all(_STEP.fullmatch(s) for s in steps):
     doubled = len(steps) % 2 == 0 and steps[::2] == steps[1::2]
     return "verbose" if doubled and len(steps) > 1 else "concise"

@@ -41,17 +41,18 @@ def test_solution_styles_and_their_lengths():
   assert loop.startswith("<r>7+5=12;12-9=3;12-9=3;12-9=3") and "</r>" not in loop
   with pytest.raises(ValueError, match="loop_step must be in"):
     p.solution("loop", loop_step=3)
-  assert p.solution("terse") == "<r>12;3;6</r><a>6</a>"
-  assert p.solution("terse", broken_format=True) == "<r>12;3;6</r>=6"
-  # The regime of the demo (configs/demo.py: cap 48, length rule full to 40, brief < 15, brief
-  # on 3-6 terms, acc_fmt_len on 5-7): on brief's problems step-by-step reasoning is never
-  # brief and fits the cap; terse reasoning of the same problem is about half as long at every
-  # chain length (the room TAG can cut without losing accuracy), brief on 3 terms always, on 4
-  # mostly, on 5 sometimes and on 6 almost never (where only the direct guess is brief, so
-  # additive pays a wrong guess as much as a correct answer); direct answers are always brief;
-  # on 7 terms step-by-step reasoning is over the length rule's 40 tokens always and over the
-  # cap mostly (acc_fmt_len: reasoning pays less than the shortcut under static weights), terse
-  # never; a loop always overshoots the cap.
+  assert p.solution("chained") == "<r>7+5=12-9=3+3=6</r><a>6</a>"
+  assert p.solution("restated", broken_format=True) == "<r>7+5-9+3;7+5=12;12-9=3;3+3=6</r>=6"
+  assert task.Problem((4, 2), ("-",)).solution("chained") == task.Problem((4, 2), ("-",)).solution()
+  # The regime of the demo (configs/demo.py: cap 48, length rule full to 40, brief < 23, brief
+  # on 3-5 terms, acc_fmt_len on 5-7): on brief's problems the base's long style (restated) is
+  # never brief and fits the cap; the chained answer to the same problem is 0.6-0.7x as long
+  # (the room TAG can cut without losing accuracy), brief on 3 terms always, on 4 mostly and on
+  # 5 almost never (where only the direct guess is brief, so additive pays a wrong guess as
+  # much as a correct answer); direct answers are always brief; 7-term steps are over the
+  # length rule's 40 tokens always and over the cap mostly (acc_fmt_len: reasoning pays less
+  # than the shortcut under static weights), chained ones within 40 on 5-6 terms; a loop
+  # always overshoots the cap.
   tok, rng = task.make_tokenizer(), np.random.default_rng(0)
   by_k = {}
   for q in task.sample_problems(rng, 3000, max_terms=7):
@@ -60,28 +61,29 @@ def test_solution_styles_and_their_lengths():
   cap, full, brief = (cfg.rollout.max_new_tokens, cfg.demo.len_full_until,
                       cfg.demo.brief_threshold)
   lo, hi = cfg.demo.problems_for.brief.min_terms, cfg.demo.problems_for.brief.max_terms
-  assert (lo, hi) == (3, 6)
+  assert (lo, hi) == (3, 5) and warmstart.RECIPE.restate_max_terms == hi
+  styles_ = ("concise", "restated", "chained", "direct")
   lens = {(k, s): np.array([_tok_len(tok, q.solution(s)) for q in qs])
-          for k, qs in by_k.items() for s in ("concise", "terse", "direct")}
+          for k, qs in by_k.items() for s in styles_}
   for k in range(lo, hi + 1):
-    assert lens[k, "concise"].min() >= brief and np.mean(lens[k, "concise"] > cap) < 0.02
-    assert lens[k, "terse"].mean() <= 0.6 * lens[k, "concise"].mean()
-  assert lens[3, "terse"].max() < brief
-  assert 0.6 < np.mean(lens[4, "terse"] < brief) < 0.85
-  assert 0.1 < np.mean(lens[5, "terse"] < brief) < 0.3
-  assert np.mean(lens[6, "terse"] < brief) < 0.02
+    assert lens[k, "restated"].min() >= brief and np.mean(lens[k, "restated"] > cap) < 0.03
+    assert lens[k, "chained"].mean() <= 0.7 * lens[k, "restated"].mean()
+  assert lens[3, "chained"].max() < brief
+  assert 0.6 < np.mean(lens[4, "chained"] < brief) < 0.85
+  assert np.mean(lens[5, "chained"] < brief) < 0.02
   assert all(lens[k, "direct"].max() < brief for k in by_k)
-  assert all(max(lens[k, "concise"]) <= full for k in (2, 3, 4))
+  assert np.mean(lens[6, "restated"] > cap) > 0.9  # why the base restates only up to 5 terms
   assert lens[7, "concise"].min() > full and np.mean(lens[7, "concise"] > cap) > 0.5
-  assert all(lens[k, "terse"].max() <= full for k in by_k)
+  assert all(lens[k, "chained"].max() <= full for k in (5, 6))
   assert min(_tok_len(tok, q.solution("loop", loop_step=0)) for q in by_k[4]) > cap
 
 
 def test_response_style_names_every_solution_style():
   for q in task.sample_problems(np.random.default_rng(1), 200, max_terms=7):
-    for style in ("concise", "terse", "direct"):
+    for style in ("concise", "restated", "chained", "direct"):
       for broken in (False, True):
-        assert styles.response_style(q.solution(style, broken_format=broken)) == style
+        want = "concise" if style == "chained" and len(q.terms) == 2 else style
+        assert styles.response_style(q.solution(style, broken_format=broken)) == want
     if len(q.terms) > 2:  # on 2 terms 'verbose' is one step written twice
       assert styles.response_style(q.solution("verbose")) == "verbose"
     assert styles.response_style(q.solution("loop", loop_step=0)) == "runaway"
@@ -133,9 +135,9 @@ def test_rewards_resist_the_obvious_attacks():
 
 # ----------------------------------------------------------------------------- warm start
 def test_warmstart_targets_follow_the_mixture():
-  cfg = warmstart.WarmStartConfig(p_direct=0.3, p_terse=0.3, p_verbose=0.8, verbose_max_terms=3,
-                                  p_loop=0.3, loop_min_terms=4, p_broken_format=0.6,
-                                  p_sign_slip=0.12)
+  cfg = warmstart.WarmStartConfig(p_direct=0.3, p_chained=0.3, restate_max_terms=2,
+                                  p_verbose=0.8, verbose_max_terms=3, p_loop=0.3,
+                                  loop_min_terms=4, p_broken_format=0.6, p_sign_slip=0.12)
   rng = np.random.default_rng(0)
   probs = task.sample_problems(rng, 8000, max_terms=7)
   texts = [warmstart.target_text(p, rng, cfg) for p in probs]
@@ -145,24 +147,27 @@ def test_warmstart_targets_follow_the_mixture():
   reasoning = [t.split("</r>")[0] for t in texts]
   verbose = np.array([not d and not lp and r.count(";") == 2 * len(p.terms) - 3
                       for p, r, d, lp in zip(probs, reasoning, direct, loop)])
-  terse = np.array([not d and not lp and "+" not in r[3:] and "=" not in r
-                    for r, d, lp in zip(reasoning, direct, loop)])
+  style = np.array([styles.response_style(t) for t in texts])
+  chained = (style == "chained") | ((k == 2) & (style == "concise"))
+  restated = style == "restated"
   broken = np.array(["<a>" not in t and "</r>" in t for t in texts])
   slips = np.mean([task.extract_answer(t) == -p.answer for p, t, d, lp in
                    zip(probs, texts, direct, loop) if p.answer != 0 and not lp])
   reasoned = ~direct & ~loop
   assert abs(direct.mean() - 0.3) < 0.03
-  # Terse reasoning at every chain length, the same share on short and long chains.
-  for ks in ((2, 3), (4, 5), (6, 7)):
-    assert abs(terse[reasoned & np.isin(k, ks)].mean() - 0.3) < 0.04, ks
-  assert abs(verbose[(k <= 3) & reasoned].mean() - 0.7 * 0.8) < 0.04 and not verbose[k > 3].any()
+  # Chained reasoning at every chain length, the same share on short and long chains; the
+  # rest restated up to restate_max_terms (2 here), then plain steps, verbose up to 3 terms.
+  for ks in ((3,), (4, 5), (6, 7)):
+    assert abs(chained[reasoned & np.isin(k, ks)].mean() - 0.3) < 0.04, ks
+  assert abs(restated[reasoned & (k == 2)].mean() - 0.7) < 0.04 and not restated[k > 2].any()
+  assert abs(verbose[(k == 3) & reasoned].mean() - 0.7 * 0.8) < 0.05 and not verbose[k > 3].any()
   assert abs(loop[(k >= 4) & ~direct].mean() - 0.3) < 0.04 and not loop[k < 4].any()
   assert abs(broken[reasoned].mean() - 0.6) < 0.03 and not broken[direct].any()
   assert abs(slips - 0.12) < 0.02
-  # The terse targets are the terse solution of their problem (answer and format as drawn).
-  for p, t, tr in zip(probs[:400], texts, terse):
-    if tr:
-      assert t in {p.solution("terse", answer=a, broken_format=b)
+  # The chained targets are the chained solution of their problem (answer, format as drawn).
+  for p, t, ch in zip(probs[:400], texts, chained):
+    if ch:
+      assert t in {p.solution("chained", answer=a, broken_format=b)
                    for a in (p.answer, -p.answer) for b in (False, True)}, t
   # A runaway target is cut to RESPONSE_LEN tokens without <eos>; others end with <eos>.
   tok = task.make_tokenizer()
@@ -258,7 +263,7 @@ def test_tasks_draw_their_own_problems():
   brief = run.task_settings(base, cfg.demo, "brief")
   afl = run.task_settings(base, cfg.demo, "acc_fmt_len")
   assert neg.data.options["min_terms"] == 4 and neg.data.options["max_terms"] == 7
-  assert (brief.data.options["min_terms"], brief.data.options["max_terms"]) == (3, 6)
+  assert (brief.data.options["min_terms"], brief.data.options["max_terms"]) == (3, 5)
   assert (afl.data.options["min_terms"], afl.data.options["max_terms"]) == (5, 7)
   assert brief.data.options["seed"] == 0
   assert neg.rewards.channels == ("arith_acc", "arith_negative")

@@ -111,8 +111,13 @@ def get_config(arg=None):
       methods_for=ml_collections.ConfigDict(DEFAULT_METHODS),  # ... unless listed here
       problems_for=ml_collections.ConfigDict(PROBLEMS_FOR),
       brief_threshold=23,           # tokens (incl. EOS) below which a response is brief
-      len_full_until=40,            # AMRP length rule at toy scale: full reward up to 40 tokens
-      len_zero_at=48,               # ... and 0 at the 48-token cap (paper: 2,800 and 3,000)
+      # AMRP's length rule at toy scale (paper: full to 2,800 tokens, 0 at 3,000), acc_fmt_len
+      # only: full to 32, 0 at 40 tokens. A correct chained answer earns full credit on 5 terms
+      # always, on 6 mostly, on 7 sometimes (partial otherwise); the base's restated (5 terms)
+      # and step-by-step (6-7) answers, most of its correct reasoning, earn little or none
+      # (BUILD_NOTES.md "Issue 21").
+      len_full_until=32,
+      len_zero_at=40,
       ppo_value_lr=1e-3))           # PPO critic learning rate (full variant)
   if "full" in args:
     c.demo.tasks = "brief,negative,acc_fmt_len,brief_negative"

@@ -44,15 +44,13 @@ def test_solution_styles_and_their_lengths():
   assert p.solution("chained") == "<r>7+5=12-9=3+3=6</r><a>6</a>"
   assert p.solution("restated", broken_format=True) == "<r>7+5-9+3;7+5=12;12-9=3;3+3=6</r>=6"
   assert task.Problem((4, 2), ("-",)).solution("chained") == task.Problem((4, 2), ("-",)).solution()
-  # The regime of the demo (configs/demo.py: cap 48, length rule full to 40, brief < 23, brief
+  # The regime of the demo (configs/demo.py: cap 48, length rule full to 32, brief < 23, brief
   # on 3-5 terms, acc_fmt_len on 5-7): on brief's problems the base's long style (restated) is
   # never brief and fits the cap; the chained answer to the same problem is 0.6-0.7x as long
   # (the room TAG can cut without losing accuracy), brief on 3 terms always, on 4 mostly and on
   # 5 almost never (where only the direct guess is brief, so additive pays a wrong guess as
   # much as a correct answer); direct answers are always brief; 7-term steps are over the
-  # length rule's 40 tokens always and over the cap mostly (acc_fmt_len: reasoning pays less
-  # than the shortcut under static weights), chained ones within 40 on 5-6 terms; a loop
-  # always overshoots the cap.
+  # cap mostly; a loop always overshoots the cap.
   tok, rng = task.make_tokenizer(), np.random.default_rng(0)
   by_k = {}
   for q in task.sample_problems(rng, 3000, max_terms=7):
@@ -73,8 +71,19 @@ def test_solution_styles_and_their_lengths():
   assert np.mean(lens[5, "chained"] < brief) < 0.02
   assert all(lens[k, "direct"].max() < brief for k in by_k)
   assert np.mean(lens[6, "restated"] > cap) > 0.9  # why the base restates only up to 5 terms
-  assert lens[7, "concise"].min() > full and np.mean(lens[7, "concise"] > cap) > 0.5
-  assert all(lens[k, "chained"].max() <= full for k in (5, 6))
+  assert np.mean(lens[7, "concise"] > cap) > 0.5
+  # acc_fmt_len's length rule (full to 32, 0 at 40): a correct chained answer can earn full
+  # length credit on every chain length (always on 5 terms, mostly on 6, sometimes on 7, else
+  # partial credit); the base's long correct reasoning (restated on 5 terms, steps on 6-7)
+  # mostly earns none, so under static weights reasoning pays less than the shortcut.
+  zero = cfg.demo.len_zero_at
+  assert (full, zero) == (32, 40)
+  assert lens[5, "chained"].max() <= full
+  assert 0.6 < np.mean(lens[6, "chained"] <= full) < 0.9
+  assert 0 < np.mean(lens[7, "chained"] <= full) < 0.2 and lens[7, "chained"].mean() < zero
+  assert lens[5, "restated"].min() > full and np.mean(lens[5, "restated"] >= zero) > 0.85
+  assert np.mean(lens[6, "concise"] > full) > 0.95 and np.mean(lens[6, "concise"] >= zero) > 0.6
+  assert np.mean(lens[7, "concise"] >= zero) > 0.95
   assert min(_tok_len(tok, q.solution("loop", loop_step=0)) for q in by_k[4]) > cap
 
 

@@ -45,10 +45,10 @@ def test_solution_styles_and_their_lengths():
   assert p.solution("restated", broken_format=True) == "<r>7+5-9+3;7+5=12;12-9=3;3+3=6</r>=6"
   assert task.Problem((4, 2), ("-",)).solution("chained") == task.Problem((4, 2), ("-",)).solution()
   # The regime of the demo (configs/demo.py: cap 48, length rule full to 32, brief < 23, brief
-  # on 3-5 terms, acc_fmt_len on 5-7): on brief's problems the base's long style (restated) is
-  # never brief and fits the cap; the chained answer to the same problem is 0.6-0.7x as long
+  # on 4-6 terms, acc_fmt_len on 5-7): on brief's problems the base's long style (restated,
+  # steps on 6 terms) is never brief and fits the cap; the chained answer is 0.6-0.75x as long
   # (the room TAG can cut without losing accuracy), brief on 3 terms always, on 4 mostly and on
-  # 5 almost never (where only the direct guess is brief, so additive pays a wrong guess as
+  # 5-6 (almost) never (where only the direct guess is brief, so additive pays a wrong guess as
   # much as a correct answer); direct answers are always brief; 7-term steps are over the
   # cap mostly; a loop always overshoots the cap.
   tok, rng = task.make_tokenizer(), np.random.default_rng(0)
@@ -59,16 +59,17 @@ def test_solution_styles_and_their_lengths():
   cap, full, brief = (cfg.rollout.max_new_tokens, cfg.demo.len_full_until,
                       cfg.demo.brief_threshold)
   lo, hi = cfg.demo.problems_for.brief.min_terms, cfg.demo.problems_for.brief.max_terms
-  assert (lo, hi) == (3, 5) and warmstart.RECIPE.restate_max_terms == hi
+  assert (lo, hi) == (4, 6) and warmstart.RECIPE.restate_max_terms == hi - 1
   styles_ = ("concise", "restated", "chained", "direct")
   lens = {(k, s): np.array([_tok_len(tok, q.solution(s)) for q in qs])
           for k, qs in by_k.items() for s in styles_}
-  for k in range(lo, hi + 1):
-    assert lens[k, "restated"].min() >= brief and np.mean(lens[k, "restated"] > cap) < 0.03
-    assert lens[k, "chained"].mean() <= 0.7 * lens[k, "restated"].mean()
+  for k in range(lo, hi + 1):  # the base's long style: restated up to 5 terms, steps beyond
+    long_ = lens[k, "restated" if k <= warmstart.RECIPE.restate_max_terms else "concise"]
+    assert long_.min() >= brief and np.mean(long_ > cap) < 0.05
+    assert lens[k, "chained"].mean() <= 0.75 * long_.mean()
   assert lens[3, "chained"].max() < brief
   assert 0.6 < np.mean(lens[4, "chained"] < brief) < 0.85
-  assert np.mean(lens[5, "chained"] < brief) < 0.02
+  assert np.mean(lens[5, "chained"] < brief) < 0.02 and lens[6, "chained"].min() >= brief
   assert all(lens[k, "direct"].max() < brief for k in by_k)
   assert np.mean(lens[6, "restated"] > cap) > 0.9  # why the base restates only up to 5 terms
   assert np.mean(lens[7, "concise"] > cap) > 0.5

@@ -49,13 +49,14 @@ FULL_METHODS = {
 # Problems per task (chains of min..max single-digit terms; the data set's default is 2-7):
 # `negative` and `acc_fmt_len` draw long chains only, where accuracy is the hard channel for the
 # base policy (the papers' setting: the shortcut pays more reliably than solving, and real
-# attempts often run away or break the format; acc_fmt_len's 5-7 terms make step-by-step
-# answers overlong, so static weights stay on the shortcut); `brief` draws 4-6 terms, where
+# attempts often run away or break the format; acc_fmt_len's 6-7 terms make step-by-step
+# answers overlong and leave few chained answers at full length credit, so static weights
+# stay on the shortcut); `brief` draws 4-6 terms, where
 # the base's long answers (restated on 4-5 terms, steps on 6) are never brief, its chained
 # ones are on 4 terms mostly, and on 5-6 terms only a guess is (3/4 of the prompts have no
 # brief correct answer: additive gives up accuracy for the guess, BUILD_NOTES.md "Issue 21").
 PROBLEMS_FOR = {"brief": {"min_terms": 4, "max_terms": 6}, "negative": {"min_terms": 4},
-                "acc_fmt_len": {"min_terms": 5}}
+                "acc_fmt_len": {"min_terms": 6}}
 
 
 def _parse(arg):
@@ -113,10 +114,9 @@ def get_config(arg=None):
       problems_for=ml_collections.ConfigDict(PROBLEMS_FOR),
       brief_threshold=23,           # tokens (incl. EOS) below which a response is brief
       # AMRP's length rule at toy scale (paper: full to 2,800 tokens, 0 at 3,000), acc_fmt_len
-      # only: full to 32, 0 at 40 tokens. A correct chained answer earns full credit on 5 terms
-      # always, on 6 mostly, on 7 sometimes (partial otherwise); the base's restated (5 terms)
-      # and step-by-step (6-7) answers, most of its correct reasoning, earn little or none
-      # (BUILD_NOTES.md "Issue 21").
+      # only: full to 32, 0 at 40 tokens. On its 6-7 terms a correct chained answer earns full
+      # credit mostly on 6 terms, sometimes on 7 (partial otherwise); the base's step-by-step
+      # answers, most of its correct reasoning, earn little or none (BUILD_NOTES.md "Issue 21").
       len_full_until=32,
       len_zero_at=40,
       ppo_value_lr=1e-3))           # PPO critic learning rate (full variant)

@@ -45,7 +45,7 @@ def test_solution_styles_and_their_lengths():
   assert p.solution("restated", broken_format=True) == "<r>7+5-9+3;7+5=12;12-9=3;3+3=6</r>=6"
   assert task.Problem((4, 2), ("-",)).solution("chained") == task.Problem((4, 2), ("-",)).solution()
   # The regime of the demo (configs/demo.py: cap 48, length rule full to 32, brief < 23, brief
-  # on 4-6 terms, acc_fmt_len on 5-7): on brief's problems the base's long style (restated,
+  # on 4-6 terms, acc_fmt_len on 6-7): on brief's problems the base's long style (restated,
   # steps on 6 terms) is never brief and fits the cap; the chained answer is 0.6-0.75x as long
   # (the room TAG can cut without losing accuracy), brief on 3 terms always, on 4 mostly and on
   # 5-6 (almost) never (where only the direct guess is brief, so additive pays a wrong guess as
@@ -73,10 +73,11 @@ def test_solution_styles_and_their_lengths():
   assert all(lens[k, "direct"].max() < brief for k in by_k)
   assert np.mean(lens[6, "restated"] > cap) > 0.9  # why the base restates only up to 5 terms
   assert np.mean(lens[7, "concise"] > cap) > 0.5
-  # acc_fmt_len's length rule (full to 32, 0 at 40): a correct chained answer can earn full
-  # length credit on every chain length (always on 5 terms, mostly on 6, sometimes on 7, else
-  # partial credit); the base's long correct reasoning (restated on 5 terms, steps on 6-7)
-  # mostly earns none, so under static weights reasoning pays less than the shortcut.
+  # acc_fmt_len (6-7 terms) and its length rule (full to 32, 0 at 40): a correct chained
+  # answer can earn full length credit (mostly on 6 terms, sometimes on 7, else partial
+  # credit); the base's long correct reasoning (steps on 6-7 terms) mostly earns none, so
+  # under static weights reasoning pays less than the shortcut; 5-term chained answers, all
+  # at full credit, would be static's way out (BUILD_NOTES.md "Issue 21").
   zero = cfg.demo.len_zero_at
   assert (full, zero) == (32, 40)
   assert lens[5, "chained"].max() <= full
@@ -273,8 +274,8 @@ def test_tasks_draw_their_own_problems():
   brief = run.task_settings(base, cfg.demo, "brief")
   afl = run.task_settings(base, cfg.demo, "acc_fmt_len")
   assert neg.data.options["min_terms"] == 4 and neg.data.options["max_terms"] == 7
-  assert (brief.data.options["min_terms"], brief.data.options["max_terms"]) == (3, 5)
-  assert (afl.data.options["min_terms"], afl.data.options["max_terms"]) == (5, 7)
+  assert (brief.data.options["min_terms"], brief.data.options["max_terms"]) == (4, 6)
+  assert (afl.data.options["min_terms"], afl.data.options["max_terms"]) == (6, 7)
   assert brief.data.options["seed"] == 0
   assert neg.rewards.channels == ("arith_acc", "arith_negative")
   assert brief.rewards.params == {"arith_brief": {"threshold": cfg.demo.brief_threshold}}

@@ -7,13 +7,15 @@ Starts from the shipped base policy (mr_rl/demo/assets/base_policy, made by
 task's methods (`DEFAULT_METHODS`: RP-only, additive, 0.9/0.1 weighting, the AND rule, AMRP and
 TAG with its anchor elected by single-channel probes) for 80 GRPO steps on three tasks:
 `brief` (correct & brief: compatible), `negative` (correct & negative answer: incompatible)
-and `acc_fmt_len` (AMRP's accuracy, format and length), the last two on long chains. Writes
+and `acc_fmt_len` (AMRP's accuracy, format and length), each on its own chain lengths. Writes
 WORKDIR/report.json, WORKDIR/report.md (every target with yes / no and its value) and
 WORKDIR/<task>_{profiles,weights}.png.
 Expected runtime: see BUILD_NOTES.md "The CPU demo" (at most 15 minutes on 2 idle cores).
 
 Variants (`configs/demo.py:ARG[,ARG]`):
   seed=N  another seed (it also draws the arithmetic problems);
+  tasks=A+B  only these tasks, '+'-separated (pilots: `tasks=brief+acc_fmt_len`); each keeps
+          its methods, which `--config.demo.methods_for.TASK=m1,m2` can narrow;
   full    more of the papers' tables (at most 40 minutes): AMRP with GDPO and PPO on
           acc_fmt_len, Additive+KL at beta 0.01 and 1 and the down-weighting sweep 0.5 -> 0.1
           on negative, and correct + brief + negative (additive, Rubric Dropout, TAG);
@@ -47,9 +49,14 @@ FULL_METHODS = {
 # Problems per task (chains of min..max single-digit terms; the data set's default is 2-7):
 # `negative` and `acc_fmt_len` draw long chains only, where accuracy is the hard channel for the
 # base policy (the papers' setting: the shortcut pays more reliably than solving, and real
-# attempts often run away or break the format); `brief` keeps 2-7, so about half of its
-# prompts have a brief correct answer.
-PROBLEMS_FOR = {"negative": {"min_terms": 4}, "acc_fmt_len": {"min_terms": 4}}
+# attempts often run away or break the format; acc_fmt_len's 6-7 terms make step-by-step
+# answers overlong and leave few chained answers at full length credit, so static weights
+# stay on the shortcut); `brief` draws 4-6 terms, where
+# the base's long answers (restated on 4-5 terms, steps on 6) are never brief, its chained
+# ones are on 4 terms mostly, and on 5-6 terms only a guess is (3/4 of the prompts have no
+# brief correct answer: additive gives up accuracy for the guess, BUILD_NOTES.md "Issue 21").
+PROBLEMS_FOR = {"brief": {"min_terms": 4, "max_terms": 6}, "negative": {"min_terms": 4},
+                "acc_fmt_len": {"min_terms": 6}}
 
 
 def _parse(arg):
@@ -62,10 +69,10 @@ def _parse(arg):
 
 def get_config(arg=None):
   args = _parse(arg)
-  unknown = set(args) - {"smoke", "seed", "full"}
+  unknown = set(args) - {"smoke", "seed", "full", "tasks"}
   if unknown:
     raise ValueError(f"configs/demo.py: unknown arguments {sorted(unknown)}; valid: smoke, "
-                     "seed, full")
+                     "seed, full, tasks")
   if "smoke" in args and "full" in args:
     raise ValueError("configs/demo.py: smoke and full exclude each other")
   c = settings.default_config()
@@ -105,9 +112,13 @@ def get_config(arg=None):
       methods="rp_only,additive,tag",  # run on every task ...
       methods_for=ml_collections.ConfigDict(DEFAULT_METHODS),  # ... unless listed here
       problems_for=ml_collections.ConfigDict(PROBLEMS_FOR),
-      brief_threshold=29,           # tokens (incl. EOS) below which a response is brief
-      len_full_until=40,            # AMRP length rule at toy scale: full reward up to 40 tokens
-      len_zero_at=48,               # ... and 0 at the 48-token cap (paper: 2,800 and 3,000)
+      brief_threshold=23,           # tokens (incl. EOS) below which a response is brief
+      # AMRP's length rule at toy scale (paper: full to 2,800 tokens, 0 at 3,000), acc_fmt_len
+      # only: full to 32, 0 at 40 tokens. On its 6-7 terms a correct chained answer earns full
+      # credit mostly on 6 terms, sometimes on 7 (partial otherwise); the base's step-by-step
+      # answers, most of its correct reasoning, earn little or none (BUILD_NOTES.md "Issue 21").
+      len_full_until=32,
+      len_zero_at=40,
       ppo_value_lr=1e-3))           # PPO critic learning rate (full variant)
   if "full" in args:
     c.demo.tasks = "brief,negative,acc_fmt_len,brief_negative"
@@ -128,4 +139,17 @@ def get_config(arg=None):
     c.demo.tasks = "negative"
     c.demo.methods = "additive,tag"
     c.demo.methods_for = ml_collections.ConfigDict()
+  if "tasks" in args:
+    if "smoke" in args:
+      raise ValueError("configs/demo.py: smoke and tasks exclude each other")
+    spec = "" if args["tasks"] is True else str(args["tasks"])  # `tasks` or `tasks=`: none
+    tasks = [t for t in spec.split("+") if t]
+    offered = c.demo.tasks.split(",")
+    bad = [t for t in tasks if t not in offered]
+    if not tasks or bad:
+      raise ValueError(f"configs/demo.py: tasks={spec!r} names {bad or 'no task'}; "
+                       f"valid: {'+'.join(offered)}")
+    c.demo.tasks = ",".join(tasks)
+    c.demo.methods_for = ml_collections.ConfigDict(
+        {t: c.demo.methods_for[t] for t in tasks})
   return c

@@ -5,10 +5,13 @@ A problem is `Q:7+5-9+3=`; the reference solution writes the running total step 
     <r>7+5=12;12-9=3;3+3=6</r><a>6</a><eos>
 
 so longer chains need longer responses. The base policy of the demo (`warmstart`) answers in
-three styles (`Problem.solution`): concise reasoning as above; verbose reasoning, each step
-written twice, which on long chains overshoots the response cap (a runaway: no answer, no
-closing tags); and direct answers `<r></r><a>6</a>`, short, always brief, and for a small
-model a guess on long chains. It also breaks the format (`</r>=6`) and slips on the sign of
+these styles (`Problem.solution`): step-by-step reasoning as above ('concise'), on chains of
+up to 5 terms after restating the question ('restated': `<r>7+5-9+3;7+5=12;...`, its usual
+long style); chained reasoning that writes each operation once (`<r>7+5=12-9=3+3=6</r>...`,
+0.6-0.66x the restated length, at every chain length, so a correct answer can be made shorter
+without being less right); loops (a step repeated until the response cap: a runaway, no
+answer); and direct answers `<r></r><a>6</a>`, short, always brief, and for a small model a
+guess on long chains. It also breaks the format (`</r>=6`) and slips on the sign of
 the answer at some rate. The channels mirror the papers' rewards at toy scale:
 
 - `acc`:  the final answer equals the true value (the primary channel);
@@ -81,10 +84,13 @@ class Problem:
     """A response in one of the base policy's styles (see `STYLES`).
 
     Args:
-      style: 'concise' (each running-total step once); 'verbose' (each step written twice,
-        about twice as long); 'loop' (a runaway: the steps up to `loop_step`, then that step
-        repeated without end, so it never answers and overshoots any cap); 'direct' (no
-        reasoning: `<r></r><a>6</a>`, short, and for a small model a guess on long chains).
+      style: 'concise' (each running-total step once: `7+5=12;12-9=3;3+3=6`); 'restated'
+        (the question copied first, then the steps: `7+5-9+3;7+5=12;12-9=3;3+3=6`);
+        'chained' (each operation once, the running total carried on: `7+5=12-9=3+3=6`: the
+        same steps without repeating each total); 'verbose' (each step written twice);
+        'loop' (a runaway: the steps up to `loop_step`, then that step repeated without end,
+        so it never answers and overshoots any cap); 'direct' (no reasoning:
+        `<r></r><a>6</a>`, short, and for a small model a guess on long chains).
       answer: the answer written (default the true one; a sign slip writes `-answer`).
       broken_format: write the answer as `=6` after `</r>` instead of `<a>6</a>` (still
         scored by `accuracy`, fails `fmt`).
@@ -96,6 +102,13 @@ class Problem:
     steps = [] if style == "direct" else self.steps()
     if style == "verbose":
       steps = [s for step in steps for s in (step, step)]
+    if style == "chained" and steps:
+      # 7+5=12;12-9=3 -> 7+5=12-9=3: each later step without its leading running total.
+      ops = [f"{o}{t}" for o, t in zip(self.ops, self.terms[1:])]
+      steps = [steps[0] + "".join(f"{op}={s.rpartition('=')[2]}"
+                                  for op, s in zip(ops[1:], steps[1:]))]
+    if style == "restated":
+      steps = [self.prompt[len("Q:"):-len("=")]] + steps
     if style == "loop":
       if not 0 <= loop_step < len(steps):
         raise ValueError(f"loop_step must be in [0, {len(steps)}), got {loop_step}")
@@ -104,7 +117,7 @@ class Problem:
     return "<r>" + ";".join(steps) + "</r>" + tail
 
 
-STYLES = ("concise", "verbose", "loop", "direct")
+STYLES = ("concise", "restated", "chained", "verbose", "loop", "direct")
 LOOP_REPEATS = 16  # a loop written out this far exceeds any response budget of the demo
 
 

@@ -8,8 +8,9 @@ loads it exactly as it would load Qwen3 from the hub.
     python -m mr_rl.demo.warmstart --out mr_rl/demo/assets/base_policy
 
 The mixture is what makes the demo meaningful: the base policy mostly reasons step by step
-(long, usually right) and sometimes answers directly (short, often wrong), and with some
-probability breaks the format, so each auxiliary channel has a cheap shortcut to learn.
+(long, usually right), sometimes chained (each operation once: shorter and right), sometimes
+answers directly (short, often wrong), and often breaks the format, so each auxiliary channel
+has a cheap shortcut to learn and `brief` also has a compatible way to be met.
 """
 
 from __future__ import annotations
@@ -45,11 +46,16 @@ class WarmStartConfig:
   min_terms: int = 2          # problems of min_terms..max_terms single-digit terms
   max_terms: int = 7
   p_direct: float = 0.3       # share of direct (no-reasoning) answers in the targets
-  p_verbose: float = 0.8      # share of reasoned targets of <= verbose_max_terms terms written
-  verbose_max_terms: int = 3  # verbosely (each step twice): the base overthinks easy problems
+  p_chained: float = 0.3      # share of reasoned, non-loop targets written chained (each
+                              # operation once), at every chain length: the short correct style
+  restate_max_terms: int = 5  # the other reasoned targets restate the question first on chains
+                              # of up to this many terms (the long style; longer ones overshoot
+                              # the cap), else are plain steps
+  p_verbose: float = 0.0      # share of plain-step targets of <= verbose_max_terms terms
+  verbose_max_terms: int = 3  # written verbosely (each step twice)
   p_loop: float = 0.3         # share of reasoned targets of >= loop_min_terms terms that fall
   loop_min_terms: int = 4     # into a loop (a step repeated up to the cap: a runaway)
-  p_broken_format: float = 0.35  # share of reasoned targets whose answer is not in <a></a>
+  p_broken_format: float = 0.6   # share of reasoned targets whose answer is not in <a></a>
   p_sign_slip: float = 0.12   # share of targets whose (nonzero) answer has the wrong sign
   d_model: int = 128
   n_layers: int = 2
@@ -70,8 +76,10 @@ def target_text(problem: task.Problem, rng: np.random.Generator, cfg: WarmStartC
   """One supervised target: a style drawn from the config's mixture, then its slips.
 
   Direct answers are a fixed template (`<r></r><a>6</a>`) and keep the format; reasoned ones
-  break it at `p_broken_format`. Verbose reasoning only occurs on short chains (where it fits
-  the cap), loops only on long ones (where the base loses track).
+  break it at `p_broken_format`. Chained reasoning occurs at every chain length (the same
+  problem is answered both long and short); the long style restates the question on chains
+  of up to `restate_max_terms` terms (where it fits the cap); verbose reasoning only on short
+  chains, loops only on long ones (where the base loses track).
   """
   k = len(problem.terms)
   answer = problem.answer
@@ -81,7 +89,14 @@ def target_text(problem: task.Problem, rng: np.random.Generator, cfg: WarmStartC
     return problem.solution("direct", answer=answer)
   if k >= cfg.loop_min_terms and rng.random() < cfg.p_loop:
     return problem.solution("loop", loop_step=int(rng.integers(0, k - 1)))
-  style = "verbose" if k <= cfg.verbose_max_terms and rng.random() < cfg.p_verbose else "concise"
+  if rng.random() < cfg.p_chained:
+    style = "chained"
+  elif k <= cfg.restate_max_terms:
+    style = "restated"
+  elif k <= cfg.verbose_max_terms and rng.random() < cfg.p_verbose:
+    style = "verbose"
+  else:
+    style = "concise"
   # Answer left outside the tags: still scored by `accuracy`, fails `fmt`.
   return problem.solution(style, answer=answer,
                           broken_format=rng.random() < cfg.p_broken_format)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mr_rl import pipelines
-from mr_rl.demo import run, summary, task, warmstart
+from mr_rl.demo import run, styles, summary, task, warmstart
 
 REPO = str(pathlib.Path(__file__).resolve().parents[2])
 
@@ -41,11 +41,16 @@ def test_solution_styles_and_their_lengths():
   assert loop.startswith("<r>7+5=12;12-9=3;12-9=3;12-9=3") and "</r>" not in loop
   with pytest.raises(ValueError, match="loop_step must be in"):
     p.solution("loop", loop_step=3)
-  # The regime of the demo (configs/demo.py: cap 48, length rule full to 40, brief < 29):
-  # concise reasoning fits the cap up to 6 terms, gets full length credit up to 4 and is brief
-  # up to 3 terms always and on 4 terms mostly; verbose reasoning (the base writes it on 2-3
-  # terms) is never brief on 3 terms; direct answers always are; a loop always overshoots the
-  # cap; 7-term reasoning mostly runs into the cap.
+  assert p.solution("chained") == "<r>7+5=12-9=3+3=6</r><a>6</a>"
+  assert p.solution("restated", broken_format=True) == "<r>7+5-9+3;7+5=12;12-9=3;3+3=6</r>=6"
+  assert task.Problem((4, 2), ("-",)).solution("chained") == task.Problem((4, 2), ("-",)).solution()
+  # The regime of the demo (configs/demo.py: cap 48, length rule full to 32, brief < 23, brief
+  # on 4-6 terms, acc_fmt_len on 6-7): on brief's problems the base's long style (restated,
+  # steps on 6 terms) is never brief and fits the cap; the chained answer is 0.6-0.75x as long
+  # (the room TAG can cut without losing accuracy), brief on 3 terms always, on 4 mostly and on
+  # 5-6 (almost) never (where only the direct guess is brief, so additive pays a wrong guess as
+  # much as a correct answer); direct answers are always brief; 7-term steps are over the
+  # cap mostly; a loop always overshoots the cap.
   tok, rng = task.make_tokenizer(), np.random.default_rng(0)
   by_k = {}
   for q in task.sample_problems(rng, 3000, max_terms=7):
@@ -53,17 +58,59 @@ def test_solution_styles_and_their_lengths():
   cfg = _demo_config(None)
   cap, full, brief = (cfg.rollout.max_new_tokens, cfg.demo.len_full_until,
                       cfg.demo.brief_threshold)
-  lens = {(k, s): [_tok_len(tok, q.solution(s)) for q in qs]
-          for k, qs in by_k.items() for s in ("concise", "verbose", "direct")}
-  assert all(max(lens[k, "concise"]) <= full for k in (2, 3, 4))
-  assert all(max(lens[k, "concise"]) <= cap for k in (2, 3, 4, 5))
-  assert all(max(lens[k, "concise"]) < brief for k in (2, 3))
-  assert 0.6 < np.mean(np.array(lens[4, "concise"]) < brief) < 0.85
-  assert min(lens[5, "concise"]) >= brief
-  assert min(lens[3, "verbose"]) >= brief and max(lens[3, "verbose"]) <= cap
-  assert np.mean(np.array(lens[7, "concise"]) > cap) > 0.5
-  assert max(max(v) for (k, s), v in lens.items() if s == "direct") < brief
+  lo, hi = cfg.demo.problems_for.brief.min_terms, cfg.demo.problems_for.brief.max_terms
+  assert (lo, hi) == (4, 6) and warmstart.RECIPE.restate_max_terms == hi - 1
+  styles_ = ("concise", "restated", "chained", "direct")
+  lens = {(k, s): np.array([_tok_len(tok, q.solution(s)) for q in qs])
+          for k, qs in by_k.items() for s in styles_}
+  for k in range(lo, hi + 1):  # the base's long style: restated up to 5 terms, steps beyond
+    long_ = lens[k, "restated" if k <= warmstart.RECIPE.restate_max_terms else "concise"]
+    assert long_.min() >= brief and np.mean(long_ > cap) < 0.05
+    assert lens[k, "chained"].mean() <= 0.75 * long_.mean()
+  assert lens[3, "chained"].max() < brief
+  assert 0.6 < np.mean(lens[4, "chained"] < brief) < 0.85
+  assert np.mean(lens[5, "chained"] < brief) < 0.02 and lens[6, "chained"].min() >= brief
+  assert all(lens[k, "direct"].max() < brief for k in by_k)
+  assert np.mean(lens[6, "restated"] > cap) > 0.9  # why the base restates only up to 5 terms
+  assert np.mean(lens[7, "concise"] > cap) > 0.5
+  # acc_fmt_len (6-7 terms) and its length rule (full to 32, 0 at 40): a correct chained
+  # answer can earn full length credit (mostly on 6 terms, sometimes on 7, else partial
+  # credit); the base's long correct reasoning (steps on 6-7 terms) mostly earns none, so
+  # under static weights reasoning pays less than the shortcut; 5-term chained answers, all
+  # at full credit, would be static's way out (BUILD_NOTES.md "Issue 21").
+  zero = cfg.demo.len_zero_at
+  assert (full, zero) == (32, 40)
+  assert lens[5, "chained"].max() <= full
+  assert 0.6 < np.mean(lens[6, "chained"] <= full) < 0.9
+  assert 0 < np.mean(lens[7, "chained"] <= full) < 0.2 and lens[7, "chained"].mean() < zero
+  assert lens[5, "restated"].min() > full and np.mean(lens[5, "restated"] >= zero) > 0.85
+  assert np.mean(lens[6, "concise"] > full) > 0.95 and np.mean(lens[6, "concise"] >= zero) > 0.6
+  assert np.mean(lens[7, "concise"] >= zero) > 0.95
   assert min(_tok_len(tok, q.solution("loop", loop_step=0)) for q in by_k[4]) > cap
+
+
+def test_response_style_names_every_solution_style():
+  for q in task.sample_problems(np.random.default_rng(1), 200, max_terms=7):
+    for style in ("concise", "restated", "chained", "direct"):
+      for broken in (False, True):
+        want = "concise" if style == "chained" and len(q.terms) == 2 else style
+        assert styles.response_style(q.solution(style, broken_format=broken)) == want
+    if len(q.terms) > 2:  # on 2 terms 'verbose' is one step written twice
+      assert styles.response_style(q.solution("verbose")) == "verbose"
+    assert styles.response_style(q.solution("loop", loop_step=0)) == "runaway"
+  assert styles.response_style("<r>7+5=12;12</r><a>12</a>") == "other"
+  assert styles.response_style("12</r><a>12</a>") == "other"
+
+
+def test_style_table_of_the_shipped_base_policy():
+  """Shares per chain length sum to 1; accuracies and lengths are in range."""
+  cfg = _demo_config("smoke")
+  table = styles.style_table(cfg.model.path, min_terms=3, max_terms=4, samples=64)
+  assert set(table) == {3, 4}
+  for row in table.values():
+    assert sum(share for share, _, _ in row.values()) == pytest.approx(1.0)
+    assert all(0 <= acc <= 1 and 1 <= n <= 48 for _, acc, n in row.values())
+  assert table[3]["direct"][2] < 10  # `<r></r><a>N</a>` + EOS: 6-8 tokens
 
 
 @pytest.mark.parametrize("response, answer", [
@@ -99,25 +146,40 @@ def test_rewards_resist_the_obvious_attacks():
 
 # ----------------------------------------------------------------------------- warm start
 def test_warmstart_targets_follow_the_mixture():
-  cfg = warmstart.WarmStartConfig(p_direct=0.3, p_verbose=0.8, verbose_max_terms=3, p_loop=0.3,
-                                  loop_min_terms=4, p_broken_format=0.35, p_sign_slip=0.12)
+  cfg = warmstart.WarmStartConfig(p_direct=0.3, p_chained=0.3, restate_max_terms=2,
+                                  p_verbose=0.8, verbose_max_terms=3, p_loop=0.3,
+                                  loop_min_terms=4, p_broken_format=0.6, p_sign_slip=0.12)
   rng = np.random.default_rng(0)
-  probs = task.sample_problems(rng, 6000, max_terms=7)
+  probs = task.sample_problems(rng, 8000, max_terms=7)
   texts = [warmstart.target_text(p, rng, cfg) for p in probs]
   k = np.array([len(p.terms) for p in probs])
   direct = np.array([t.startswith("<r></r>") for t in texts])
   loop = np.array(["</r>" not in t for t in texts])
-  verbose = np.array([t.startswith("<r>") and not d and not lp and
-                      t.split("</r>")[0].count(";") == 2 * len(p.terms) - 3
-                      for p, t, d, lp in zip(probs, texts, direct, loop)])
+  reasoning = [t.split("</r>")[0] for t in texts]
+  verbose = np.array([not d and not lp and r.count(";") == 2 * len(p.terms) - 3
+                      for p, r, d, lp in zip(probs, reasoning, direct, loop)])
+  style = np.array([styles.response_style(t) for t in texts])
+  chained = (style == "chained") | ((k == 2) & (style == "concise"))
+  restated = style == "restated"
   broken = np.array(["<a>" not in t and "</r>" in t for t in texts])
   slips = np.mean([task.extract_answer(t) == -p.answer for p, t, d, lp in
                    zip(probs, texts, direct, loop) if p.answer != 0 and not lp])
+  reasoned = ~direct & ~loop
   assert abs(direct.mean() - 0.3) < 0.03
-  assert abs(verbose[(k <= 3) & ~direct].mean() - 0.8) < 0.04 and not verbose[k > 3].any()
+  # Chained reasoning at every chain length, the same share on short and long chains; the
+  # rest restated up to restate_max_terms (2 here), then plain steps, verbose up to 3 terms.
+  for ks in ((3,), (4, 5), (6, 7)):
+    assert abs(chained[reasoned & np.isin(k, ks)].mean() - 0.3) < 0.04, ks
+  assert abs(restated[reasoned & (k == 2)].mean() - 0.7) < 0.04 and not restated[k > 2].any()
+  assert abs(verbose[(k == 3) & reasoned].mean() - 0.7 * 0.8) < 0.05 and not verbose[k > 3].any()
   assert abs(loop[(k >= 4) & ~direct].mean() - 0.3) < 0.04 and not loop[k < 4].any()
-  assert abs(broken[~direct & ~loop].mean() - 0.35) < 0.03 and not broken[direct].any()
+  assert abs(broken[reasoned].mean() - 0.6) < 0.03 and not broken[direct].any()
   assert abs(slips - 0.12) < 0.02
+  # The chained targets are the chained solution of their problem (answer, format as drawn).
+  for p, t, ch in zip(probs[:400], texts, chained):
+    if ch:
+      assert t in {p.solution("chained", answer=a, broken_format=b)
+                   for a in (p.answer, -p.answer) for b in (False, True)}, t
   # A runaway target is cut to RESPONSE_LEN tokens without <eos>; others end with <eos>.
   tok = task.make_tokenizer()
   long_p = task.Problem((9,) * 7, ("+",) * 6)
@@ -193,6 +255,15 @@ def test_demo_configs_resolve():
     _demo_config("smoke,fast")
   with pytest.raises(ValueError, match="exclude each other"):
     _demo_config("smoke,full")
+  pilot = _demo_config("seed=10,tasks=brief+acc_fmt_len")
+  assert pilot.demo.tasks == "brief,acc_fmt_len" and set(pilot.demo.methods_for) == {
+      "brief", "acc_fmt_len"}
+  assert run.task_methods(pilot.demo, "brief") == run.task_methods(default.demo, "brief")
+  assert set(_demo_config("full,tasks=brief_negative").demo.methods_for) == {"brief_negative"}
+  with pytest.raises(ValueError, match=r"tasks='brief\+nope' names \['nope'\]"):
+    _demo_config("tasks=brief+nope")
+  with pytest.raises(ValueError, match="names no task"):
+    _demo_config("tasks=")
 
 
 def test_tasks_draw_their_own_problems():
@@ -201,8 +272,11 @@ def test_tasks_draw_their_own_problems():
   base = settings_lib.from_config(cfg)
   neg = run.task_settings(base, cfg.demo, "negative")
   brief = run.task_settings(base, cfg.demo, "brief")
+  afl = run.task_settings(base, cfg.demo, "acc_fmt_len")
   assert neg.data.options["min_terms"] == 4 and neg.data.options["max_terms"] == 7
-  assert brief.data.options["min_terms"] == 2 and brief.data.options["seed"] == 0
+  assert (brief.data.options["min_terms"], brief.data.options["max_terms"]) == (4, 6)
+  assert (afl.data.options["min_terms"], afl.data.options["max_terms"]) == (6, 7)
+  assert brief.data.options["seed"] == 0
   assert neg.rewards.channels == ("arith_acc", "arith_negative")
   assert brief.rewards.params == {"arith_brief": {"threshold": cfg.demo.brief_threshold}}
   cfg.demo.problems_for.negative.num_train = 5
@@ -224,19 +298,20 @@ def _trace(profiles, weights=None, negative=None):
 def _report(seed, rp=0.6, base=0.4, add_neg_acc=0.2, add_neg=0.9, tag=0.58, tag_brief=0.58,
             add_brief=0.3,
             tag_joint=0.4, rp_joint=0.3, amrp=0.5, static=0.4, static_shortcut=0.6,
-            amrp_full=0.5, static_full=0.3, anchor="arith_acc"):
-  row = lambda acc, aux=0.5, joint=0.3: {"accuracy": acc, "aux_rate": aux, "joint_rate": joint,
-                                         "mean_length": 20.0}
+            amrp_full=0.5, static_full=0.3, anchor="arith_acc", tag_len=14.0):
+  row = lambda acc, aux=0.5, joint=0.3, length=20.0: {"accuracy": acc, "aux_rate": aux,
+                                                      "joint_rate": joint, "mean_length": length}
   short_prof = lambda shortcut, full: {
       summary.SHORTCUT: [0.2, shortcut, 0.3, 0.3, 0.3, 0.3, 0.3],
       summary.FULL_PROFILE: [0.3, 0.2, full, full, full, full, full],
       "acc=1,fmt=0,len=1": [0.5, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1]}
-  tag_row = lambda acc, joint=0.3: dict(row(acc, joint=joint), anchor=anchor)
+  tag_row = lambda acc, joint=0.3, length=20.0: dict(row(acc, joint=joint, length=length),
+                                                     anchor=anchor)
   return {
       "negative": {"base": row(base), "rp_only": row(rp), "additive": row(add_neg_acc, add_neg),
                    "tag": tag_row(tag)},
       "brief": {"base": row(base), "rp_only": row(rp, joint=rp_joint),
-                "additive": row(add_brief), "tag": tag_row(tag_brief, tag_joint)},
+                "additive": row(add_brief), "tag": tag_row(tag_brief, tag_joint, tag_len)},
       "acc_fmt_len": {
           "base": row(base), "rp_only": row(rp), "tag": tag_row(0.58),
           "additive": dict(row(static), trace=_trace(short_prof(static_shortcut, static_full))),
@@ -252,6 +327,7 @@ def test_every_target_passes_and_fails_on_synthetic_reports():
       n for n, r in good.items() if not r["passed"]]
   assert good["negative: additive accuracy <= 0.5x RP-only"]["value"] == pytest.approx(1 / 3)
   assert good["brief: TAG correct&brief - RP-only's >= +0.05"]["value"] == pytest.approx(0.1)
+  assert good["brief: TAG mean length <= 0.75x RP-only"]["value"] == pytest.approx(0.7)
   assert "first at step 1" in good[
       "acc_fmt_len: static rollouts' most common profile is (0,1,1) at some step"]["text"]
   # Each target fails on its own violation (the others keep passing).
@@ -259,7 +335,8 @@ def test_every_target_passes_and_fails_on_synthetic_reports():
       "negative: additive negative rate >= 0.8": dict(add_neg=0.79),
       "negative: additive accuracy <= 0.5x RP-only": dict(add_neg_acc=0.31),
       "negative: TAG accuracy >= 0.9x RP-only": dict(tag=0.53),
-      "brief: TAG accuracy >= 0.9x RP-only": dict(tag_brief=0.53),
+      "brief: TAG accuracy >= 0.95x RP-only": dict(tag_brief=0.56),
+      "brief: TAG mean length <= 0.75x RP-only": dict(tag_len=15.5),
       "brief: additive accuracy <= 0.6x RP-only": dict(add_brief=0.37),
       "brief: TAG correct&brief - RP-only's >= +0.05": dict(tag_joint=0.34),
       "acc_fmt_len: static rollouts' most common profile is (0,1,1) at some step":
@@ -405,7 +482,7 @@ def test_demo_smoke_writes_report(tmp_path):
   assert neg_rate["passed"] in (True, False)
   assert f"| negative: additive negative rate >= 0.8 | {'yes' if neg_rate['passed'] else 'NO'}" \
       in md
-  assert "| brief: TAG accuracy >= 0.9x RP-only | n/a |" in md
+  assert "| brief: TAG accuracy >= 0.95x RP-only | n/a |" in md
   assert os.path.getsize(os.path.join(wd, "negative_profiles.png")) > 1000
   assert not os.path.exists(os.path.join(wd, "negative_weights.png"))  # no AMRP run
   drift = json.load(open(os.path.join(wd, "negative", "tag", "drift.json")))

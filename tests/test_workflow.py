@@ -39,7 +39,7 @@ from mr_rl.testing import runs  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = os.path.join(REPO, "mr_rl", "demo", "assets", "base_policy")
-N_NEW = 32  # greedy tokens compared with transformers (short chains end within it, long ones not)
+N_NEW = 20  # greedy tokens compared with transformers (short answers end within it, long ones not)
 try:
   import wandb  # noqa: F401
   HAVE_WANDB = True

@@ -5,9 +5,9 @@ devices, over localhost (gloo collectives): how a pod runs, for debugging on one
     python launch/local_multiprocess.py 2 4 configs/demo.py:smoke /tmp/mp --config.pipeline=train
 
 Process i runs `python -m mr_rl.main --multihost --coordinator_address=127.0.0.1:PORT
---num_processes=N --process_id=i` with XLA_FLAGS=--xla_force_host_platform_device_count=D and
-JAX_PLATFORMS=cpu, its output in WORKDIR/logs/process-<i>.log. It waits for all of them and
-exits with the first non-zero status (a failed process stops the others within
+--num_processes=N --process_id=i` with --xla_force_host_platform_device_count=D added to its
+XLA_FLAGS and JAX_PLATFORMS=cpu, its output in WORKDIR/logs/process-<i>.log. It waits for all
+of them and exits with the first non-zero status (a failed process stops the others within
 mr_rl.distributed.HEARTBEAT_TIMEOUT_S). `launch` is the same for any command (tests use it).
 """
 
@@ -36,8 +36,10 @@ def launch(num_processes: int, devices: int, command: Callable[[int, int], Seque
   `logdir`/process-<i>.log; returns their exit statuses (a process still running at
   `timeout_s` is killed: status -9)."""
   os.makedirs(logdir, exist_ok=True)
-  env = dict(os.environ if env is None else env, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  env = dict(os.environ if env is None else env)
+  # The device count goes after the XLA_FLAGS the caller has (compile options), so it wins.
+  env.update(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", XLA_FLAGS=(
+      f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}").strip())
   port = free_port()
   procs = []
   for i in range(num_processes):

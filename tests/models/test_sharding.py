@@ -11,7 +11,8 @@ import subprocess
 import sys
 
 if __name__ == "__main__":
-  os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_force_host_platform_device_count=8")
   os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
@@ -207,7 +208,8 @@ def _worker(tmpdir):
 
 @pytest.fixture(scope="module")
 def worker_results(tmp_path_factory):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+      + " --xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, os.path.abspath(__file__),
                         str(tmp_path_factory.mktemp("ckpt"))],

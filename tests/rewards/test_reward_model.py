@@ -261,7 +261,8 @@ def test_sharded_scoring_on_8_devices(armorm, tmp_path):
     ref = np.concatenate([head(backbone(torch.tensor([x])).last_hidden_state[:, -1]).numpy()
                           for x in ids])
   (tmp_path / "ref.json").write_text(json.dumps(ref.tolist()))
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+      + " --xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu")
   proc = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, d, str(tmp_path / "ref.json"),
                          json.dumps([CONVS, RESPONSES])], env=env, capture_output=True,

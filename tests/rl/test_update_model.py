@@ -191,7 +191,8 @@ print('SHARDED_OK', float(m['policy_loss']), float(m['grad_norm']))
 def run_on_eight_devices(code: str) -> None:
   """Runs `code` in a subprocess on 8 fake CPU devices (this directory importable); it must
   print SHARDED_OK."""
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
+  env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+      + " --xla_force_host_platform_device_count=8",
              JAX_PLATFORMS='cpu', PYTHONPATH=os.pathsep.join(
                  [os.path.dirname(__file__), os.environ.get('PYTHONPATH', '')]))
   out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True,

@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 if __name__ == "__main__":
-  os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_force_host_platform_device_count=8")
   os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
@@ -68,7 +69,8 @@ def _worker():
 
 @pytest.fixture(scope="module")
 def worker_results():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+      + " --xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, os.path.abspath(__file__)], capture_output=True,
                        text=True, env=env, timeout=600,

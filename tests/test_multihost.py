@@ -72,7 +72,7 @@ RM_KEYS = ("reward/reward_model/", "reward_runner/reward_model/mean", "reward/sc
 
 def _same_history(a, b, what, approx=()):
   """Rewards, profiles and what is decided from them exactly (keys starting with `approx` to
-  1e-5 relative); losses to 1e-5 relative (absolute 1e-7, or 1e-6 with `approx`)."""
+  1e-5 relative); losses to 1e-5 relative (absolute 1e-7, or 5e-6 with `approx`)."""
   assert [h["step"] for h in a] == [h["step"] for h in b], what
   for x, y in zip(a, b):
     assert set(x) == set(y), (what, sorted(set(x) ^ set(y)))
@@ -83,8 +83,9 @@ def _same_history(a, b, what, approx=()):
                        "frac_zero_std/", "alarm/", "reward_runner/")) and \
           not k.startswith(approx):
         assert x[k] == y[k] or (x[k] != x[k] and y[k] != y[k]), (what, x["step"], k, x[k], y[k])
-      else:  # (with `approx`, a loss near 0 also moves by about an ulp of the advantages)
-        np.testing.assert_allclose(x[k], y[k], rtol=1e-5, atol=1e-6 if approx else 1e-7,
+      else:  # (with `approx`, a loss near 0 moves by the rounding of its ~100 terms of size
+        # ~1, float32 eps 1.2e-7 each: 1.04e-6 measured on PPO's loss/pg at 1e-7..1e-6)
+        np.testing.assert_allclose(x[k], y[k], rtol=1e-5, atol=5e-6 if approx else 1e-7,
                                    err_msg=f"{what} step {x['step']} {k}")
 
 

@@ -333,22 +333,16 @@ def _check_run(name, c, workdir):
   return nan_channels
 
 
-# Compile-time flags for the CPU runs below: XLA's CPU backend at optimisation level 0
-# compiles the tiny programs about 2x faster; they run equally fast at this size.
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-
-
 def test_one_step_per_config_file(tmp_path):
   """One step of every runnable representative point, in ONE subprocess (shared compiles).
 
-  `python -m mr_rl.config_lib smoke` runs them through `mr_rl.pipelines.run`; a fresh process
-  can use fast-compile XLA flags and keeps the runs together under pytest-xdist. Every reward
+  `python -m mr_rl.config_lib smoke` runs them through `mr_rl.pipelines.run`; one process keeps
+  the runs together under pytest-xdist. Every reward
   channel must score every sample (the tiny policy writes valid strings, so a NaN or a failed
   call means a broken channel or plumbing)."""
   targets = [f"configs/{n}.py:{p}" for n, p in REPRESENTATIVE.items()]
   out_json = tmp_path / "smoke.json"
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + FAST_COMPILE).strip())
+  env = dict(os.environ, JAX_PLATFORMS="cpu")  # (XLA_FLAGS: tests/conftest.py's fast compile)
   proc = subprocess.run([sys.executable, "-m", "mr_rl.config_lib", "smoke", *targets,
                          f"--workdir_root={tmp_path / 'runs'}", f"--json={out_json}"],
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
@@ -377,7 +371,7 @@ def test_check_py_on_eight_fake_devices():
          "--mesh=data=2,fsdp=2,tensor=2,expert=1", "--rows=16", "--prompt_len=16",
          "--new_tokens=8", "--micro_batches=2"]
   out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=FAST_COMPILE))
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   text = out.stdout
   assert "{'data': 2, 'fsdp': 2, 'tensor': 2, 'expert': 1} on 8 fake devices" in text

@@ -49,14 +49,13 @@ def base_config(model: str, task: str, subset: str = "auto"):
   if subset == "auto":
     subset = "llama_calibrated" if family == "llama" else "hard"
   c = cl.paper_base()   # GRPO of both papers: 500 steps, B 32 x G 8, lr 1e-6, clip 0.2 / 0.28
-  cl.set_model(c, model)                             # hub id, fp32, tensor-parallel mesh
+  cl.set_model(c, model)                             # hub id, fp32 master / bf16 compute and
+                                                     # KV cache, tensor-parallel mesh
   # Training data and prompts
   c.data.name = f"big_math_{subset}"                 # Big-Math-RL-Verified band (project cut)
   c.data.template = "tag_math"                       # "... final answer within \boxed{}"
   c.data.max_prompt_len = 512                        # problem + instruction
   c.rollout.max_new_tokens = 4096                    # 4,096 (stated for Qwen3-30B; used for all)
-  if model == "llama3_1_8b":                         # v5p-16: fp32 KV cache: sampler 108 GB/chip
-    c.rollout.cache_dtype = "bfloat16"               # (launch/check.py); bf16 cache: 75 GB
   # Rewards
   c.rewards.channels = CHANNELS[task]                # RP = accuracy, RA = brief | negative
   if task == "brief":

@@ -248,6 +248,7 @@ def main(argv=None) -> int:
 
   from mr_rl import config_lib, models
   from mr_rl.models import sharding as shd
+  from mr_rl.models.transformer import layer_of
   from mr_rl.rl import update as update_lib
   from mr_rl.rl.batch import LearnerBatch
   from mr_rl.rl.losses import PolicyLossConfig
@@ -421,7 +422,7 @@ def main(argv=None) -> int:
     n = rows // micro
     x = jax.ShapeDtypeStruct((n, T, cfg.d_model), dtype, sharding=shd.batch_sharding(
         mesh, (n, T, cfg.d_model)))
-    w = params_in["layers_0"]["mlp"]
+    w = layer_of(params_in["layers"]["mlp"], 0)  # one layer of the scanned stack
     temps = {}
     for impl in ("stand_in", "ragged_dot"):
       ctx = moe.grouped_matmul_stand_in() if impl == "stand_in" else contextlib.nullcontext()

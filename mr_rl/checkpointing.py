@@ -13,6 +13,11 @@ every process saves and restores its own shards of the same checkpoint.
 
 Resuming checks the settings (`check_resume`): a resumed run whose settings differ from the
 checkpoint's in anything but `RESUMABLE` stops and lists the fields.
+
+Layout: decoder blocks are stacked over layers ({'layers': [L, ...]}, the layer scan). A
+checkpoint written before the scan holds them per layer ('layers_0', 'layers_1', ...; params,
+LoRA adapters and their Adam moments alike): `restore` reads it in that layout and stacks it,
+bit for bit, so such a run resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from typing import Any, Mapping
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
+
+from mr_rl.models.transformer import stack_layers, unstack_layers
 
 _LOG = logging.getLogger(__name__)
 
@@ -89,11 +97,42 @@ class Checkpointer:
     self._mngr.wait_until_finished()
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
-    """Restores `step` into the structure, shapes and shardings of `abstract_state`."""
+    """Restores `step` into the structure, shapes and shardings of `abstract_state` (a
+    checkpoint of the per-layer layout is converted, module docstring)."""
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+    per_layer = self._per_layer(step)
+    if per_layer:
+      target = unstack_layers(target, per_layer)
     out = self._mngr.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
-    return out["state"], dict(out["meta"])
+    state = out["state"]
+    if per_layer:
+      _LOG.warning("checkpoint %s holds the per-layer layout of an older mr_rl; converted to "
+                   "the stacked layout", os.path.join(self.directory, str(step)))
+      state = stack_layers(state, per_layer)
+    return state, dict(out["meta"])
+
+  def state_metadata(self, step: int):
+    """The tree of the `state` item of checkpoint `step` (shapes and dtypes, nothing read)."""
+    handler = ocp.PyTreeCheckpointHandler()
+    try:
+      return handler.metadata(epath.Path(self.directory) / str(step) / "state").tree
+    finally:
+      handler.close()
+
+  def _per_layer(self, step: int) -> int:
+    """The layer count of a checkpoint in the per-layer layout ('layers_0', ...), else 0."""
+    try:
+      tree = self.state_metadata(step)
+    except Exception:  # pylint: disable=broad-except  # no metadata: restore reports the error
+      return 0
+    names = set()
+    for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
+      for k in path:
+        name = str(getattr(k, "key", getattr(k, "name", "")))
+        if name.startswith("layers_") and name[7:].isdigit():
+          names.add(int(name[7:]))
+    return max(names) + 1 if names else 0
 
   def restore_latest(self, abstract_state: Any, log=None) -> tuple[Any, dict] | None:
     """The newest checkpoint that reads back whole, or None if there is none.

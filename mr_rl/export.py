@@ -53,6 +53,7 @@ from mr_rl import metrics as metrics_lib
 from mr_rl import models
 from mr_rl.models import hf_io
 from mr_rl.models import lora as lora_lib
+from mr_rl.models.transformer import LAYERS, stack_layers, unstack_layers
 
 
 def checkpoint_steps(workdir: str) -> list[int]:
@@ -129,9 +130,11 @@ def restore_params(workdir: str, step: int, model, mesh=None, lora=None):
   saved = params_metadata(workdir, step)
   expected = models.abstract_params(model) if lora is None else \
       lora_lib.abstract_adapters(model.config, lora)
+  L = model.config.n_layers
+  per_layer = f"{LAYERS}_0" in saved  # written before the layer scan: converted after reading
   shape = lambda t: jax.tree.map(lambda x: tuple(x.shape), t)
   try:
-    same = shape(saved) == shape(expected)
+    same = shape(saved) == shape(unstack_layers(expected, L) if per_layer else expected)
   except (TypeError, ValueError):
     same = False
   if not same:
@@ -143,7 +146,9 @@ def restore_params(workdir: str, step: int, model, mesh=None, lora=None):
     shardings = sharding.param_shardings(model, mesh) if lora is None else \
         sharding.adapter_shardings(model.config, lora, mesh)
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          saved, shardings)
+                          expected, shardings)
+    if per_layer:
+      target = unstack_layers(target, L)
   else:
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), saved)
   item = {"train": {"params": target}}
@@ -154,7 +159,8 @@ def restore_params(workdir: str, step: int, model, mesh=None, lora=None):
         partial_restore=True))
   finally:
     handler.close()
-  return out["train"]["params"]
+  params = out["train"]["params"]
+  return stack_layers(params, L) if per_layer else params
 
 
 def _model_for(base_dir: str, dtype) -> models.Transformer:

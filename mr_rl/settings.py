@@ -242,10 +242,18 @@ def _as_dict(x) -> dict:
 class ModelSettings:
   path: str                # HF checkpoint directory or hub id (loaded with load_pretrained)
   preset: str              # or a named preset with random init (tests, dry runs)
-  dtype: str               # parameter / activation dtype; logits are always float32
+  dtype: str               # parameter (and optimizer master weight) dtype
   lora: Any = None         # a mr_rl.models.lora.LoraConfig (adapters on the frozen base) or None
   moe_impl: str = "ragged"  # MoE dispatch, ModelConfig.moe_impl: 'ragged' | 'dense' | 'ep'
   remat: bool = False      # recompute each decoder block in the backward (ModelConfig.remat)
+  compute_dtype: str = ""  # matmul / activation dtype ('' = dtype); norms, softmax, logits and
+                           # losses stay float32 (ModelConfig.dtype)
+  attention_impl: str = "auto"  # ModelConfig.attention_impl (mr_rl.models.attention)
+
+  @property
+  def compute(self) -> str:
+    """The learner's compute dtype (`compute_dtype`, or `dtype` when empty)."""
+    return self.compute_dtype or self.dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -387,7 +395,12 @@ def default_config():
   c.model = ml_collections.ConfigDict(dict(
       path="",                    # HF checkpoint dir or hub id
       preset="",                  # or a preset name with random init
-      dtype="float32",            # 'float32' | 'bfloat16'
+      dtype="float32",            # parameter / optimizer master-weight dtype: 'float32' | 'bfloat16'
+      compute_dtype="",           # matmuls and activations ('' = dtype; 'bfloat16' over float32
+                                  # params is mixed precision; norms, softmax, log-probs and
+                                  # losses stay float32)
+      attention_impl="auto",      # self-attention kernel: auto (by backend) | reference |
+                                  # blockwise | cudnn | pallas_gpu | pallas_tpu
       moe_impl="ragged",          # MoE models: 'ragged' | 'dense' | 'ep' (expert-parallel
                                   # all_to_all dispatch; mr_rl/models/moe.py)
       remat=False,                # recompute each decoder block in the backward pass: the
@@ -418,7 +431,8 @@ def default_config():
       temperature=1.0,            # training rollouts at temperature 1
       top_k=0,                    # 0 = off
       top_p=1.0,                  # 1.0 = off
-      dtype="",                   # sampler compute dtype ('' = model.dtype; e.g. 'bfloat16')
+      dtype="",                   # sampler compute dtype ('' = the learner's, model.compute_dtype
+                                  # or model.dtype; e.g. 'bfloat16')
       cache_dtype="",             # sampler KV-cache dtype ('' = the sampler's compute dtype)
       engine="static",            # 'static' (one batch of B*G rows) | 'continuous' (slot pool)
       slots=0,                    # continuous engine's decode slots (0 = one per row)
@@ -458,7 +472,8 @@ def default_config():
       kl_estimator=L.kl_estimator,  # k1 | k2 | k3
       entropy_coef=L.entropy_coef,  # entropy bonus weight
       recompute_old_logp="auto",  # pi_old from the training forward: auto (on when the sampler's
-                                  # dtype or cache dtype differs from model.dtype) | on | off
+                                  # dtype or cache dtype differs from the learner's compute
+                                  # dtype) | on | off
       tis_cap=0.0))               # truncated importance sampling cap C of pi_train/pi_sampler
                                   # (0 = off)
   c.optim = ml_collections.ConfigDict(dict(
@@ -544,6 +559,9 @@ def from_config(cfg) -> RunSettings:
     adv_lib.get_advantage(advantage, **adv_hp)  # unknown hyperparameters fail here
 
   model_dtype = _choice("model.dtype", c.model.dtype, ("float32", "bfloat16"))
+  compute_dtype = _choice("model.compute_dtype", c.model.compute_dtype,
+                          ("", "float32", "bfloat16"))
+  learner_dtype = compute_dtype or model_dtype
   sample_dtype = _choice("rollout.dtype", c.rollout.dtype, ("", "float32", "bfloat16"))
   cache_dtype = _choice("rollout.cache_dtype", c.rollout.cache_dtype, ("", "float32", "bfloat16"))
   recompute = _choice("loss.recompute_old_logp", c.loss.recompute_old_logp, ("auto", "on", "off"))
@@ -554,8 +572,8 @@ def from_config(cfg) -> RunSettings:
     raise ValueError("config.loss.tis_cap needs config.loss.recompute_old_logp 'on' (or 'auto'): "
                      "its weight is pi_train_old / pi_sampler")
   if recompute == "auto":  # on when the sampler computes differently from the training forward
-    sampler_dtype = sample_dtype or model_dtype
-    differs = sampler_dtype != model_dtype or (cache_dtype or sampler_dtype) != model_dtype
+    sampler_dtype = sample_dtype or learner_dtype
+    differs = sampler_dtype != learner_dtype or (cache_dtype or sampler_dtype) != learner_dtype
     recompute = "on" if differs or tis_cap else "off"
   from mr_rl.rl import kl as kl_lib, losses as losses_lib
   _choice("loss.loss_agg", c.loss.loss_agg, _registered(losses_lib.LOSS_AGGREGATIONS))
@@ -594,12 +612,15 @@ def from_config(cfg) -> RunSettings:
       vf_clip=_optional_positive("optim.vf_clip", o.vf_clip), pack=c.update_batch.pack,
       lora=lora)
 
+  from mr_rl.models.attention import IMPLS as ATTENTION_IMPLS
   from mr_rl.models.config import MOE_IMPLS
   if not isinstance(c.model.remat, bool):
     raise ValueError(f"config.model.remat must be True or False, got {c.model.remat!r}")
   model = ModelSettings(path=c.model.path, preset=c.model.preset, dtype=model_dtype,
                         lora=lora, moe_impl=_choice("model.moe_impl", c.model.moe_impl, MOE_IMPLS),
-                        remat=c.model.remat)
+                        remat=c.model.remat, compute_dtype=compute_dtype,
+                        attention_impl=_choice("model.attention_impl", c.model.attention_impl,
+                                               ATTENTION_IMPLS))
   if bool(model.path) == bool(model.preset):
     raise ValueError("set exactly one of config.model.path (checkpoint) and config.model.preset "
                      f"(random init); got path={model.path!r}, preset={model.preset!r}")

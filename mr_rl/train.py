@@ -105,16 +105,16 @@ class Components:
 
 def load_policy(settings: RunSettings, mesh=None):
   """(model, params, tokenizer) from a checkpoint path / hub id, or a preset (random init,
-  created already sharded on `mesh`; no tokenizer)."""
-  dtype = jnp.dtype(settings.model.dtype)
-  if settings.model.path:
-    model, params = models.load_pretrained(settings.model.path, dtype=dtype, mesh=mesh,
-                                           moe_impl=settings.model.moe_impl,
-                                           remat=settings.model.remat)
-    return model, params, models.load_tokenizer(settings.model.path)
-  cfg = models.get_preset(settings.model.preset).replace(param_dtype=dtype, dtype=dtype,
-                                                         moe_impl=settings.model.moe_impl,
-                                                         remat=settings.model.remat)
+  created already sharded on `mesh`; no tokenizer). Params are stored in `model.dtype`; the
+  model computes in `model.compute_dtype` (mixed precision when they differ)."""
+  m = settings.model
+  dtype, compute = jnp.dtype(m.dtype), jnp.dtype(m.compute)
+  kw = dict(moe_impl=m.moe_impl, remat=m.remat, attention_impl=m.attention_impl)
+  if m.path:
+    model, params = models.load_pretrained(m.path, dtype=dtype, compute_dtype=compute, mesh=mesh,
+                                           **kw)
+    return model, params, models.load_tokenizer(m.path)
+  cfg = models.get_preset(m.preset).replace(param_dtype=dtype, dtype=compute, **kw)
   model = models.Transformer(cfg)
   key = jax.random.PRNGKey(settings.seed)
   if mesh is None:

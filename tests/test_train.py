@@ -51,6 +51,32 @@ def test_resume_reproduces_uninterrupted_run(base_policy, tmp_path):
   assert a[3]["weights/arith_acc"] == b[3]["weights/arith_acc"]
 
 
+def test_resume_from_a_checkpoint_of_the_per_layer_layout(base_policy, tmp_path, monkeypatch):
+  """A checkpoint written before the layer scan (blocks 'layers_0', ... in params and Adam
+  moments) resumes: converted to the stacked layout bit for bit, the run equals an
+  uninterrupted one."""
+  from mr_rl import checkpointing
+  from mr_rl.models.transformer import unstack_layers
+  s3 = settings_lib.from_config(_config(base_policy, 3))
+  s5 = settings_lib.from_config(_config(base_policy, 5))
+  comp = train_lib.build(s5)
+  L = comp.model.config.n_layers
+  old, straight = str(tmp_path / "old"), str(tmp_path / "straight")
+  save = checkpointing.Checkpointer.save
+  with monkeypatch.context() as m:  # the trainer writes the old layout
+    m.setattr(checkpointing.Checkpointer, "save",
+              lambda self, step, state, meta: save(self, step, unstack_layers(state, L), meta))
+    train_lib.train(s3, old, comp=comp, log=None)
+  saved = checkpointing.Checkpointer(old).state_metadata(3)
+  assert "layers_0" in saved["train"]["params"] and "layers" not in saved["train"]["params"]
+  logs = []
+  train_lib.train(s5, old, comp=comp, log=logs.append)
+  assert any("resumed from" in line for line in logs)
+  train_lib.train(s5, straight, comp=comp, log=None)
+  _assert_same_metrics(metrics_lib.read_jsonl(os.path.join(old, "metrics.jsonl")),
+                       metrics_lib.read_jsonl(os.path.join(straight, "metrics.jsonl")))
+
+
 _CFG_FILE = textwrap.dedent("""
     from mr_rl.testing.runs import arith_config as _config
 
@@ -406,4 +432,4 @@ def test_model_moe_impl_reaches_the_policy(base_policy):
   c = _config(base_policy, 1)
   c.model.path, c.model.preset, c.model.moe_impl = "", "tiny_moe", "ep"
   model, params, _ = train_lib.load_policy(settings_lib.from_config(c))
-  assert model.config.moe_impl == "ep" and "mlp" in params["layers_0"]
+  assert model.config.moe_impl == "ep" and "mlp" in params["layers"]

@@ -142,15 +142,15 @@ def _mesh_worker(policy_path: str) -> dict:
   s = settings_lib.from_config(c)
   comp = train_lib.build(s)
   assert dict(comp.mesh.shape) == MESH
-  q = comp.base_params["layers_0"]["attn"]["q_proj"]
+  q = comp.base_params["layers"]["attn"]["q_proj"]
   sharded = train_lib.train(s, None, comp=comp, log=None)
   # pi_0 as host arrays: uncommitted, as a single-device build loads it.
   single = dataclasses.replace(comp, policy=dataclasses.replace(comp.policy, mesh=None),
                                base_params=jax.tree.map(
       jnp.asarray, jax.device_get(comp.base_params)))
   ref = train_lib.train(s, None, comp=single, log=None)
-  leaf = sharded.params["layers_0"]["attn"]["q_proj"]
-  ref_leaf = ref.params["layers_0"]["attn"]["q_proj"]
+  leaf = sharded.params["layers"]["attn"]["q_proj"]
+  ref_leaf = ref.params["layers"]["attn"]["q_proj"]
   # Evaluation samples on the mesh too: 5 prompts x 3 samples asked in calls of 3 prompts
   # (9 rows) run as calls of 4 prompts (12 rows over data x fsdp = 4), and equal one device
   # evaluating in calls of 4 prompts (same calls, same keys).

@@ -315,7 +315,7 @@ def _sharded_worker(jobs: list[dict]) -> list[dict]:
                                                                                  "config.json")))))
     params = export_lib.restore_params(job["workdir"], export_lib.checkpoint_steps(
         job["workdir"])[-1], model, mesh)
-    leaf = params["layers_0"]["mlp"][job["sharded_leaf"]]
+    leaf = params["layers"]["mlp"][job["sharded_leaf"]]
     export_lib.export(job["workdir"], job["out"], mesh=mesh, log=None)
     tokens = _mr_greedy(model, params, models.load_tokenizer(base), job["p_tok"], job["p_mask"],
                         mesh=mesh)

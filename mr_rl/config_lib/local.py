@@ -29,6 +29,8 @@ def runlocal(c, model_key: str):
   m = MODELS[model_key]
   c.model.path = testing.tiny_checkpoint_path(m.hub.split("/")[-1], m.family)  # 1 layer, d = 32
   c.model.dtype = "float32"
+  c.model.compute_dtype = ""                         # fp32 compute on CPU (bf16 is emulated there)
+  c.rollout.dtype = c.rollout.cache_dtype = ""       # the sampler too
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))  # any devices
   c.optim.num_micro_batches = 1                      # 4 rows: no accumulation needed
   c.data.path = testing.runlocal_data_path(c.data.name)  # a few records in the hub schema

@@ -75,7 +75,11 @@ def set_model(c, key: str) -> None:
   """Points config `c` at paper model `key` with its mesh and micro-batching."""
   m = MODELS[key]
   c.model.path = m.hub                                 # hub id (a local copy works too)
-  c.model.dtype = "float32"                            # fp32 params: lr 1e-6 steps vanish in bf16
+  c.model.dtype = "float32"                            # fp32 master weights: lr 1e-6 steps
+                                                       # vanish in bf16 storage
+  c.model.compute_dtype = "bfloat16"                   # bf16 matmuls / activations (norms,
+                                                       # softmax, log-probs, losses in fp32)
+  c.rollout.cache_dtype = "bfloat16"                   # the sampler in bf16 with a bf16 KV cache
   c.mesh = ml_collections.ConfigDict(dict(m.mesh))     # tensor parallel (MoE: + expert axis)
   c.optim.num_micro_batches = m.micro_batches          # one row per micro-batch and data group
 

@@ -76,8 +76,10 @@ class ModelConfig:
     moe_d_ff: expert MLP width, F inside moe.py (moe_intermediate_size).
     norm_topk_prob: renormalise the top-k router probabilities to sum to one.
     max_seq_len: longest supported sequence (max_position_embeddings); bounds init_cache.
-    param_dtype: storage dtype of parameters.
-    dtype: activation / compute dtype.
+    param_dtype: storage dtype of parameters (the optimizer's master weights).
+    dtype: compute dtype: matmul operands, activations and the default KV cache (bf16 over
+      float32 params is mixed precision: each kernel is cast where it is used, so gradients
+      and updates reach the float32 master weights; norms, softmax and logits stay float32).
     logits_dtype: dtype of the returned logits (float32 recommended).
     moe_impl: 'ragged' (exact sort + lax.ragged_dot dispatch, compute ~ top-k experts) or
       'dense' (every expert on every token, einsum over the 'expert' axis; simplest to shard)
@@ -86,6 +88,9 @@ class ModelConfig:
     remat: rematerialise each decoder block in the backward pass.
     matmul_precision: None (backend default) or a jax.lax.Precision name such as 'highest'
       (for fp32 parity on accelerators whose default fp32 matmul is reduced precision).
+    attention_impl: self-attention kernel of the learner's forwards and the prefill
+      (`mr_rl.models.attention.IMPLS`: 'auto' picks by backend; 'reference' is the T x T
+      einsum the others are tested against).
   """
 
   family: str = "qwen3"
@@ -112,6 +117,7 @@ class ModelConfig:
   moe_impl: str = "ragged"
   remat: bool = False
   matmul_precision: str | None = None
+  attention_impl: str = "auto"
 
   def __post_init__(self):
     if self.family not in FAMILIES:
@@ -153,6 +159,10 @@ class ModelConfig:
         raise ValueError(f"ModelConfig.d_ff must be positive, got {self.d_ff}")
     if self.moe_impl not in MOE_IMPLS:
       raise ValueError(f"ModelConfig.moe_impl must be one of {MOE_IMPLS}, got {self.moe_impl!r}")
+    from mr_rl.models.attention import IMPLS  # local import: attention reads no config
+    if self.attention_impl not in IMPLS:
+      raise ValueError(f"ModelConfig.attention_impl must be one of {IMPLS}, got "
+                       f"{self.attention_impl!r}")
     if self.matmul_precision is not None and self.matmul_precision not in (
         "default", "high", "highest", "bfloat16", "tensorfloat32", "float32"):
       raise ValueError(f"ModelConfig.matmul_precision: unknown precision {self.matmul_precision!r}")

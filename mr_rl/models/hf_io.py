@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +23,7 @@ from safetensors.numpy import save_file
 
 from mr_rl import distributed
 from mr_rl.models.config import ModelConfig, get_preset
-from mr_rl.models.transformer import Transformer, abstract_params
+from mr_rl.models.transformer import LAYERS, Transformer, abstract_params
 
 _FAMILY_OF_MODEL_TYPE = {"qwen3": "qwen3", "llama": "llama", "qwen3_moe": "qwen3_moe"}
 _ARCH = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM",
@@ -129,8 +129,28 @@ def check_against_preset(config: ModelConfig, preset: str) -> None:
 
 
 # ----------------------------------------------------------------------------- name mapping
-# Each entry: (param path in our tree, HF tensor names, to_ours(list[np]) -> np,
-#              to_hf(np) -> list[np]).
+class Mapped(NamedTuple):
+  """One parameter of ours and the transformers tensors it comes from.
+
+  Attributes:
+    path: our param path, e.g. ('layers', 'attn', 'q_proj').
+    names: the HF tensor names per layer ([L] tuples: the entry is a stacked
+      [L, ...] param of the layer scan) or a single tuple (`per_layer` False).
+    to_ours: list of HF arrays (one layer's) -> our array (one layer's).
+    to_hf: our array (one layer's) -> list of HF arrays.
+    per_layer: whether `path` is a stacked param of the decoder's layer scan.
+  """
+  path: tuple
+  names: tuple
+  to_ours: Callable
+  to_hf: Callable
+  per_layer: bool = False
+
+  def all_names(self) -> list[str]:
+    """Every HF tensor name of this entry."""
+    return [n for ns in self.names for n in ns] if self.per_layer else list(self.names)
+
+
 def _lin(shape_out: tuple) -> tuple[Callable, Callable]:
   """HF Linear [out, in] <-> ours [in, *shape_out]."""
   def to_ours(ts):
@@ -150,44 +170,46 @@ _STACK_T = (lambda ts: np.stack([t.T for t in ts]),
             lambda a: [np.ascontiguousarray(x.T) for x in a])
 
 
-def param_mapping(
-    config: ModelConfig) -> list[tuple[tuple[str, ...], list[str], Callable, Callable]]:
-  """The full list of (our path, HF names, to_ours, to_hf) for a config."""
+def param_mapping(config: ModelConfig) -> list[Mapped]:
+  """Every parameter of a config with its transformers tensors (`Mapped`); the decoder
+  blocks' params are stacked over layers (`per_layer`), each layer i read from
+  `model.layers.{i}.*`."""
   c = config
-  out = [(("embedding",), ["model.embed_tokens.weight"], *_SAME),
-         (("final_norm", "scale"), ["model.norm.weight"], *_SAME)]
+  out = [Mapped(("embedding",), ("model.embed_tokens.weight",), *_SAME),
+         Mapped(("final_norm", "scale"), ("model.norm.weight",), *_SAME)]
   if not c.tie_embeddings:
-    out.append((("lm_head",), ["lm_head.weight"], lambda ts: ts[0].T,
-                lambda a: [np.ascontiguousarray(a.T)]))
-  for i in range(c.n_layers):
-    p, h = f"layers_{i}", f"model.layers.{i}"
-    out += [
-        ((p, "attn_norm", "scale"), [f"{h}.input_layernorm.weight"], *_SAME),
-        ((p, "mlp_norm", "scale"), [f"{h}.post_attention_layernorm.weight"], *_SAME),
-        ((p, "attn", "q_proj"), [f"{h}.self_attn.q_proj.weight"], *_lin((c.n_heads, c.head_dim))),
-        ((p, "attn", "k_proj"), [f"{h}.self_attn.k_proj.weight"],
-         *_lin((c.n_kv_heads, c.head_dim))),
-        ((p, "attn", "v_proj"), [f"{h}.self_attn.v_proj.weight"],
-         *_lin((c.n_kv_heads, c.head_dim))),
-        ((p, "attn", "o_proj"), [f"{h}.self_attn.o_proj.weight"],
-         *_lin_in((c.n_heads, c.head_dim))),
-    ]
-    if c.qk_norm:
-      out += [((p, "attn", "q_norm", "scale"), [f"{h}.self_attn.q_norm.weight"], *_SAME),
-              ((p, "attn", "k_norm", "scale"), [f"{h}.self_attn.k_norm.weight"], *_SAME)]
-    if c.is_moe:
-      ex = range(c.num_experts)
-      out += [((p, "mlp", "router"), [f"{h}.mlp.gate.weight"], *_lin(())),
-              ((p, "mlp", "gate_proj"), [f"{h}.mlp.experts.{e}.gate_proj.weight" for e in ex],
-               *_STACK_T),
-              ((p, "mlp", "up_proj"), [f"{h}.mlp.experts.{e}.up_proj.weight" for e in ex],
-               *_STACK_T),
-              ((p, "mlp", "down_proj"), [f"{h}.mlp.experts.{e}.down_proj.weight" for e in ex],
+    out.append(Mapped(("lm_head",), ("lm_head.weight",), lambda ts: ts[0].T,
+                      lambda a: [np.ascontiguousarray(a.T)]))
+  block = [  # (our path inside the block, HF names inside model.layers.{i}, to_ours, to_hf)
+      (("attn_norm", "scale"), ["input_layernorm.weight"], *_SAME),
+      (("mlp_norm", "scale"), ["post_attention_layernorm.weight"], *_SAME),
+      (("attn", "q_proj"), ["self_attn.q_proj.weight"], *_lin((c.n_heads, c.head_dim))),
+      (("attn", "k_proj"), ["self_attn.k_proj.weight"], *_lin((c.n_kv_heads, c.head_dim))),
+      (("attn", "v_proj"), ["self_attn.v_proj.weight"], *_lin((c.n_kv_heads, c.head_dim))),
+      (("attn", "o_proj"), ["self_attn.o_proj.weight"], *_lin_in((c.n_heads, c.head_dim))),
+  ]
+  if c.qk_norm:
+    block += [(("attn", "q_norm", "scale"), ["self_attn.q_norm.weight"], *_SAME),
+              (("attn", "k_norm", "scale"), ["self_attn.k_norm.weight"], *_SAME)]
+  if c.is_moe:
+    ex = range(c.num_experts)
+    block += [(("mlp", "router"), ["mlp.gate.weight"], *_lin(())),
+              (("mlp", "gate_proj"), [f"mlp.experts.{e}.gate_proj.weight" for e in ex], *_STACK_T),
+              (("mlp", "up_proj"), [f"mlp.experts.{e}.up_proj.weight" for e in ex], *_STACK_T),
+              (("mlp", "down_proj"), [f"mlp.experts.{e}.down_proj.weight" for e in ex],
                *_STACK_T)]
-    else:
-      out += [((p, "mlp", n), [f"{h}.mlp.{n}.weight"], *_lin(()))
-              for n in ("gate_proj", "up_proj", "down_proj")]
+  else:
+    block += [(("mlp", n), [f"mlp.{n}.weight"], *_lin(())) for n in ("gate_proj", "up_proj",
+                                                                      "down_proj")]
+  for path, names, to_ours, to_hf in block:
+    per_layer = tuple(tuple(f"model.layers.{i}.{n}" for n in names) for i in range(c.n_layers))
+    out.append(Mapped((LAYERS,) + path, per_layer, to_ours, to_hf, True))
   return out
+
+
+def expected_names(mapping: list[Mapped]) -> set[str]:
+  """The HF tensor names a mapping reads."""
+  return {n for m in mapping for n in m.all_names()}
 
 
 # ----------------------------------------------------------------------------- path resolution
@@ -252,13 +274,15 @@ def read_config(path: str) -> dict:
                        f"{e.msg}); the model checkpoint's config is corrupt") from e
 
 
-def load_pretrained(path_or_hub_id: str, *, dtype=jnp.float32, mesh=None, rules=None,
-                    preset: str | None = None, **config_overrides):
+def load_pretrained(path_or_hub_id: str, *, dtype=jnp.float32, compute_dtype=None, mesh=None,
+                    rules=None, preset: str | None = None, **config_overrides):
   """Loads a transformers checkpoint into (Transformer, params).
 
   Args:
     path_or_hub_id: local directory with config.json + safetensors, or a hub id.
-    dtype: parameter and activation dtype (a float dtype); logits stay float32.
+    dtype: parameter dtype (a float dtype); logits stay float32.
+    compute_dtype: matmul / activation dtype (None: `dtype`); bf16 over float32 params is
+      mixed precision (`ModelConfig.dtype`).
     mesh: optional jax Mesh; every param is created directly in its NamedSharding.
     rules: logical axis rules (default `sharding.DEFAULT_RULES`).
     preset: if given, the checkpoint's architecture must equal this preset's.
@@ -276,13 +300,14 @@ def load_pretrained(path_or_hub_id: str, *, dtype=jnp.float32, mesh=None, rules=
     raise TypeError(f"load_pretrained: dtype must be floating, got {dt}")
   path = resolve_path(path_or_hub_id, ["*.json", "*.safetensors", "tokenizer*", "*.txt",
                                        "*.model", "*.tiktoken"])
-  config = config_from_hf(read_config(path), param_dtype=dt, dtype=dt, **config_overrides)
+  cdt = dt if compute_dtype is None else jnp.dtype(compute_dtype)
+  config = config_from_hf(read_config(path), param_dtype=dt, dtype=cdt, **config_overrides)
   if preset is not None:
     check_against_preset(config, preset)
   model = Transformer(config)
   index = tensor_index(path)
   mapping = param_mapping(config)
-  expected = {n for _, names, _, _ in mapping for n in names}
+  expected = expected_names(mapping)
   optional = {"lm_head.weight"} if config.tie_embeddings else set()
   missing = sorted(expected - set(index))
   unexpected = sorted(n for n in set(index) - expected - optional
@@ -313,38 +338,72 @@ def tensor_reader(index: dict[str, str]) -> Callable[[str], np.ndarray]:
   return read
 
 
-def load_params(model, mapping, read: Callable[[str], np.ndarray], dtype, mesh=None,
+def load_params(model, mapping: list[Mapped], read: Callable[[str], np.ndarray], dtype, mesh=None,
                 rules=None) -> dict:
   """The model's parameters from checkpoint tensors (`param_mapping` entries, each converted by
   its `to_ours` and checked against the model's shapes), cast to `dtype`, created straight into
-  their shards on `mesh`."""
+  their shards on `mesh`. A stacked per-layer param is assembled layer by layer into the
+  distinct shards this host holds (never more than the param's local part on the host)."""
   shapes = abstract_params(model)
   shardings = None
   if mesh is not None:
     from mr_rl.models import sharding as shd
     shardings = shd.param_shardings(model, mesh, rules)
   params: dict = {}
-  for ours, names, to_ours, _ in mapping:
-    target = tree_get(shapes, ours)
-    tensors = [read(n) for n in names]
-    try:
-      arr = to_ours(tensors)
-    except ValueError as e:  # a reshape that cannot work: wrong source shape
-      raise ValueError(f"tensor {names[0]} has shape {tensors[0].shape}, which cannot map to "
-                       f"{'/'.join(ours)} of shape {target.shape}: {e}") from e
-    del tensors
-    if arr.shape != target.shape:
-      raise ValueError(f"tensor(s) {names[0]}{'...' if len(names) > 1 else ''} have shape "
-                       f"{arr.shape} after conversion; {'/'.join(ours)} expects {target.shape}")
-    arr = np.asarray(arr).astype(dtype)
-    if shardings is None:
-      value = jnp.asarray(arr)
+  for entry in mapping:
+    target = tree_get(shapes, entry.path)
+    sharding = None if shardings is None else tree_get(shardings, entry.path)
+    if entry.per_layer:
+      value = _load_layered(entry, read, dtype, target.shape, sharding)
     else:
-      value = jax.make_array_from_callback(arr.shape, tree_get(shardings, ours),
-                                           lambda idx, a=arr: a[idx])
-    tree_set(params, ours, value)
-    del arr
+      arr = _converted(entry, entry.names, read, target.shape).astype(dtype)
+      value = jnp.asarray(arr) if sharding is None else jax.make_array_from_callback(
+          arr.shape, sharding, lambda idx, a=arr: a[idx])
+      del arr
+    tree_set(params, entry.path, value)
   return params
+
+
+def _converted(entry: Mapped, names, read, shape) -> np.ndarray:
+  """`entry.to_ours` of the tensors `names`, checked against `shape`."""
+  where = "/".join(entry.path)
+  tensors = [read(n) for n in names]
+  try:
+    arr = np.asarray(entry.to_ours(tensors))
+  except ValueError as e:  # a reshape that cannot work: wrong source shape
+    raise ValueError(f"tensor {names[0]} has shape {tensors[0].shape}, which cannot map to "
+                     f"{where} of shape {tuple(shape)}: {e}") from e
+  if arr.shape != tuple(shape):
+    raise ValueError(f"tensor(s) {names[0]}{'...' if len(names) > 1 else ''} have shape "
+                     f"{arr.shape} after conversion; {where} expects {tuple(shape)}")
+  return arr
+
+
+def _load_layered(entry: Mapped, read, dtype, shape, sharding):
+  """A stacked [L, ...] param read one layer at a time."""
+  L = shape[0]
+  if sharding is None:
+    out = np.empty(shape, dtype)
+    for i in range(L):
+      out[i] = _converted(entry, entry.names[i], read, shape[1:])
+    return jnp.asarray(out)
+  index_of = sharding.addressable_devices_indices_map(tuple(shape))
+  key = lambda idx: tuple((s.start, s.stop, s.step) for s in idx)
+  buffers = {}
+  for idx in index_of.values():
+    if key(idx) not in buffers:
+      local = tuple(len(range(*s.indices(n))) for s, n in zip(idx, shape))
+      buffers[key(idx)] = (idx, np.empty(local, dtype))
+  for i in range(L):
+    layer = _converted(entry, entry.names[i], read, shape[1:])
+    for idx, buf in buffers.values():
+      rows = np.arange(L)[idx[0]]
+      hit = np.flatnonzero(rows == i)
+      if hit.size:
+        buf[hit[0]] = layer[idx[1:]]
+    del layer
+  arrays = [jax.device_put(buffers[key(idx)][1], d) for d, idx in index_of.items()]
+  return jax.make_array_from_single_device_arrays(tuple(shape), sharding, arrays)
 
 
 def tree_get(tree, path):
@@ -393,19 +452,21 @@ def save_pretrained(model: Transformer, params, path: str, *, source: str | None
       weight_map.update({k: fn for k in shard})
       shard, shard_bytes = {}, 0
 
-  for ours, names, _, to_hf in param_mapping(config):
+  for entry in param_mapping(config):
     try:
-      value = tree_get(params, ours)
+      value = tree_get(params, entry.path)
     except (KeyError, TypeError) as e:
-      raise ValueError(f"params has no entry {'/'.join(ours)} for this {config.family} "
+      raise ValueError(f"params has no entry {'/'.join(entry.path)} for this {config.family} "
                        "model") from e
-    tensors = to_hf(distributed.to_host(value))
-    for n, t in zip(names, tensors):
-      if shard_bytes and shard_bytes + t.nbytes > max_shard_bytes:
-        flush()
-      shard[n] = t
-      shard_bytes += t.nbytes
-      total += t.nbytes
+    layers = ([(entry.names[i], value[i]) for i in range(config.n_layers)] if entry.per_layer
+              else [(entry.names, value)])
+    for names, v in layers:  # (a stacked param leaves the device one layer at a time)
+      for n, t in zip(names, entry.to_hf(distributed.to_host(v))):
+        if shard_bytes and shard_bytes + t.nbytes > max_shard_bytes:
+          flush()
+        shard[n] = t
+        shard_bytes += t.nbytes
+        total += t.nbytes
   flush()
   if not is_writer:
     return

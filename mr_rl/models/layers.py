@@ -23,11 +23,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mr_rl.models import attention as attention_lib
 from mr_rl.models.config import ModelConfig
 
 # Finite mask value: a fully masked row (a left-padding query) stays finite instead of NaN,
 # so padding never poisons real positions through 0 * NaN in the value matmul.
-_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+_MASK_VALUE = attention_lib.MASK_VALUE
 
 kernel_init = nn.initializers.normal(stddev=0.02)
 
@@ -44,11 +45,13 @@ def param_with_axes(module: nn.Module, name: str, init_fn, shape, axes, dtype):
 def lora_delta(module: nn.Module, name: str, x, a_spec: str, b_spec: str, prec):
   """The low-rank update (x @ a) @ b of kernel `name`'s adapter in the 'lora' collection, or 0.
 
-  The collection holds {'a': [*in, R], 'b': [R, *out]} per adapted kernel, b already scaled
-  by alpha / R (`mr_rl.models.lora.Adapted.variables`); without the collection (the base,
-  the reference policy) the kernel is used alone. A learner forward with LoRA dropout also
-  finds per-row keys 'keys' [N, 2] and the rate 'p' there: the adapter then reads
-  x * mask / (1 - p), mask ~ Bernoulli(1 - p) drawn per row from its key (PEFT's lora_dropout).
+  The collection holds {'a': [*in, R], 'b': [R, *out]} per adapted kernel (this layer's slice
+  of the stacked adapters), b already scaled by alpha / R (`mr_rl.models.lora.Adapted.variables`),
+  and 'on' (1.0 / 0.0: whether this layer's kernel is adapted) when the targets adapt it in
+  some layers only; without the collection (the base, the reference policy) the kernel is used
+  alone. A learner forward with LoRA dropout also finds per-row keys 'keys' [N, 2] and the rate
+  'p' there: the adapter then reads x * mask / (1 - p), mask ~ Bernoulli(1 - p) drawn per row
+  from its key (PEFT's lora_dropout).
   """
   if not module.has_variable("lora", name):
     return 0.0
@@ -58,16 +61,18 @@ def lora_delta(module: nn.Module, name: str, x, a_spec: str, b_spec: str, prec):
     mask = jax.vmap(lambda k: jax.random.bernoulli(k, keep, x.shape[1:]))(ab["keys"])
     x = jnp.where(mask, x / keep.astype(x.dtype), jnp.zeros((), x.dtype))
   h = jnp.einsum(a_spec, x, ab["a"].astype(x.dtype), precision=prec)
-  return jnp.einsum(b_spec, h, ab["b"].astype(x.dtype), precision=prec)
+  out = jnp.einsum(b_spec, h, ab["b"].astype(x.dtype), precision=prec)
+  return out * ab["on"].astype(out.dtype) if "on" in ab else out
 
 
 @flax.struct.dataclass
 class LayerCache:
-  """KV cache of one layer: keys k [N, J, W, C] (stored transposed) and values v [N, J, C, W]
-  (C slots).
+  """KV cache of the whole decoder stack: keys k [L, N, J, W, C] (stored transposed) and values
+  v [L, N, J, C, W] (L layers, C slots); the layer scan reads layer l's [N, J, W, C] /
+  [N, J, C, W] in place.
 
-  Both layouts make decode attention two plain batched matmuls over (batch row, key/value
-  head) whose operands are read in place: scores q[N,J,I,W] @ k[N,J,W,C] and outputs
+  Both per-layer layouts make decode attention two plain batched matmuls over (batch row,
+  key/value head) whose operands are read in place: scores q[N,J,I,W] @ k[N,J,W,C] and outputs
   p[N,J,I,C] @ v[N,J,C,W]. With keys stored [.., C, W], XLA:CPU repacks the whole key cache
   for the scores matmul on every step and layer (measured: 2x slower attention; BUILD_NOTES.md).
   """
@@ -75,20 +80,20 @@ class LayerCache:
   v: jax.Array
 
 
-Cache = tuple  # tuple[LayerCache, ...] over layers
+Cache = LayerCache  # one LayerCache holds every layer (leading axis L)
 
-CACHE_K_AXES = ("cache_batch", "kv_heads", "kv", "cache_length")
-CACHE_V_AXES = ("cache_batch", "kv_heads", "cache_length", "kv")
+CACHE_K_AXES = ("layers", "cache_batch", "kv_heads", "kv", "cache_length")
+CACHE_V_AXES = ("layers", "cache_batch", "kv_heads", "cache_length", "kv")
 
 
 def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -> Cache:
-  """Zero KV cache: a tuple over layers of LayerCache(k [N, J, W, C], v [N, J, C, W]).
+  """Zero KV cache: LayerCache(k [L, N, J, W, C], v [L, N, J, C, W]).
 
   Args:
     config: model config.
     batch_size: N.
     max_len: C, slots available for prompt + generated tokens.
-    dtype: cache dtype (default config.dtype).
+    dtype: cache dtype (default config.dtype, the compute dtype).
 
   Raises:
     ValueError: non-positive sizes, or max_len beyond config.max_seq_len.
@@ -102,25 +107,40 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -
                      f"{config.max_seq_len}")
   dtype = config.dtype if dtype is None else jnp.dtype(dtype)
   k_shape, v_shape = cache_shapes(config, int(batch_size), int(max_len))
-  return tuple(LayerCache(k=jnp.zeros(k_shape, dtype), v=jnp.zeros(v_shape, dtype))
-               for _ in range(config.n_layers))
+  return LayerCache(k=jnp.zeros(k_shape, dtype), v=jnp.zeros(v_shape, dtype))
 
 
 def cache_shapes(config: ModelConfig, batch_size: int, max_len: int):
-  """(k_shape, v_shape) of one layer's cache: ([N, J, W, C], [N, J, C, W]) (see LayerCache)."""
-  J, W = config.n_kv_heads, config.head_dim
-  return (batch_size, J, W, max_len), (batch_size, J, max_len, W)
+  """(k_shape, v_shape) of a cache: ([L, N, J, W, C], [L, N, J, C, W]) (see LayerCache)."""
+  L, J, W = config.n_layers, config.n_kv_heads, config.head_dim
+  return (L, batch_size, J, W, max_len), (L, batch_size, J, max_len, W)
 
 
 def cache_length(cache: Cache) -> int:
   """C, the number of slots of a cache."""
-  return cache[0].v.shape[2]
+  return cache.v.shape[3]
+
+
+def cache_batch(cache: Cache) -> int:
+  """N, the rows of a cache."""
+  return cache.v.shape[1]
 
 
 def grow_cache(cache: Cache, extra: int) -> Cache:
   """Appends `extra` zero slots to every layer's cache (one copy; the sampler's segments)."""
   pad = lambda a, axis: jnp.pad(a, [(0, extra) if i == axis else (0, 0) for i in range(a.ndim)])
-  return tuple(LayerCache(k=pad(c.k, 3), v=pad(c.v, 2)) for c in cache)
+  return LayerCache(k=pad(cache.k, 4), v=pad(cache.v, 3))
+
+
+def write_cache(cache: Cache, new_k, new_v, cache_index) -> Cache:
+  """The cache with every layer's T new entries (k [L, N, J, W, T], v [L, N, J, T, W]) written
+  at slots [cache_index, cache_index + T): one in-place update of the stacked arrays."""
+  zero = jnp.int32(0)
+  return LayerCache(
+      k=jax.lax.dynamic_update_slice(cache.k, new_k.astype(cache.k.dtype),
+                                     (zero, zero, zero, zero, cache_index)),
+      v=jax.lax.dynamic_update_slice(cache.v, new_v.astype(cache.v.dtype),
+                                     (zero, zero, zero, cache_index, zero)))
 
 
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:
@@ -179,23 +199,27 @@ class RMSNorm(nn.Module):
     return w.astype(x.dtype) * xf.astype(x.dtype)
 
 
-def attention_mask(kv_mask_NC, T: int, C: int, cache_index) -> jax.Array:
-  """Boolean mask [N, T, C]: query t (at slot cache_index + t) sees slot c iff kv_mask_NC[n, c]
-  and c <= that slot."""
-  q_slot_T = cache_index + jnp.arange(T, dtype=jnp.int32)
-  causal_TC = jnp.arange(C, dtype=jnp.int32)[None, :] <= q_slot_T[:, None]
-  return jnp.logical_and(kv_mask_NC.astype(bool)[:, None, :], causal_TC[None])
-
-
 class Attention(nn.Module):
   """Grouped-query attention with optional QK-norm and an explicit KV cache.
 
   __call__(x_NTD, positions_NT, kv_mask_NC, layer_cache, cache_index, segment_ids_NT=None)
-  -> (y_NTD, new_cache): layer_cache None attends over this call's own T keys (new_cache None;
-  with `segment_ids_NT`, packed rows, only keys of the query's own segment); otherwise the T
-  new keys/values are written at slots [cache_index, cache_index + T) of the LayerCache first.
+  -> (y_NTD, new_kv):
+
+  * layer_cache None: the T tokens attend to each other (`mr_rl.models.attention.attend`, the
+    configured implementation): causally, real keys only, and with `segment_ids_NT` (packed
+    rows) only keys of the query's own segment; new_kv is None.
+  * layer_cache (this layer's k [N, J, W, C], v [N, J, C, W]) and cache_index: the T new tokens
+    sit at slots [cache_index, cache_index + T); query t attends to the cached slots
+    c < cache_index with kv_mask_NC[n, c] and to new token t' <= t with kv_mask_NC at its
+    slot. The cache is read once and not written here: new_kv = (k [N, J, W, T],
+    v [N, J, T, W]) in the cache dtype, which the caller writes (`layers.write_cache`).
+  * `prefill` (a module attribute): the cache path at slot 0 of an empty cache (no cached
+    slot is visible), computed as the self-attention of the first case.
+  New keys and values are rounded to the cache dtype before they are attended to, so a token
+  sees its own key as later steps read it from the cache.
   """
   config: ModelConfig
+  prefill: bool = False
 
   @nn.compact
   def __call__(self, x_NTD, positions_NT, kv_mask_NC, layer_cache, cache_index,
@@ -222,45 +246,50 @@ class Attention(nn.Module):
     inv_freq = rope_inv_freq(cfg)
     q_NTHW = apply_rope(q_NTHW, positions_NT, inv_freq)
     k_NTJW = apply_rope(k_NTJW, positions_NT, inv_freq)
+    q_NTHW = nn.with_logical_constraint(
+        q_NTHW, ("activation_batch", "activation_length", "activation_heads", None))
     N, T = x.shape[:2]
+    q_NTJQW = q_NTHW.reshape(N, T, J, Q, W)
+    if layer_cache is not None:  # as the cache will hold them
+      k_NTJW = k_NTJW.astype(layer_cache.k.dtype).astype(dt)
+      v_NTJW = v_NTJW.astype(layer_cache.v.dtype).astype(dt)
+      new_kv = (jnp.transpose(k_NTJW, (0, 2, 3, 1)).astype(layer_cache.k.dtype),
+                jnp.swapaxes(v_NTJW, 1, 2).astype(layer_cache.v.dtype))
+    else:
+      new_kv = None
 
-    if layer_cache is None:
-      # Training / scoring: keys and values are this call's own (C = T).
-      mask_NTC = attention_mask(kv_mask_NC, T, T, 0)
-      if segment_ids_NT is not None:  # packed rows: a query sees only its own segment
-        mask_NTC = mask_NTC & (segment_ids_NT[:, :, None] == segment_ids_NT[:, None, :])
-      q_NTJQW = q_NTHW.reshape(N, T, J, Q, W)
-      scores = jnp.einsum("ntjqw,ncjw->njqtc", q_NTJQW, k_NTJW, precision=prec,
-                          preferred_element_type=jnp.float32) * (W ** -0.5)
-      scores = jnp.where(mask_NTC[:, None, None], scores, _MASK_VALUE)
-      probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-      out_NTHW = jnp.einsum("njqtc,ncjw->ntjqw", probs, v_NTJW,
-                            precision=prec).reshape(N, T, H, W)
-      return self._out(out_NTHW, wo, prec), None
+    if layer_cache is None or self.prefill:
+      seg_NT = kv_mask_NC[:, :T] if segment_ids_NT is None else segment_ids_NT
+      out_NTJQW = attention_lib.attend(q_NTJQW, k_NTJW, v_NTJW, seg_NT,
+                                       impl=cfg.attention_impl, dtype=dt, precision=prec,
+                                       packed=segment_ids_NT is not None)
+      return self._out(out_NTJQW.reshape(N, T, H, W), wo, prec), new_kv
+    return self._out(self._cached(q_NTJQW, k_NTJW, v_NTJW, kv_mask_NC, layer_cache,
+                                  cache_index, prec), wo, prec), new_kv
 
-    # With a cache (see LayerCache for the layouts): write the T new entries at slots
-    # [cache_index, cache_index + T).
-    ck = jax.lax.dynamic_update_slice(
-        layer_cache.k, jnp.transpose(k_NTJW, (0, 2, 3, 1)).astype(layer_cache.k.dtype),
-        (0, 0, 0, cache_index))
-    cv = jax.lax.dynamic_update_slice(
-        layer_cache.v, jnp.swapaxes(v_NTJW, 1, 2).astype(layer_cache.v.dtype),
-        (0, 0, cache_index, 0))
-    new_cache = LayerCache(k=ck, v=cv)
-    keys_NJWC, values_NJCW = ck.astype(dt), cv.astype(dt)
+  def _cached(self, q_NTJQW, k_NTJW, v_NTJW, kv_mask_NC, layer_cache, cache_index, prec):
+    """Attention of T new tokens over the cached slots before cache_index and each other:
+    [N, T, H, W]. Queries are grouped per key/value head, [N, J, I, W] with I = Q*T (row
+    q*T + t), so every product is a batched matmul over (batch row, key/value head) reading the
+    cache in place."""
+    N, T, J, Q, W = q_NTJQW.shape
+    dt = q_NTJQW.dtype
+    keys_NJWC, values_NJCW = layer_cache.k.astype(dt), layer_cache.v.astype(dt)
     C = values_NJCW.shape[2]
-    mask_NTC = attention_mask(kv_mask_NC, T, C, cache_index)
-    # Queries grouped per key/value head, [N, J, I, W] with I = Q*T (row q*T + t), so both
-    # products are batched matmuls over (batch row, key/value head) reading the cache in place.
-    q_NJIW = jnp.transpose(q_NTHW.reshape(N, T, J, Q, W), (0, 2, 3, 1, 4)).reshape(N, J, Q * T, W)
-    scores = jnp.einsum("njiw,njwc->njic", q_NJIW, keys_NJWC, precision=prec,
-                        preferred_element_type=jnp.float32) * (W ** -0.5)
-    mask_NIC = jnp.tile(mask_NTC, (1, Q, 1))  # row q*T + t uses query t's mask
-    scores = jnp.where(mask_NIC[:, None], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out_NJIW = jnp.einsum("njic,njcw->njiw", probs, values_NJCW, precision=prec)
-    out_NTHW = jnp.transpose(out_NJIW.reshape(N, J, Q, T, W), (0, 3, 1, 2, 4)).reshape(N, T, H, W)
-    return self._out(out_NTHW, wo, prec), new_cache
+    q_NJIW = jnp.transpose(q_NTJQW, (0, 2, 3, 1, 4)).reshape(N, J, Q * T, W)
+    old_NC = kv_mask_NC.astype(bool) & (jnp.arange(C, dtype=jnp.int32) < cache_index)[None]
+    new_NTT = jax.lax.dynamic_slice_in_dim(kv_mask_NC, cache_index, T, axis=1).astype(bool)
+    new_NTT = new_NTT[:, None, :] & jnp.tri(T, dtype=bool)[None]
+    s_old = jnp.einsum("njiw,njwc->njic", q_NJIW, keys_NJWC, precision=prec,
+                       preferred_element_type=jnp.float32)
+    s_new = jnp.einsum("njiw,ntjw->njit", q_NJIW, k_NTJW, precision=prec,
+                       preferred_element_type=jnp.float32)
+    s_old = jnp.where(old_NC[:, None, None], s_old * (W ** -0.5), _MASK_VALUE)
+    s_new = jnp.where(jnp.tile(new_NTT, (1, Q, 1))[:, None], s_new * (W ** -0.5), _MASK_VALUE)
+    probs = jax.nn.softmax(jnp.concatenate([s_old, s_new], axis=-1), axis=-1).astype(dt)
+    out_NJIW = (jnp.einsum("njic,njcw->njiw", probs[..., :C], values_NJCW, precision=prec) +
+                jnp.einsum("njit,ntjw->njiw", probs[..., C:], v_NTJW, precision=prec))
+    return jnp.transpose(out_NJIW.reshape(N, J, Q, T, W), (0, 3, 1, 2, 4)).reshape(N, T, J * Q, W)
 
   def _out(self, out_NTHW, wo, prec):
     """The output projection (with its adapter, if any)."""

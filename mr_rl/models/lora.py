@@ -4,9 +4,13 @@ An adapted kernel W [*in, *out] gets y = x W + (alpha / R) (x a) b with a [*in, 
 b [R, *out] (R = rank; `*in` / `*out` are the kernel's own input / output dims, e.g. q_proj
 [D, H, W]: a [D, R], b [R, H, W]; o_proj [H, W, D]: a [H, W, R], b [R, D]).
 
-The adapters are a pytree of their own, {'layers_0': {'attn': {'q_proj': {'a', 'b'}}}, ...},
-passed to the model as the 'lora' variable collection (`layers.lora_delta`); the base
-params are never copied:
+The adapters are a pytree of their own, stacked over layers like the decoder's scanned params:
+{'layers': {'attn': {'q_proj': {'a' [L, *in, R], 'b' [L, R, *out]}}, ...}} for every kernel
+name some layer adapts, passed to the model as the 'lora' variable collection, which the layer
+scan slices per layer (`layers.lora_delta`). Targets that adapt a kernel in some layers only
+(`layers_3/attn/*`) keep a = b = 0 in the others: their update is exactly 0 and so are both
+gradients ((x a) b with a = b = 0), so they stay 0 under AdamW and never reach a PEFT file. The base params
+are never copied:
 
   * training: the train state holds the adapters and their optimizer state only; the step
     takes the frozen base as a separate (not donated) argument (`mr_rl.rl.update`);
@@ -85,7 +89,9 @@ class LoraConfig:
 
 
 def target_paths(config: ModelConfig, lora: LoraConfig) -> tuple[tuple[str, str, str], ...]:
-  """The adapted kernels' paths (('layers_0', 'attn', 'q_proj'), ...), in model order.
+  """The adapted kernels, one per layer, as ('layers_0', 'attn', 'q_proj'), ..., in model order
+  (the names patterns and PEFT files use; the adapters themselves are stacked, `layers_i` being
+  index i of the 'layers' axis).
 
   Raises:
     ValueError: a pattern matches no kernel, or targets MLP kernels of an MoE model.
@@ -114,7 +120,7 @@ def target_paths(config: ModelConfig, lora: LoraConfig) -> tuple[tuple[str, str,
 
 
 def _kernel_shape_axes(config: ModelConfig, name: str):
-  """(shape, logical axes) of a dense kernel (as `layers` declares it)."""
+  """(shape, logical axes) of one layer's dense kernel (as `layers` declares it)."""
   c = config
   D, F, H, J, W = c.d_model, c.d_ff, c.n_heads, c.n_kv_heads, c.head_dim
   return {"q_proj": ((D, H, W), ("embed", "heads", "kv")),
@@ -136,47 +142,70 @@ def _nest(items) -> dict:
   return out
 
 
-def _adapter_layout(config: ModelConfig, lora: LoraConfig):
-  """[(path, a shape, a axes, b shape, b axes)] over the adapted kernels."""
+def _block(name: str) -> str:
+  return "attn" if name in _ATTN else "mlp"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stacked:
+  """One adapted kernel name, stacked over layers: its path in the adapter tree
+  (('layers', block, name)), a / b shapes and logical axes (leading 'layers'), and which layers
+  it adapts."""
+  path: tuple
+  a_shape: tuple
+  a_axes: tuple
+  b_shape: tuple
+  b_axes: tuple
+  on: tuple  # bool per layer
+
+
+def _adapter_layout(config: ModelConfig, lora: LoraConfig) -> list[_Stacked]:
+  """The stacked adapters of a LoRA config, in KERNELS order."""
+  targeted = set(target_paths(config, lora))
+  L, R = config.n_layers, int(lora.rank)
   out = []
-  for path in target_paths(config, lora):
-    shape, axes = _kernel_shape_axes(config, path[-1])
-    k = _IN_DIMS.get(path[-1], 1)
-    R = int(lora.rank)
-    out.append((path, shape[:k] + (R,), axes[:k] + (RANK_AXIS,), (R,) + shape[k:],
-                (RANK_AXIS,) + axes[k:]))
+  for name in KERNELS:
+    on = tuple((f"layers_{i}", _block(name), name) in targeted for i in range(L))
+    if not any(on):
+      continue
+    shape, axes = _kernel_shape_axes(config, name)
+    k = _IN_DIMS.get(name, 1)
+    out.append(_Stacked(("layers", _block(name), name), (L,) + shape[:k] + (R,),
+                        ("layers",) + axes[:k] + (RANK_AXIS,), (L, R) + shape[k:],
+                        ("layers", RANK_AXIS) + axes[k:], on))
   return out
 
 
 def adapter_specs(config: ModelConfig, lora: LoraConfig):
-  """PartitionSpecs of logical axis names of the adapters (a: the kernel's input axes then
-  'lora_rank'; b: 'lora_rank' then its output axes)."""
+  """PartitionSpecs of logical axis names of the adapters (a: 'layers', the kernel's input
+  axes, 'lora_rank'; b: 'layers', 'lora_rank', its output axes)."""
   P = jax.sharding.PartitionSpec
-  return _nest((path, {"a": P(*aa), "b": P(*ba)})
-               for path, _, aa, _, ba in _adapter_layout(config, lora))
+  return _nest((st.path, {"a": P(*st.a_axes), "b": P(*st.b_axes)})
+               for st in _adapter_layout(config, lora))
 
 
 def abstract_adapters(config: ModelConfig, lora: LoraConfig):
   """Adapter shapes/dtypes (ShapeDtypeStructs, the param dtype)."""
   dt = config.param_dtype
-  return _nest((path, {"a": jax.ShapeDtypeStruct(a, dt), "b": jax.ShapeDtypeStruct(b, dt)})
-               for path, a, _, b, _ in _adapter_layout(config, lora))
+  return _nest((st.path, {"a": jax.ShapeDtypeStruct(st.a_shape, dt),
+                          "b": jax.ShapeDtypeStruct(st.b_shape, dt)})
+               for st in _adapter_layout(config, lora))
 
 
 def init_adapters(config: ModelConfig, lora: LoraConfig, rng: jax.Array, shardings=None):
-  """Fresh adapters: a ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (PEFT's default), b = 0, so the
-  adapted policy starts equal to the base. With `shardings`
-  (`mr_rl.models.sharding.adapter_shardings`), created in their shards."""
+  """Fresh adapters: a ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (PEFT's default) in the adapted
+  layers (0 in the others), b = 0, so the adapted policy starts equal to the base. With
+  `shardings` (`mr_rl.models.sharding.adapter_shardings`), created in their shards."""
   layout = _adapter_layout(config, lora)
   dt = config.param_dtype
 
   def init(key):
     items = []
-    for i, (path, a, _, b, _) in enumerate(layout):
-      bound = 1.0 / np.sqrt(np.prod(a[:-1]))
-      items.append((path, {"a": jax.random.uniform(jax.random.fold_in(key, i), a, dt, -bound,
-                                                   bound),
-                           "b": jnp.zeros(b, dt)}))
+    for i, st in enumerate(layout):
+      bound = 1.0 / np.sqrt(np.prod(st.a_shape[1:-1]))
+      a = jax.random.uniform(jax.random.fold_in(key, i), st.a_shape, dt, -bound, bound)
+      a = a * jnp.asarray(st.on, dt).reshape((-1,) + (1,) * (a.ndim - 1))
+      items.append((st.path, {"a": a, "b": jnp.zeros(st.b_shape, dt)}))
     return _nest(items)
 
   return jax.jit(init, out_shardings=shardings)(rng)
@@ -208,11 +237,10 @@ class Adapted:
 
   `models.logits` and `merge` accept it wherever plain params go. With `dropout` p > 0 and
   `row_keys` (one raw PRNG key [N, 2] per batch row: the learner's step, `dropout_row_keys`),
-  its forward is the training one: adapted kernel number i (its rank among the adapter paths
-  sorted as tuples, ('layers_0', 'attn', 'k_proj') first) sees, on row n, its input times
+  its forward is the training one: kernel `name` of layer l sees, on row n, its input times
   mask / (1 - p), mask ~ Bernoulli(1 - p) of the row's input shape drawn from
-  fold_in(row_keys[n], i) (`layers.lora_delta`); the base branch sees x as is (PEFT's LoRA
-  dropout). Without `row_keys` there is no dropout (`merge` ignores it).
+  fold_in(row_keys[n], l * len(KERNELS) + KERNELS.index(name)) (`layers.lora_delta`); the base
+  branch sees x as is (PEFT's LoRA dropout). Without `row_keys` there is no dropout (`merge` ignores it).
   """
   base: Any
   lora: Any
@@ -222,14 +250,19 @@ class Adapted:
 
   def variables(self) -> dict:
     """The model's variables: {'params': base, 'lora': adapters with b scaled (and, for a
-    dropout forward, each kernel's row keys 'keys' [N, 2] and rate 'p')}."""
+    dropout forward, each kernel's row keys 'keys' [L, N, 2] and rate 'p' [L], sliced per layer
+    by the layer scan)}."""
     scaled = jax.tree_util.tree_map_with_path(
         lambda p, x: x * jnp.asarray(self.scale, x.dtype) if p[-1].key == "b" else x, self.lora)
     if self.row_keys is not None and self.dropout > 0:
-      flat = _flat_adapters(scaled)
-      scaled = _nest((path, {**ab, "p": jnp.float32(self.dropout),
-                             "keys": jax.vmap(jax.random.fold_in, (0, None))(self.row_keys, i)})
-                     for i, (path, ab) in enumerate(sorted(flat, key=lambda t: t[0])))
+      items = []
+      for path, ab in _flat_adapters(scaled):
+        L = ab["a"].shape[0]
+        ids = jnp.arange(L, dtype=jnp.uint32) * len(KERNELS) + KERNELS.index(path[-1])
+        keys = jax.vmap(lambda i: jax.vmap(jax.random.fold_in, (0, None))(self.row_keys, i))(ids)
+        items.append((path, {**ab, "p": jnp.full((L,), self.dropout, jnp.float32),
+                             "keys": keys}))
+      scaled = _nest(items)
     return {"params": self.base, "lora": scaled}
 
 
@@ -246,8 +279,9 @@ def variables_of(params) -> dict:
 
 
 def _delta(a, b):
-  """a [*in, R] @ b [R, *out] -> [*in, *out] (float32)."""
-  return jnp.tensordot(a.astype(jnp.float32), b.astype(jnp.float32), axes=1)
+  """a [L, *in, R] @ b [L, R, *out] -> [L, *in, *out] (float32)."""
+  return jax.vmap(lambda x, y: jnp.tensordot(x, y, axes=1))(a.astype(jnp.float32),
+                                                           b.astype(jnp.float32))
 
 
 @jax.jit
@@ -264,8 +298,8 @@ def _merge(adapted: Adapted):
 
 
 def merge(params):
-  """Plain params: the base with every adapter folded in (W + alpha / R * a @ b, computed in
-  float32); plain params are returned as they are."""
+  """Plain params: the base with every adapter folded in (W + alpha / R * a @ b per layer,
+  computed in float32); plain params are returned as they are."""
   return _merge(params) if isinstance(params, Adapted) else params
 
 
@@ -308,10 +342,20 @@ def save_peft(out: str, lora, config: ModelConfig, lora_config: LoraConfig,
   paths = target_paths(config, lora_config)
   tensors, modules = {}, []
   flat = dict(_flat_adapters(jax.tree.map(distributed.to_host, lora)))
-  if set(flat) != set(paths):
-    raise ValueError(f"adapters cover {sorted(flat)}, the LoRA config targets {list(paths)}")
+  layout = _adapter_layout(config, lora_config)
+  if set(flat) != {st.path for st in layout}:
+    raise ValueError(f"adapters cover {sorted(flat)}, the LoRA config targets "
+                     f"{sorted(st.path for st in layout)}")
+  for st in layout:  # a layer the targets do not adapt must hold no update (it is not written)
+    off = ~np.asarray(st.on)
+    stray = [i for i in np.flatnonzero(off) if np.any(flat[st.path]["a"][i]) and
+             np.any(flat[st.path]["b"][i])]
+    if stray:
+      raise ValueError(f"adapters of {'/'.join(st.path)} are non-zero in layers {stray}, which "
+                       f"the LoRA targets {lora_config.targets} do not adapt")
   for path in paths:
-    a, b = (np.asarray(flat[path][k], np.float32) for k in ("a", "b"))
+    layer = int(path[0].split("_")[1])
+    a, b = (np.asarray(flat[("layers",) + path[1:]][k][layer], np.float32) for k in ("a", "b"))
     R, mod = a.shape[-1], _hf_module(path)
     tensors[f"base_model.model.{mod}.lora_A.weight"] = np.ascontiguousarray(a.reshape(-1, R).T)
     tensors[f"base_model.model.{mod}.lora_B.weight"] = np.ascontiguousarray(b.reshape(R, -1).T)
@@ -371,7 +415,9 @@ def load_peft(path: str, config: ModelConfig, dtype=None):
                            targets=tuple("/".join(p) for p in paths), init_from=path,
                            dropout=float(cfg.get("lora_dropout") or 0.0))
   dt = config.param_dtype if dtype is None else dtype
-  items = []
+  stacked = {st.path: {"a": np.zeros(st.a_shape, np.float32), "b": np.zeros(st.b_shape,
+                                                                             np.float32)}
+             for st in _adapter_layout(config, lora_config)}
   for p in paths:
     a_shape, b_shape = _ab_shapes(config, p[-1], R)
     ab = pairs[p]
@@ -381,9 +427,11 @@ def load_peft(path: str, config: ModelConfig, dtype=None):
     if a.size != np.prod(a_shape) or b.size != np.prod(b_shape):
       raise ValueError(f"PEFT adapter {path}: {'/'.join(p)} has shapes {ab['A'].shape}, "
                        f"{ab['B'].shape}; the model needs a {a_shape}, b {b_shape}")
-    items.append((p, {"a": jnp.asarray(a.reshape(a_shape), dt),
-                      "b": jnp.asarray(b.reshape(b_shape), dt)}))
-  return _nest(items), lora_config
+    layer = int(p[0].split("_")[1])
+    stacked[("layers",) + p[1:]]["a"][layer] = a.reshape(a_shape)
+    stacked[("layers",) + p[1:]]["b"][layer] = b.reshape(b_shape)
+  return _nest((p, {k: jnp.asarray(v, dt) for k, v in ab.items()})
+               for p, ab in stacked.items()), lora_config
 
 
 def _ab_shapes(config: ModelConfig, name: str, R: int):

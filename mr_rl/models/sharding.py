@@ -1,11 +1,11 @@
 """Device mesh, logical-axis rules and sharded parameter / cache creation (docs/style.md §7, §8).
 
 The model only names logical axes ('vocab', 'embed', 'heads', 'kv_heads', 'kv', 'mlp',
-'expert', 'router', 'norm' for params; 'activation_*' for activations; 'cache_*' for the KV
+'expert', 'router', 'norm' and the layer scan's 'layers' for params; 'activation_*' for activations; 'cache_*' for the KV
 cache). This module maps them onto the mesh axes (data, fsdp, tensor, expert):
 
   * params: 'embed' -> fsdp (ZeRO-3 style), heads / kv_heads / mlp / vocab -> tensor,
-    'expert' -> expert; norms and head_dim replicated.
+    'expert' -> expert; norms, head_dim and the stacked 'layers' axis replicated.
   * activations / cache / token batches: batch over (data, fsdp, expert), the rest replicated
     except the MLP hidden and vocab dims (tensor).
 
@@ -54,10 +54,13 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("router", None),
     ("norm", None),
     ("lora_rank", None),  # LoRA adapters: a [*in, R], b [R, *out] (mr_rl.models.lora)
+    ("layers", None),     # the layer scan's stacked axis (params, adapters, KV cache): every
+                          # device holds every layer of its shard
     # activations
     ("activation_batch", BATCH_AXES),
     ("activation_length", None),
     ("activation_embed", None),
+    ("activation_heads", "tensor"),
     ("activation_mlp", "tensor"),
     ("activation_vocab", "tensor"),
     # KV cache
@@ -197,11 +200,10 @@ def batch_sharding(mesh: Mesh, shape=None, rules=None) -> NamedSharding:
 
 def cache_shardings(config: ModelConfig, mesh: Mesh, batch_size: int, max_len: int,
                     rules=None) -> tuple:
-  """Shardings of `init_cache(config, batch_size, max_len)` (tuple of LayerCache)."""
+  """Shardings of `init_cache(config, batch_size, max_len)` (one LayerCache, layers stacked)."""
   k_shape, v_shape = cache_shapes(config, batch_size, max_len)
-  k = logical_sharding(mesh, CACHE_K_AXES, k_shape, rules)
-  v = logical_sharding(mesh, CACHE_V_AXES, v_shape, rules)
-  return tuple(LayerCache(k=k, v=v) for _ in range(config.n_layers))
+  return LayerCache(k=logical_sharding(mesh, CACHE_K_AXES, k_shape, rules),
+                    v=logical_sharding(mesh, CACHE_V_AXES, v_shape, rules))
 
 
 def data_axes(mesh: Mesh) -> tuple[str, ...]:

@@ -2,12 +2,18 @@
 
 Pre-norm blocks: h = x + Attn(RMSNorm(x)); y = h + MLP_or_MoE(RMSNorm(h)); final RMSNorm and
 an lm head (tied to the embedding or separate). Explicit params, explicit KV cache (one
-LayerCache per layer, see `layers.init_cache`), explicit positions so left-padded batches work.
+`layers.LayerCache` of stacked [L, ...] arrays), explicit positions so left-padded batches work.
+
+The L decoder blocks run under one `nn.scan` over stacked parameters (params['layers'][...]
+with a leading layer axis, logical name 'layers'; MaxText's `scan_layers`): every program holds
+one copy of the block whatever the depth, so compile time and program size do not grow with
+L (docs/accelerators.md, "Compile model"). With `remat` the scanned block is rematerialised in
+the backward pass (one block's activations kept per layer boundary).
 
 Shape letters (docs/shapes.md): N rows (one sequence each; in a rollout one row per sampled
 response), T positions fed in this call, C key/value slots (T without a cache, the cache
-length with one), D model width, V vocabulary; attention's further letters are listed in
-`layers`.
+length with one), D model width, V vocabulary, L layers; attention's further letters are
+listed in `layers`.
 """
 
 from __future__ import annotations
@@ -18,11 +24,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from mr_rl.models.config import ModelConfig
-from mr_rl.models.layers import (MLP, Attention, LayerCache, RMSNorm, cache_length,
-                                 param_with_axes, precision_of)
+from mr_rl.models.layers import (MLP, Attention, LayerCache, RMSNorm, cache_batch, cache_length,
+                                 param_with_axes, precision_of, write_cache)
 from mr_rl.models.moe import MoEBlock
 
 _RESID_AXES = ("activation_batch", "activation_length", "activation_embed")
+LAYERS = "layers"  # the scanned block's parameter name and the layer axis's logical name
 
 
 def positions_from_mask(mask_NT: jax.Array) -> jax.Array:
@@ -31,20 +38,33 @@ def positions_from_mask(mask_NT: jax.Array) -> jax.Array:
 
 
 class Block(nn.Module):
-  """One pre-norm decoder layer."""
+  """One pre-norm decoder layer, in the scan's form: (x, this layer's cache slice, broadcast
+  inputs) -> (x, this layer's new K/V or None)."""
   config: ModelConfig
+  prefill: bool = False
 
   @nn.compact
-  def __call__(self, x_NTD, positions_NT, kv_mask_NC, layer_cache, cache_index,
+  def __call__(self, x_NTD, layer_cache, positions_NT, kv_mask_NC, cache_index,
                segment_ids_NT=None):
     cfg = self.config
     h = RMSNorm(cfg.norm_eps, cfg.param_dtype, name="attn_norm")(x_NTD)
-    a, new_cache = Attention(cfg, name="attn")(h, positions_NT, kv_mask_NC, layer_cache,
-                                               cache_index, segment_ids_NT)
+    a, new_kv = Attention(cfg, self.prefill, name="attn")(h, positions_NT, kv_mask_NC,
+                                                          layer_cache, cache_index,
+                                                          segment_ids_NT)
     x = nn.with_logical_constraint(x_NTD + a, _RESID_AXES)
     h = RMSNorm(cfg.norm_eps, cfg.param_dtype, name="mlp_norm")(x)
     m = MoEBlock(cfg, name="mlp")(h) if cfg.is_moe else MLP(cfg, name="mlp")(h)
-    return nn.with_logical_constraint(x + m, _RESID_AXES), new_cache
+    return nn.with_logical_constraint(x + m, _RESID_AXES), new_kv
+
+
+def _layer_stack(cfg: ModelConfig, prefill: bool):
+  """The scanned decoder stack: nn.scan over L blocks, params (and LoRA adapters) stacked on a
+  leading 'layers' axis, the cache sliced per layer, the other inputs broadcast."""
+  block = nn.remat(Block, prevent_cse=False) if cfg.remat else Block
+  return nn.scan(block, variable_axes={"params": 0, "lora": 0}, split_rngs={"params": True},
+                 in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+                 length=cfg.n_layers, metadata_params={nn.PARTITION_NAME: LAYERS})(
+                     cfg, prefill, name=LAYERS)
 
 
 class Transformer(nn.Module):
@@ -58,9 +78,11 @@ class Transformer(nn.Module):
     default all ones) is 1 on real tokens, 0 on padding; padded keys are never attended to.
     new_cache is None. `segment_ids_NT` (int, packed rows: several sequences per row) also
     restricts every query to the keys of its own segment (positions must restart per segment).
-  * cache given (a tuple of LayerCache, see `layers.LayerCache`): the T new K/V are written
-    at slots [cache_index, cache_index + T); query t attends to slot c iff kv_mask_NC[n, c]
-    ([N, C], set by the caller for the new slots) and c <= cache_index + t.
+  * cache given (a LayerCache, see `layers.LayerCache`): the T new K/V are written at slots
+    [cache_index, cache_index + T); query t attends to slot c iff kv_mask_NC[n, c] ([N, C], set
+    by the caller for the new slots) and c <= cache_index + t. A cache_index given as the
+    Python int 0 is a prefill into an empty cache: it runs the self-attention kernel of the
+    first case (`attention_impl`) and never reads the cache.
   hidden_NTD is the final-normed hidden state (input of the lm head), for every column.
   The lm head runs on columns [head_start, T) only (a static int): column j of the logits is
   position head_start + j (the policy step's response window,
@@ -81,24 +103,30 @@ class Transformer(nn.Module):
     if segment_ids_NT is not None and (cache is not None or segment_ids_NT.shape != (N, T)):
       raise ValueError(f"segment_ids_NT must be [N, T] = {(N, T)} and used without a cache; got "
                        f"{segment_ids_NT.shape}, cache {'given' if cache is not None else 'None'}")
+    prefill = False
     if cache is None:
       if cache_index is not None:
         raise ValueError("cache_index given without a cache")
       C = T
     else:
-      if len(cache) != cfg.n_layers:
-        raise ValueError(f"cache has {len(cache)} layers, model has {cfg.n_layers}")
+      if not isinstance(cache, LayerCache):
+        raise TypeError(f"cache must be a LayerCache of stacked [L, ...] arrays "
+                        f"(layers.init_cache), got {type(cache).__name__}")
+      if cache.k.shape[0] != cfg.n_layers:
+        raise ValueError(f"cache has {cache.k.shape[0]} layers, model has {cfg.n_layers}")
       if cache_index is None:
         raise ValueError("cache given without cache_index")
       C = cache_length(cache)
-      if cache[0].k.shape[0] != N:
-        raise ValueError(f"cache batch {cache[0].k.shape[0]} != tokens batch {N}")
+      if cache_batch(cache) != N:
+        raise ValueError(f"cache batch {cache_batch(cache)} != tokens batch {N}")
       if T > C:
         raise ValueError(f"writing {T} tokens into a KV cache of max_len {C}: the prompt is "
                          "longer than the cache (use a larger max_len in init_cache)")
-      if isinstance(cache_index, (int, np.integer)) and not 0 <= cache_index <= C - T:
-        raise ValueError(f"cache write beyond max_len: cache_index={cache_index} + {T} new "
-                         f"tokens > cache max_len {C}")
+      if isinstance(cache_index, (int, np.integer)):
+        if not 0 <= cache_index <= C - T:
+          raise ValueError(f"cache write beyond max_len: cache_index={cache_index} + {T} new "
+                           f"tokens > cache max_len {C}")
+        prefill = int(cache_index) == 0
       cache_index = jnp.asarray(cache_index, jnp.int32)
     if kv_mask_NC is None:
       if cache is not None:
@@ -111,13 +139,8 @@ class Transformer(nn.Module):
                           (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), cfg.param_dtype)
     x = jnp.take(emb, tokens_NT, axis=0).astype(cfg.dtype)
     x = nn.with_logical_constraint(x, _RESID_AXES)
-    block_cls = nn.remat(Block) if cfg.remat else Block
-    new_cache = []
-    for i in range(cfg.n_layers):
-      layer_cache = None if cache is None else cache[i]
-      x, c = block_cls(cfg, name=f"layers_{i}")(x, positions_NT, kv_mask_NC, layer_cache,
-                                                 cache_index, segment_ids_NT)
-      new_cache.append(c)
+    x, new_kv = _layer_stack(cfg, prefill)(x, cache, positions_NT, kv_mask_NC, cache_index,
+                                           segment_ids_NT)
     h = RMSNorm(cfg.norm_eps, cfg.param_dtype, name="final_norm")(x)
     h_head = h[:, int(head_start):] if head_start else h
     prec = precision_of(cfg)
@@ -132,7 +155,7 @@ class Transformer(nn.Module):
     logits = nn.with_logical_constraint(
         logits.astype(cfg.logits_dtype),
         ("activation_batch", "activation_length", "activation_vocab"))
-    new_cache = None if cache is None else tuple(new_cache)
+    new_cache = None if cache is None else write_cache(cache, *new_kv, cache_index)
     if return_hidden:
       return logits, new_cache, h
     return logits, new_cache
@@ -192,3 +215,57 @@ def logits(model: Transformer, params, tokens_NT: jax.Array, mask_NT: jax.Array 
   out, _ = model.apply(variables, tokens_NT, positions_from_segments(segment_ids_NT),
                        kv_mask_NC=mask_NT, segment_ids_NT=segment_ids_NT, head_start=head_start)
   return out
+
+
+# ------------------------------------------------------------------ per-layer <-> stacked layout
+def _is_layer_dict(x, key: str) -> bool:
+  return hasattr(x, "keys") and key in x
+
+
+def _slice_leaf(x, i: int):
+  """Layer i of a stacked leaf (an array, or a ShapeDtypeStruct with its sharding)."""
+  if isinstance(x, jax.ShapeDtypeStruct):
+    sh = x.sharding
+    if isinstance(sh, jax.sharding.NamedSharding):
+      sh = jax.sharding.NamedSharding(sh.mesh, jax.sharding.PartitionSpec(*tuple(sh.spec)[1:]))
+    return jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=sh)
+  return x[i]
+
+
+def layer_of(tree, i: int):
+  """Layer i of a stacked subtree (arrays, or ShapeDtypeStructs keeping their sharding)."""
+  return jax.tree.map(lambda a: _slice_leaf(a, i), tree)
+
+
+def unstack_layers(tree, n_layers: int):
+  """`tree` with every {'layers': stacked block} replaced by {'layers_0': block 0, ...,
+  'layers_{L-1}': ...}: the per-layer layout of decoders before the layer scan (old checkpoints;
+  the order `testing.host_params` draws weights in). Works on params, adapters, optimizer states
+  and train states (any pytree holding such dicts), of arrays or ShapeDtypeStructs."""
+  def fix(x):
+    if not _is_layer_dict(x, LAYERS):
+      return x
+    out = {k: v for k, v in x.items() if k != LAYERS}
+    for i in range(n_layers):
+      out[f"{LAYERS}_{i}"] = jax.tree.map(lambda a, i=i: _slice_leaf(a, i), x[LAYERS])
+    return out
+  return jax.tree.map(fix, tree, is_leaf=lambda x: _is_layer_dict(x, LAYERS))
+
+
+def stack_layers(tree, n_layers: int):
+  """The inverse of `unstack_layers`: per-layer blocks 'layers_0' ... stacked into 'layers'
+  (arrays along a new leading axis)."""
+  first = f"{LAYERS}_0"
+
+  def fix(x):
+    if not _is_layer_dict(x, first):
+      return x
+    names = [f"{LAYERS}_{i}" for i in range(n_layers)]
+    missing = [n for n in names if n not in x]
+    if missing:
+      raise ValueError(f"per-layer tree lacks {missing[:4]} (a {n_layers}-layer model)")
+    out = {k: v for k, v in x.items() if not (k.startswith(f"{LAYERS}_") and k[7:].isdigit())}
+    out[LAYERS] = jax.tree.map(lambda *xs: jnp.stack(xs), *[x[n] for n in names])
+    return out
+  return jax.tree.map(fix, tree, is_leaf=lambda x: _is_layer_dict(x, first))
+

@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mr_rl.models import init_cache, positions_from_mask
-from mr_rl.models.layers import cache_length, grow_cache
+from mr_rl.models.layers import cache_batch, cache_length, grow_cache
 from mr_rl.sampling import processing
 
 EosIds = Union[None, int, Sequence[int]]
@@ -265,7 +265,7 @@ class Sampler:
     if self.mesh is None:
       return cache
     from mr_rl.models import sharding as shd
-    batch, length = cache[0].v.shape[0], cache_length(cache)
+    batch, length = cache_batch(cache), cache_length(cache)
     return jax.lax.with_sharding_constraint(
         cache, shd.cache_shardings(self.model.config, self.mesh, batch, length, self.rules))
 
@@ -284,7 +284,7 @@ class Sampler:
       cache = self._constrain_cache(
           init_cache(self.model.config, rows, bucket, dtype=self.cache_dtype))
       _, cache = self._apply(params, tokens_NP[:, :-1], positions_from_mask(mask_NP)[:, :-1],
-                             mask_NP, cache, jnp.int32(0))
+                             mask_NP, cache, 0)  # (a static 0: the self-attention kernel)
       cache = self._constrain_cache(grow_cache(cache, window - bucket))
     else:
       cache = self._constrain_cache(

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from mr_rl.models import LayerCache, init_cache, positions_from_mask
+from mr_rl.models.layers import cache_batch, cache_length
 from mr_rl.sampling import processing
 
 # Finished slots read out per `gather` call (fixed, so the program compiles once).
@@ -50,7 +51,7 @@ class SlotState:
   """The slot pool, carried from call to call (donated to `step`).
 
   Attributes:
-    cache: per layer LayerCache(k [N, J, W, C], v [N, J, C, W]).
+    cache: LayerCache(k [L, N, J, W, C], v [L, N, J, C, W]) (layers stacked).
     kv_mask: bool [N, C], filled real key columns of each slot.
     x: int32 [N], the token fed at the slot's next step.
     length: int32 [N], real prompt length of the slot's row.
@@ -80,7 +81,7 @@ class PromptStore:
   """Prefilled prompts, 2 * M entries (two halves written in turn by `prefill`).
 
   Attributes:
-    cache: per layer LayerCache(k [2M, J, W, P], v [2M, J, P, W]); columns [0, P - 1) filled.
+    cache: LayerCache(k [L, 2M, J, W, P], v [L, 2M, J, P, W]); columns [0, P - 1) filled.
     mask: bool [2M, P], the prompt masks (left-padded).
     last: int32 [2M], the last prompt token (fed at decode step 0).
     length: int32 [2M], real prompt lengths.
@@ -159,7 +160,7 @@ class SlotPrograms:
     if self.mesh is None:
       return cache
     from mr_rl.models import sharding as shd
-    batch, length = cache[0].v.shape[0], cache[0].v.shape[2]
+    batch, length = cache_batch(cache), cache_length(cache)
     if batch % shd.data_parallel_size(self.mesh):
       return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, self._replicated()),
                           cache)
@@ -208,15 +209,15 @@ class SlotPrograms:
     m, bucket = tokens_MP.shape
     mask_MP = mask_MP.astype(jnp.bool_)
     cache = init_cache(self.model.config, m, bucket, self.cache_dtype)
-    if bucket > 1:
+    if bucket > 1:  # (a static cache_index 0: the self-attention kernel)
       _, cache = self.model.apply({"params": params}, tokens_MP[:, :-1],
                                   positions_from_mask(mask_MP)[:, :-1], kv_mask_NC=mask_MP,
-                                  cache=cache, cache_index=jnp.int32(0))
+                                  cache=cache, cache_index=0)
     start = half * m
-    put = lambda dst, src: jax.lax.dynamic_update_slice_in_dim(dst, src.astype(dst.dtype), start,
-                                                                axis=0)
+    put = lambda dst, src, axis=0: jax.lax.dynamic_update_slice_in_dim(
+        dst, src.astype(dst.dtype), start, axis=axis)
     return PromptStore(
-        cache=self._cache_sharded(jax.tree.map(put, store.cache, cache)),
+        cache=self._cache_sharded(jax.tree.map(lambda d, c: put(d, c, 1), store.cache, cache)),
         mask=self._batch_sharded(put(store.mask, mask_MP), 2 * m),
         last=self._batch_sharded(put(store.last, tokens_MP[:, -1]), 2 * m),
         length=self._batch_sharded(put(store.length, jnp.sum(mask_MP, 1, dtype=jnp.int32)),
@@ -229,16 +230,13 @@ class SlotPrograms:
     bucket = store.mask.shape[1]
     n_new = self.max_new_tokens
 
-    def copy(cache):
-      # The prompt's P columns of every inserted slot; the other columns keep stale entries
-      # of the slot's previous row, hidden by the key mask until overwritten.
-      def one(c: LayerCache, p: LayerCache) -> LayerCache:
-        k = c.k.at[..., :bucket].set(
-            jnp.where(ins_N[:, None, None, None], p.k[e_N], c.k[..., :bucket]))
-        v = c.v.at[:, :, :bucket].set(
-            jnp.where(ins_N[:, None, None, None], p.v[e_N], c.v[:, :, :bucket]))
-        return LayerCache(k=k, v=v)
-      return self._cache_sharded(tuple(one(c, p) for c, p in zip(cache, store.cache)))
+    def copy(c: LayerCache) -> LayerCache:
+      # The prompt's P columns of every inserted slot, all layers at once; the other columns
+      # keep stale entries of the slot's previous row, hidden by the key mask until overwritten.
+      p, ins = store.cache, ins_N[None, :, None, None, None]
+      k = c.k.at[..., :bucket].set(jnp.where(ins, p.k[:, e_N], c.k[..., :bucket]))
+      v = c.v.at[:, :, :, :bucket].set(jnp.where(ins, p.v[:, e_N], c.v[:, :, :, :bucket]))
+      return self._cache_sharded(LayerCache(k=k, v=v))
 
     cache = jax.lax.cond(jnp.any(ins_N), copy, lambda c: c, state.cache)
     pick = lambda new, old: jnp.where(ins_N.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
@@ -251,12 +249,14 @@ class SlotPrograms:
   def _decode_logits(self, params, x_N, pos_N, kv_mask_NC, cache, col_N):
     """One decode step of every slot: logits [N, V] and the cache with column col_N written."""
     def one(x, pos, kv_mask_C, slot_cache, col):
-      slot_cache = jax.tree.map(lambda a: a[None], slot_cache)
+      slot_cache = jax.tree.map(lambda a: a[:, None], slot_cache)  # [L, 1, ...]
       logits, new = self.model.apply({"params": params}, x[None, None], pos[None, None],
                                      kv_mask_NC=kv_mask_C[None], cache=slot_cache,
                                      cache_index=col)
-      return logits[0, 0], jax.tree.map(lambda a: a[0], new)
-    return jax.vmap(one)(x_N, pos_N, kv_mask_NC, cache, col_N)
+      return logits[0, 0], jax.tree.map(lambda a: a[:, 0], new)
+    slots = LayerCache(k=1, v=1)  # the cache's slot axis (after the layer axis)
+    return jax.vmap(one, in_axes=(0, 0, 0, slots, 0), out_axes=(0, slots))(
+        x_N, pos_N, kv_mask_NC, cache, col_N)
 
   def _step(self, params, state: SlotState, store: PromptStore, plan):
     """Inserts the assigned rows, then decodes up to `steps_per_call` steps (see module doc).
@@ -314,7 +314,7 @@ class SlotPrograms:
     n = keep_n.shape[0]
     take = lambda a: self._batch_sharded(a[keep_n], n)
     return state.replace(
-        cache=self._cache_sharded(jax.tree.map(lambda a: a[keep_n], state.cache)),
+        cache=self._cache_sharded(jax.tree.map(lambda a: a[:, keep_n], state.cache)),
         kv_mask=take(state.kv_mask), x=take(state.x), length=take(state.length), s=take(state.s),
         row=take(state.row), live=take(state.live), eos=take(state.eos),
         tokens=take(state.tokens), logprobs=take(state.logprobs))

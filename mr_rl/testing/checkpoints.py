@@ -40,18 +40,21 @@ def numpy_init(model, seed: int = 0, std: float = 0.02):
 
   Shapes come from `jax.eval_shape` (`models.abstract_params`); drawing them with numpy
   avoids a jitted `model.init`, which costs seconds of compile time per family on a CPU.
+  Drawn layer by layer in the per-layer order, then stacked (as `host_params`).
   """
   import jax
   from mr_rl import models
+  from mr_rl.models.transformer import stack_layers, unstack_layers
   rng = np.random.default_rng(seed)
-  shapes = models.abstract_params(model)
+  L = model.config.n_layers
+  shapes = unstack_layers(models.abstract_params(model), L)
 
   def draw(path, x):
     if jax.tree_util.keystr(path).endswith("['scale']"):
       return np.ones(x.shape, np.float32)
     return (std * rng.standard_normal(x.shape)).astype(np.float32)
 
-  return jax.tree_util.tree_map_with_path(draw, shapes)
+  return jax.tree.map(np.asarray, stack_layers(jax.tree_util.tree_map_with_path(draw, shapes), L))
 
 
 def make_tiny_checkpoint(directory: str, family: str = "qwen3", *, d_model: int = 32,
@@ -110,11 +113,16 @@ def tiny_checkpoint_path(model_name: str, family: str, root: str | None = None) 
 
 def host_params(model, rng: np.random.Generator, std: float = 0.1):
   """`model`'s parameters drawn on the host from `rng` (normal with `std`; norm scales around
-  1): no jax init, so tests and their subprocess workers build equal weights cheaply."""
+  1): no jax init, so tests and their subprocess workers build equal weights cheaply. Drawn
+  layer by layer in the per-layer order (`models.transformer.unstack_layers`), then stacked
+  for the layer scan: the same weights for the same rng as before the scan."""
   import jax
   from mr_rl.models import abstract_params
-  return jax.tree_util.tree_map_with_path(
+  from mr_rl.models.transformer import stack_layers, unstack_layers
+  L = model.config.n_layers
+  drawn = jax.tree_util.tree_map_with_path(
       lambda path, s: (rng.normal(0.0, std, s.shape) +
                        (1.0 if jax.tree_util.keystr(path).endswith("['scale']") else 0.0)
                        ).astype(np.float32),
-      abstract_params(model))
+      unstack_layers(abstract_params(model), L))
+  return jax.tree.map(np.asarray, stack_layers(drawn, L))

@@ -59,10 +59,16 @@ def base_dirs(tmp_path_factory):
 
 
 def _random_adapters(model, cfg, seed=1):
-  """Adapters with b non-zero too (a fresh b is zero, which would test nothing)."""
+  """Adapters with b non-zero too (a fresh b is zero, which would test nothing), in the
+  adapted layers only (the others hold zeros, as every adapter tree of a run does)."""
   ad = L.init_adapters(model.config, cfg, jax.random.PRNGKey(seed))
-  return jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.PRNGKey(seed + 1),
-                                                             x.shape, x.dtype), ad)
+  on = {}
+  for layer, block, name in L.target_paths(model.config, cfg):
+    on.setdefault((block, name), np.zeros(model.config.n_layers, np.float32))[
+        int(layer.split("_")[1])] = 1.0
+  return jax.tree_util.tree_map_with_path(
+      lambda p, x: x + 0.05 * on[(p[1].key, p[2].key)].reshape((-1,) + (1,) * (x.ndim - 1)) *
+      jax.random.normal(jax.random.PRNGKey(seed + 1), x.shape, x.dtype), ad)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
@@ -113,10 +119,10 @@ def test_fresh_adapters_are_the_base_and_no_collection_is_the_reference():
   ad = L.init_adapters(model.config, cfg, jax.random.PRNGKey(1))
   np.testing.assert_array_equal(_ours(model, L.Adapted(base, ad, cfg.scale)), _ours(model, base))
   chex.assert_trees_all_equal_shapes_and_dtypes(ad, L.abstract_adapters(model.config, cfg))
-  # 7 kernels x 2 layers, a [*in, R] and b [R, *out]
+  # 7 kernels x 2 layers, stacked: a [L, *in, R] and b [L, R, *out]
   assert len(L.target_paths(model.config, cfg)) == 14
-  assert ad["layers_0"]["attn"]["o_proj"]["a"].shape == (4, 16, 2)
-  assert ad["layers_0"]["attn"]["q_proj"]["b"].shape == (2, 4, 16)
+  assert ad["layers"]["attn"]["o_proj"]["a"].shape == (2, 4, 16, 2)
+  assert ad["layers"]["attn"]["q_proj"]["b"].shape == (2, 2, 4, 16)
   assert L.merge(base) is base
 
 
@@ -144,8 +150,9 @@ class _FixedMask(torch.nn.Module):
 
 def test_dropout_forward_and_gradient_equal_peft_with_the_same_masks(base_dirs, tmp_path):
   """LoRA dropout = PEFT's lora_dropout (train mode, the adapter branch's input only): with
-  the masks drawn by hand from the documented keys (row n, kernel i of the sorted paths:
-  bernoulli(fold_in(fold_in(rng, n), i), 1 - p)), peft's logits and its adapter gradients
+  the masks drawn by hand from the documented keys (row n, kernel k of layer l:
+  bernoulli(fold_in(fold_in(rng, n), l * 7 + KERNELS.index(k)), 1 - p)), peft's logits and its
+  adapter gradients
   equal ours; p = 0 or no row keys is the plain adapted forward."""
   p, rng = 0.3, jax.random.PRNGKey(7)
   model, base = M.load_pretrained(base_dirs["qwen3"])
@@ -174,11 +181,11 @@ def test_dropout_forward_and_gradient_equal_peft_with_the_same_masks(base_dirs, 
       continue
     _, i, block, kernel = name.rsplit(".", 3)
     path = (f"layers_{i}", "attn" if block == "self_attn" else "mlp", kernel)
-    k = paths.index(path)
+    k = int(i) * len(L.KERNELS) + L.KERNELS.index(kernel)
     width = mod.in_features
     masks = [np.asarray(jax.random.bernoulli(
         jax.random.fold_in(jax.random.fold_in(rng, n), k), 1 - p,
-        (T,) + ad[path[0]][path[1]][kernel]["a"].shape[:-1])).reshape(T, width)
+        (T,) + ad["layers"][path[1]][kernel]["a"].shape[1:-1])).reshape(T, width)
              for n in range(N)]
     mod.lora_dropout["default"] = _FixedMask(torch.tensor(np.stack(masks), dtype=torch.float32),
                                              1 - p)
@@ -191,9 +198,9 @@ def test_dropout_forward_and_gradient_equal_peft_with_the_same_masks(base_dirs, 
   _real(ours, logits.detach().numpy())
   (logits * torch.tensor(C)).sum().backward()
   for path in paths:
-    g = grads[path[0]][path[1]][path[2]]
-    R = cfg.rank
-    np.testing.assert_allclose(np.asarray(g["a"]).reshape(-1, R).T, a_of[path].grad.numpy(),
-                               rtol=2e-4, atol=2e-4, err_msg=str(path))
-    np.testing.assert_allclose(np.asarray(g["b"]).reshape(R, -1).T, b_of[path].grad.numpy(),
-                               rtol=2e-4, atol=2e-4, err_msg=str(path))
+    g = grads["layers"][path[1]][path[2]]
+    layer, R = int(path[0].split("_")[1]), cfg.rank
+    np.testing.assert_allclose(np.asarray(g["a"][layer]).reshape(-1, R).T,
+                               a_of[path].grad.numpy(), rtol=2e-4, atol=2e-4, err_msg=str(path))
+    np.testing.assert_allclose(np.asarray(g["b"][layer]).reshape(R, -1).T,
+                               b_of[path].grad.numpy(), rtol=2e-4, atol=2e-4, err_msg=str(path))

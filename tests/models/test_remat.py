@@ -1,7 +1,6 @@
 """ModelConfig.remat (`config.model.remat`): a rematerialised decoder gives the same logits,
-gradients and cached decode as the plain one, and - compiled the way launch/check.py compiles
-(`KEEP_REMAT_FLAG`: XLA:CPU otherwise strips jax.checkpoint's barriers and merges the
-recomputation back into the forward) - its gradient keeps far fewer bytes alive."""
+gradients and cached decode as the plain one, and its gradient keeps far fewer bytes alive,
+compiled with or without launch/check.py's `KEEP_REMAT_FLAG`."""
 
 import dataclasses
 import os
@@ -77,8 +76,9 @@ _MEMORY = textwrap.dedent("""
 
 def test_remat_keeps_fewer_bytes_alive_when_compiled_as_the_pod_check_does():
   """Four layers' [heads, T, T] attention scores stay alive for the backward without remat; with
-  remat one block's. Without KEEP_REMAT_FLAG XLA:CPU shows no saving at all (the reason the
-  check sets it)."""
+  remat one block's. Under the layer scan the saving shows with or without KEEP_REMAT_FLAG
+  (XLA:CPU merged the recomputation back into the forward of the unrolled stack only, the
+  reason the check sets the flag)."""
   results = {}
   for name, flags in (("check", check.KEEP_REMAT_FLAG), ("default", "")):
     out = subprocess.run([sys.executable, "-c", _MEMORY], capture_output=True, text=True,
@@ -90,4 +90,4 @@ def test_remat_keeps_fewer_bytes_alive_when_compiled_as_the_pod_check_does():
   plain, remat = results["check"]
   assert remat < 0.5 * plain, results
   plain_default, remat_default = results["default"]
-  assert remat_default > 0.8 * plain_default, results  # the CPU artefact the flag removes
+  assert remat_default < 0.5 * plain_default, results

@@ -130,9 +130,9 @@ def _worker(tmpdir):
   params = shd.init_sharded(model, rng, mesh)
   res["init_equal"] = bool(all(np.array_equal(a, b) for a, b in zip(
       jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(ref_params))))
-  res["q_spec"] = _spec(params["layers_0"]["attn"]["q_proj"])
+  res["q_spec"] = _spec(params["layers"]["attn"]["q_proj"])
   res["emb_spec"] = _spec(params["embedding"])
-  res["q_shard_shape"] = list(params["layers_0"]["attn"]["q_proj"].addressable_shards[0].data.shape)
+  res["q_shard_shape"] = list(params["layers"]["attn"]["q_proj"].addressable_shards[0].data.shape)
   p_sh = shd.param_shardings(model, mesh)
   b_sh = shd.batch_sharding(mesh)
   with shd.activation_sharding(mesh):
@@ -173,8 +173,8 @@ def _worker(tmpdir):
     lg, new_cache = jax.jit(two_steps, in_shardings=(p_sh, c_sh),
                             out_shardings=(shd.batch_sharding(mesh, (B, 1, 256)), c_sh))(
                                 params, cache)
-  res["cache_spec"] = _spec(new_cache[0].v)
-  res["cache_k_spec"] = _spec(new_cache[0].k)
+  res["cache_spec"] = _spec(new_cache.v)
+  res["cache_k_spec"] = _spec(new_cache.k)
   res["decode_diff"] = float(np.abs(np.asarray(lg) - np.asarray(ref_lg)).max())
 
   # --- Qwen3-MoE under (1, 2, 1, 4): experts over the expert axis, both implementations
@@ -184,7 +184,7 @@ def _worker(tmpdir):
   mesh = shd.make_mesh({"data": 1, "fsdp": 2, "tensor": 1, "expert": -1})
   res["moe_mesh_shape"] = [mesh.shape[a] for a in shd.MESH_AXES]
   params = shd.shard_params(ref_params, model, mesh)
-  res["expert_spec"] = _spec(params["layers_0"]["mlp"]["gate_proj"])
+  res["expert_spec"] = _spec(params["layers"]["mlp"]["gate_proj"])
   p_sh = shd.param_shardings(model, mesh)
   for impl in ("dense", "ragged", "ep"):   # same params; the single-device reference is 'dense'
     model = M.Transformer(M.get_preset("tiny_moe", moe_impl=impl))
@@ -222,9 +222,9 @@ def worker_results(tmp_path_factory):
 def test_params_created_sharded(worker_results):
   r = worker_results
   assert r["init_equal"]
-  assert r["q_spec"] == ["fsdp", "tensor", None]          # [embed, heads, kv]
+  assert r["q_spec"] == [None, "fsdp", "tensor", None]    # [layers, embed, heads, kv]
   assert r["emb_spec"] == ["tensor", "fsdp"]              # [vocab, embed]
-  assert r["q_shard_shape"] == [32, 2, 16]                # [64, 4, 16] / (fsdp 2, tensor 2)
+  assert r["q_shard_shape"] == [2, 32, 2, 16]             # [2, 64, 4, 16] / (fsdp 2, tensor 2)
 
 
 def test_dense_forward_matches_single_device(worker_results):
@@ -237,15 +237,17 @@ def test_load_pretrained_into_shards(worker_results):
 
 
 def test_sharded_cache_decode_matches(worker_results):
-  assert worker_results["cache_spec"] == [["data", "fsdp", "expert"], "tensor", None, None]
-  assert worker_results["cache_k_spec"] == [["data", "fsdp", "expert"], "tensor", None, None]
+  # [L, N, J, C, W] / [L, N, J, W, C]: layers replicated, rows over the batch axes
+  assert worker_results["cache_spec"] == [None, ["data", "fsdp", "expert"], "tensor", None, None]
+  assert worker_results["cache_k_spec"] == [None, ["data", "fsdp", "expert"], "tensor", None,
+                                            None]
   assert worker_results["decode_diff"] < 1e-5
 
 
 @pytest.mark.parametrize("impl", ["dense", "ragged", "ep"])
 def test_moe_expert_parallel_matches_single_device(worker_results, impl):
   assert worker_results["moe_mesh_shape"] == [1, 2, 1, 4]
-  assert worker_results["expert_spec"] == ["expert", "fsdp", "tensor"]    # [E, embed, mlp]
+  assert worker_results["expert_spec"] == [None, "expert", "fsdp", "tensor"]  # [L, E, embed, mlp]
   assert worker_results[f"moe_{impl}_diff"] < 1e-5
 
 

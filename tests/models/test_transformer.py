@@ -126,9 +126,10 @@ def test_incremental_decode_matches_full_forward(ckpts, loaded, family):
   full = np.asarray(_jit_logits(model, params, jnp.asarray(tok), jnp.asarray(mask)))
   np.testing.assert_array_less(np.abs(inc - full)[real].max(), 2e-5)
   np.testing.assert_array_less(np.abs(inc - ref)[real].max(), 1e-4)
-  assert cache[0].k.shape == (B, 2, 16, S) and cache[0].v.shape == (B, 2, S, 16)
-  assert not np.any(np.asarray(cache[0].k[..., T:]))   # nothing written past the last token
-  assert not np.any(np.asarray(cache[0].v[:, :, T:]))   # nothing written past the last token
+  L = model.config.n_layers                    # one stacked cache for the layer scan
+  assert cache.k.shape == (L, B, 2, 16, S) and cache.v.shape == (L, B, 2, S, 16)
+  assert not np.any(np.asarray(cache.k[..., T:]))   # nothing written past the last token
+  assert not np.any(np.asarray(cache.v[:, :, :, T:]))   # nothing written past the last token
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama", "qwen3_moe"])

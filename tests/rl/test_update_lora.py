@@ -167,12 +167,12 @@ mesh = sharding.make_mesh({'data': 2, 'fsdp': 2, 'tensor': 2})
 sharded = update.learner(model, UCFG, mesh)
 base_sh = sharding.shard_params(base, model, mesh)
 s8 = sharded.init(base_sh, key)
-a = s8.params['layers_0']['attn']['q_proj']['a']      # [D, R]: D over fsdp
-b = s8.params['layers_0']['attn']['q_proj']['b']      # [R, H, W]: H over tensor
-assert a.sharding.spec == jax.sharding.PartitionSpec('fsdp', None), a.sharding
-assert b.sharding.spec == jax.sharding.PartitionSpec(None, 'tensor', None), b.sharding
+a = s8.params['layers']['attn']['q_proj']['a']      # [L, D, R]: D over fsdp
+b = s8.params['layers']['attn']['q_proj']['b']      # [L, R, H, W]: H over tensor
+assert a.sharding.spec == jax.sharding.PartitionSpec(None, 'fsdp', None), a.sharding
+assert b.sharding.spec == jax.sharding.PartitionSpec(None, None, 'tensor', None), b.sharding
 s8, m8 = sharded.update(s8, sharded.place_batch(batch), key, base_sh)
-mu = s8.opt_state[1][0].mu['layers_0']['attn']['q_proj']['a']
+mu = s8.opt_state[1][0].mu['layers']['attn']['q_proj']['a']
 assert mu.sharding == a.sharding, mu.sharding
 for x, y in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s8.params)):
   np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-4, atol=2e-6)

@@ -202,3 +202,34 @@ def run_on_eight_devices(code: str) -> None:
 
 def test_sharded_step_matches_single_device():
   run_on_eight_devices(_SHARDED)
+
+
+def test_lr_1e6_moves_fp32_master_weights_under_bf16_compute(setup):
+  """Mixed precision (docs/accelerators.md, "Precision model"): with float32 parameters and
+  bf16 matmuls, AdamW at the papers' lr 1e-6 moves nearly every weight by ~1e-6, in the
+  direction the float32 step takes; stored in bf16 the same update rounds away (the reason
+  paper configs keep float32 master weights)."""
+  _, params, batch, _ = setup
+  cfg = update.UpdateConfig(lr=1e-6, loss=losses.PolicyLossConfig(kl_coef=0.05))
+
+  def step(param_dtype, dtype):
+    model = models.Transformer(CFG.replace(param_dtype=param_dtype, dtype=dtype))
+    before = jax.tree.map(lambda x: np.asarray(jnp.asarray(x, param_dtype), np.float64), params)
+    p = jax.tree.map(lambda x: jnp.asarray(x, param_dtype), params)  # (donated by the step)
+    tx = update.make_optimizer(cfg)
+    new, m = update.make_policy_step(update.model_logits_fn(model), cfg, tx)(
+        update.init_train_state(p, tx), batch, jax.random.PRNGKey(0))
+    assert all(x.dtype == param_dtype for x in jax.tree.leaves(new.params))
+    assert m['policy_loss'].dtype == jnp.float32
+    return jax.tree.map(lambda a, b: np.asarray(a, np.float64) - b, new.params, before)
+
+  mixed = np.concatenate([d.ravel() for d in jax.tree.leaves(step(jnp.float32, jnp.bfloat16))])
+  full = np.concatenate([d.ravel() for d in jax.tree.leaves(step(jnp.float32, jnp.float32))])
+  moved = np.abs(mixed) > 1e-7
+  assert moved.mean() > 0.9, moved.mean()
+  assert 5e-7 < np.median(np.abs(mixed[moved])) < 2e-6
+  both = moved & (np.abs(full) > 1e-7)
+  assert (np.sign(mixed[both]) == np.sign(full[both])).mean() > 0.9
+  stored_bf16 = np.concatenate([d.ravel() for d in
+                                jax.tree.leaves(step(jnp.bfloat16, jnp.bfloat16))])
+  assert (np.abs(stored_bf16) > 0).mean() < 0.05  # bf16 storage: the step rounds away

@@ -57,12 +57,12 @@ def _worker():
       engine_tokens=eng.tokens.tolist(),
       engine_lengths=eng.lengths.tolist(),
       engine_logprob_diff=float(np.abs(eng.logprobs - np.asarray(eng_ref.logprobs)).max()),
-      engine_cache_spec=str(state.cache[0].k.sharding.spec),
+      engine_cache_spec=str(state.cache.k.sharding.spec),
       ref_tokens=np.asarray(ref.tokens).tolist(),
       tokens=np.asarray(out.tokens).tolist(),
       logprob_diff=float(np.abs(np.asarray(out.logprobs) - np.asarray(ref.logprobs)).max()),
       distinct=len(set(np.asarray(ref.tokens).ravel().tolist())),
-      q_spec=str(sharded_params["layers_0"]["attn"]["q_proj"].sharding.spec),
+      q_spec=str(sharded_params["layers"]["attn"]["q_proj"].sharding.spec),
       out_devices=len(out.tokens.sharding.device_set),
   )
 

@@ -105,7 +105,7 @@ def load_reward_model(path_or_hub_id: str, *, dtype=jnp.float32, mesh=None, rule
     raise ValueError(f"config.json num_objectives={n_obj} but {layout}.weight has "
                      f"{w_DK.shape[1]} rows")
   mapping = hf_io.param_mapping(config)
-  expected = {n for _, names, _, _ in mapping for n in names}
+  expected = hf_io.expected_names(mapping)
   head_names = {f"{layout}.weight", f"{layout}.bias"}
   missing = sorted(expected - set(index))
   unexpected = sorted(n for n in set(index) - expected - head_names

@@ -38,7 +38,12 @@ _LOG = logging.getLogger(__name__)
 # Everything else changes what the run computes (data, model, rewards, method, optimiser,
 # sampling, mesh, seed), so a resume with other values is refused.
 RESUMABLE = ("total_steps", "checkpoint_every", "log_every", "kl_ref_every", "alarm_window",
-             "eval", "logging", "export")
+             "eval", "logging", "export", "compile")
+
+
+# Settings added after runs were recorded without them, with the value that computes what those
+# runs computed: a checkpoint that lacks one of them resumes under that value.
+ADDED = {"model.compute_dtype": "", "model.attention_impl": "auto", "batch.column_buckets": 0}
 
 
 def flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:
@@ -60,7 +65,7 @@ def check_resume(saved: Mapping | None, current: Mapping, directory: str) -> Non
     _LOG.warning("checkpoint in %s records no settings; resuming without checking them",
                  directory)
     return
-  a, b = flatten(saved), flatten(current)
+  a, b = {**ADDED, **flatten(saved)}, flatten(current)
   allowed = lambda k: k.split(".")[0] in RESUMABLE
   diff = sorted(k for k in set(a) | set(b) if not allowed(k) and a.get(k) != b.get(k))
   if diff:

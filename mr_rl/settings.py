@@ -326,10 +326,35 @@ class ExportSettings:
   hf_at_end: bool               # write WORKDIR/hf/ (a transformers checkpoint) after training
 
 
+def _compile(c) -> "CompileSettings":
+  if not isinstance(c.cache_dir, str):
+    raise ValueError(f"config.compile.cache_dir must be a directory, '' or 'off', got "
+                     f"{c.cache_dir!r}")
+  if not isinstance(c.warmup, bool):
+    raise ValueError(f"config.compile.warmup must be True or False, got {c.warmup!r}")
+  return CompileSettings(cache_dir=c.cache_dir, warmup=c.warmup)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileSettings:
+  cache_dir: str                # jax's persistent compilation cache ('' = the default, 'off')
+  warmup: bool                  # compile every predicted learner / rollout program before step 0
+
+  @property
+  def cache(self) -> str:
+    """The cache directory to use, or '' when off."""
+    from mr_rl import compilation
+    if self.cache_dir == "off":
+      return ""
+    return self.cache_dir or compilation.default_cache_dir()
+
+
 @dataclasses.dataclass(frozen=True)
 class BatchSettings:
   trim_columns: bool            # update batch cut to the columns in use (rollout.update_batch)
   mask_truncated: bool          # DAPO overlong filtering: truncated responses enter no loss
+  column_buckets: int = 0       # 0: the fine width grid; n: n response widths, whole prompt
+                                # (mr_rl.rl.batch.make_batch; n programs per learner program)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -364,6 +389,7 @@ class RunSettings:
   batch: BatchSettings
   dynamic: DynamicSamplingSettings
   asynchrony: AsyncSettings = AsyncSettings()  # rollout.max_staleness / sampler_devices
+  compile: CompileSettings = CompileSettings("", False)  # config.compile
 
   @property
   def num_channels(self) -> int:
@@ -438,8 +464,17 @@ def default_config():
       slots=0,                    # continuous engine's decode slots (0 = one per row)
       max_staleness=0,            # s: groups sampled up to s updates ago (0 = synchronous)
       sampler_devices=0))         # devices for the sampler, the rest learn (0 = share all)
+  c.compile = ml_collections.ConfigDict(dict(
+      cache_dir="",               # jax's persistent compilation cache: '' = $MR_RL_CACHE/xla
+                                  # (~/.cache/mr_rl/xla), a directory, or 'off'; a restarted or
+                                  # resumed run loads its programs instead of compiling them
+      warmup=False))              # compile every program the settings predict (learner widths,
+                                  # prompt buckets) before step 0 (mr_rl.program_plan)
   c.update_batch = ml_collections.ConfigDict(dict(
       trim_columns=True,          # update / reference / critic over the columns in use (bucketed)
+      column_buckets=0,           # with trim_columns: 0 = the fine width grid (least padding,
+                                  # O(log^2) shapes); n = the whole prompt and n response widths
+                                  # (n compiled learner programs: accelerator runs)
       pack=U.pack,                # several sequences per row (segment ids); GRPO family only
       mask_truncated=False))      # DAPO overlong filtering: truncated responses enter no loss
   c.dynamic_sampling = ml_collections.ConfigDict(dict(
@@ -716,9 +751,11 @@ def from_config(cfg) -> RunSettings:
       aggregator=AggregatorSettings(name=agg_name, hp=agg_hp),
       advantage=advantage, advantage_hp=adv_hp, update=update,
       anchor=anchor, eval=evals,
-      logging=_logging(c.logging), export=_export(c.export),
+      logging=_logging(c.logging), export=_export(c.export), compile=_compile(c.compile),
       batch=BatchSettings(trim_columns=c.update_batch.trim_columns,
-                          mask_truncated=c.update_batch.mask_truncated),
+                          mask_truncated=c.update_batch.mask_truncated,
+                          column_buckets=_count("update_batch.column_buckets",
+                                                c.update_batch.column_buckets, True)),
       dynamic=dynamic, asynchrony=asynchrony)
   # Build the aggregator once so unknown hyperparameters fail now, not at step 1.
   aggregators.get(agg_name, **agg_hp).init(len(channels))

@@ -47,7 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mr_rl import async_rl, data, distributed, evaluation, metrics as metrics_lib, models
+from mr_rl import async_rl, compilation, data, distributed, evaluation
+from mr_rl import metrics as metrics_lib, models, program_plan
 from mr_rl import rollout as rollout_lib
 from mr_rl.checkpointing import Checkpointer, check_resume
 from mr_rl.preemption import PREEMPTED_EXIT_CODE, Preempted, Preemption  # noqa: F401
@@ -180,8 +181,15 @@ def drop_long_prompts(policy: rollout_lib.Policy, examples, what: str) -> list:
   return kept
 
 
+def enable_compile_cache(settings: RunSettings) -> None:
+  """jax's persistent compilation cache as `compile.cache_dir` says (`mr_rl.compilation`)."""
+  if settings.compile.cache:
+    compilation.enable_cache(settings.compile.cache)
+
+
 def build(settings: RunSettings) -> Components:
   """Loads the policy, data and reward channels of a run (on a mesh with > 1 device)."""
+  enable_compile_cache(settings)
   learner_mesh = None
   if settings.asynchrony.sampler_devices:  # disjoint sampler / learner devices (config.mesh:
     mesh, learner_mesh = async_rl.split_meshes(  # the learner's devices)
@@ -255,7 +263,14 @@ class Draw:
 
 def train(settings: RunSettings, workdir: str | None, *, comp: Components | None = None,
           init_params=None, log: Callable[[str], None] | None = print) -> TrainResult:
-  """Runs GRPO-family or PPO training for settings.total_steps (resuming from workdir)."""
+  """Runs GRPO-family or PPO training for settings.total_steps (resuming from workdir).
+
+  Every compile of a device program is logged as it happens (`mr_rl.compilation`) and counted
+  in the step's `compile/*` metrics; with `compile.warmup` the programs the settings predict
+  compile before step 0 (`mr_rl.program_plan`)."""
+  enable_compile_cache(settings)
+  compiles = compilation.compile_log()
+  seen = first = len(compiles)
   comp = build(settings) if comp is None else dataclasses.replace(comp, settings=settings)
   s = settings
   log = log if distributed.is_primary() else None
@@ -310,6 +325,12 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
     return {"step": step + 1, "data": data_iter.state(), "alarm": alarm.state(),
             "settings": settings_record, "reward_errors": dict(comp.runner.error_counts)}
 
+  if s.compile.warmup:
+    n = program_plan.warm_up(comp, s, learner, state["train"])
+    compilation.log_compiles(compiles.since(seen), log)
+    seen = len(compiles)
+    if log:
+      log(f"warm-up: compiled {n} programs ahead of step 0")
   with Preemption() as preemption, pipe:
     pipe.push(learner.policy(state["train"], comp.base_params))
     row_multiple = M * (1 if comp.mesh is None else sharding.data_parallel_size(comp.mesh))
@@ -359,6 +380,10 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
       m.update({"time/rollout": draw.t_rollout, "time/reward": draw.t_reward,
                 "time/update": t1 - t0})
       m.update(pipe.metrics())  # (after the weight push of this step's update)
+      new = compiles.since(seen)  # every program compiled (or loaded from the cache) this step
+      seen += len(new)
+      compilation.log_compiles(new, log)
+      m.update(compilation.metrics(new, seen - first))
       if s.eval.every and (step + 1) % s.eval.every == 0:
         pipe.settle()  # the reward runner is the evaluation's alone
         m.update(evaluation.run_evaluation(
@@ -431,7 +456,8 @@ def learner_batch(s: RunSettings, draw: Draw, sig: signal_lib.Signal, learner, t
     pack = batch_lib.PackSpec(s.update.loss.loss_agg, s.update.loss.norm_len, row_multiple)
   A_BG = None if ppo else signal_lib.pad_groups(sig, B).A_BG
   return batch_lib.make_batch(draw.rollout, A_BG, loss_rows_BG=loss_rows,
-                              trim=s.batch.trim_columns, ppo=ppo, pack=pack)
+                              trim=s.batch.trim_columns,
+                              column_buckets=s.batch.column_buckets, ppo=ppo, pack=pack)
 
 
 def draw_groups(comp: Components, params, agg_state, data_iter, signal, k_roll,

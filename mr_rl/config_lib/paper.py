@@ -80,6 +80,7 @@ def set_model(c, key: str) -> None:
   c.model.compute_dtype = "bfloat16"                   # bf16 matmuls / activations (norms,
                                                        # softmax, log-probs, losses in fp32)
   c.rollout.cache_dtype = "bfloat16"                   # the sampler in bf16 with a bf16 KV cache
+  c.update_batch.column_buckets = 4                    # 4 learner widths: P + S/8 .. P + S
   c.mesh = ml_collections.ConfigDict(dict(m.mesh))     # tensor parallel (MoE: + expert axis)
   c.optim.num_micro_batches = m.micro_batches          # one row per micro-batch and data group
 

@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mr_rl import compilation
 from mr_rl.models.config import ModelConfig
 
 KERNELS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -284,8 +285,7 @@ def _delta(a, b):
                                                            b.astype(jnp.float32))
 
 
-@jax.jit
-def _merge(adapted: Adapted):
+def _merge_impl(adapted: Adapted):
   base = flax.core.unfreeze(adapted.base) if isinstance(adapted.base, flax.core.FrozenDict) \
       else jax.tree.map(lambda x: x, adapted.base)
   for path, ab in _flat_adapters(adapted.lora):
@@ -295,6 +295,9 @@ def _merge(adapted: Adapted):
     w = d[path[-1]]
     d[path[-1]] = (w.astype(jnp.float32) + adapted.scale * _delta(ab["a"], ab["b"])).astype(w.dtype)
   return base
+
+
+_merge = jax.jit(compilation.program("lora_merge", _merge_impl))
 
 
 def merge(params):

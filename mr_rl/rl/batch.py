@@ -84,6 +84,20 @@ def column_bucket(n: int, cap: int) -> int:
   return min(size_bucket(n, MIN_COLUMN_BUCKET), int(cap))
 
 
+def response_buckets(S: int, n: int) -> tuple[int, ...]:
+  """The n response widths of `make_batch(column_buckets=n)`: S, then halved (rounded up to a
+  multiple of 8), down to `MIN_COLUMN_BUCKET`, smallest first; fewer when S is small."""
+  if n < 1:
+    raise ValueError(f"column_buckets must be >= 1 here, got {n}")
+  out = [int(S)]
+  while len(out) < n:
+    nxt = max(MIN_COLUMN_BUCKET, -(-(-(-out[-1] // 2)) // 8) * 8)
+    if nxt >= out[-1]:
+      break
+    out.append(nxt)
+  return tuple(sorted(out))
+
+
 def response_start_bucket(p_w: int, P: int) -> int:
   """The static response start of a batch whose responses begin at column `p_w` (>= 1): the
   largest of P and the `size_bucket` sizes (1, 2, 3, 4, 6, 8, ...) that is <= `p_w`. At
@@ -201,7 +215,8 @@ class PPOTargets:
 
 
 def make_batch(ro, advantages_BG=None, *, loss_rows_BG=None, trim: bool = True,
-               ppo: PPOTargets | None = None, pack: PackSpec | None = None) -> LearnerBatch:
+               column_buckets: int = 0, ppo: PPOTargets | None = None,
+               pack: PackSpec | None = None) -> LearnerBatch:
   """The learner batch of a rollout (`mr_rl.rollout.Rollout`).
 
   Args:
@@ -212,6 +227,10 @@ def make_batch(ro, advantages_BG=None, *, loss_rows_BG=None, trim: bool = True,
       sampling's unfilled slots). They do not count towards the trimmed width, and packing
       leaves them out.
     trim: keep only the columns in use (module docstring); else T = P + S.
+    column_buckets: with `trim`, 0 = the fine grid (widths on `column_bucket`, response starts
+      on `response_start_bucket`: least padding, O(log^2) shapes); n > 0 = the whole prompt
+      width P and the smallest of the n `response_buckets` that holds the longest response
+      (n shapes, response start P: what an accelerator run compiles, docs/accelerators.md).
     ppo: PPO's targets: advantages and returns per token from GAE on the critic's values.
     pack: pack the rows (module docstring); GRPO family only.
 
@@ -232,7 +251,10 @@ def make_batch(ro, advantages_BG=None, *, loss_rows_BG=None, trim: bool = True,
   if loss_rows_BG is not None:
     keep_N = np.asarray(loss_rows_BG, bool).reshape(N)
     loss_resp = resp * keep_N[:, None].astype(resp.dtype)
-  if trim:  # one bucketed width T; the prompt / response split inside it is data, not shape
+  if trim and column_buckets:  # the prompt side whole, the response side on n buckets
+    s_used = max(int(loss_resp.sum(1).max()), 1)
+    p_w, s_w = P, next(b for b in response_buckets(S, column_buckets) if b >= s_used)
+  elif trim:  # one bucketed width T; the prompt / response split inside it is data, not shape
     p_used = int(ro.prompt_mask.sum(1).max())
     s_used = max(int(loss_resp.sum(1).max()), 1)
     width = column_bucket(p_used + s_used, P + S)
@@ -297,6 +319,23 @@ def placement(lengths_N, width: int) -> list[list[int]]:
       free[len(rows)] = width - n
       rows.append([int(i)])
   return rows
+
+
+def learner_shapes(P: int, S: int, trim: bool = True, column_buckets: int = 0) -> set:
+  """Every (T, response_start) an unpacked learner batch of prompt width P and response cap S
+  can take (`make_batch`): the shapes the policy step, the reference and critic forwards
+  compile for."""
+  if not trim:
+    return {(P + S, response_start_bucket(P, P))}
+  if column_buckets:
+    return {(P + b, P) for b in response_buckets(S, column_buckets)}
+  out = set()
+  for s_used in range(1, S + 1):
+    widths = {column_bucket(t, P + S) for t in range(s_used + 1, s_used + P + 1)}
+    for width in widths:
+      p_w = min(P, width - s_used)
+      out.add((width, response_start_bucket(p_w, P)))
+  return out
 
 
 def packed_sequences(batch: LearnerBatch) -> int:

@@ -20,7 +20,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from mr_rl import aggregators
+from mr_rl import aggregators, compilation
 from mr_rl.rl import advantages as adv_lib
 
 
@@ -63,7 +63,6 @@ def _signal_fn(name: str, hp_items: tuple, advantage: str | None, adv_hp_items: 
   adv_fn = None if advantage is None else adv_lib.get_advantage(advantage, **dict(adv_hp_items))
   channel_weights = advantage is not None and adv_lib.uses_channels(advantage)
 
-  @jax.jit
   def fn(agg_state, r_BGK, key) -> Signal:
     R_BG, new_state, m = agg.apply(agg_state, r_BGK, key)
     A_BG = None
@@ -73,7 +72,7 @@ def _signal_fn(name: str, hp_items: tuple, advantage: str | None, adv_hp_items: 
              frac_zero_std_channels=adv_lib.frac_zero_std_channels(r_BGK))
     return Signal(R_BG, A_BG, new_state, m)
 
-  return agg, fn
+  return agg, jax.jit(compilation.program("signal", fn))
 
 
 def pad_groups(sig: Signal, B: int) -> Signal:

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from mr_rl import compilation
 from mr_rl.models import sharding
 from mr_rl.rl import critic as critic_lib
 from mr_rl.rl.batch import LearnerBatch, batch_fields, example_batch, response_logprobs
@@ -233,6 +234,8 @@ def _step_impl(state, batch, rng, base=None, *, logits_fn, tx, config, value_fn=
 
 
 def _jit(impl, mesh, rules, state_sharding, batch_example, base_sharding=None):
+  impl = compilation.program('ppo_step' if impl.keywords.get('value_fn') else 'policy_step',
+                             impl)
   if mesh is None:
     return jax.jit(impl, donate_argnums=0)
   if state_sharding is None or batch_example is None:
@@ -319,12 +322,11 @@ def make_logprob_fn(logits_fn: LogitsFn):
   """Jitted ``(params, tokens_NT, mask_NT[, segment_ids_NT]) -> logp_NT`` (e.g. reference
   log-probs; segment ids for packed rows)."""
 
-  @jax.jit
   def fn(params, tokens_NT, mask_NT, segment_ids_NT=None):
     seg = () if segment_ids_NT is None else (segment_ids_NT,)
     return token_logprobs_and_entropy(logits_fn(params, tokens_NT, mask_NT, *seg), tokens_NT)[0]
 
-  return fn
+  return jax.jit(compilation.program('logprob_forward', fn))
 
 
 def chunked_forward(fn: Callable, params, *rows, num_chunks: int, mesh=None):
@@ -493,5 +495,6 @@ def learner(model, config: UpdateConfig, mesh=None, ppo: bool = False) -> Learne
     step = make_ppo_step(logits_fn, value_fn, config, tx, value_tx, **mesh_kw)
   else:
     step = make_policy_step(logits_fn, config, tx, **mesh_kw)
-  return Learner(model, tx, value_tx, step, None if value_fn is None else jax.jit(value_fn),
+  value_fn = None if value_fn is None else jax.jit(compilation.program('value_forward', value_fn))
+  return Learner(model, tx, value_tx, step, value_fn,
                  st_sh, b_sh, batch_fields(config, ppo), config.lora, mesh)

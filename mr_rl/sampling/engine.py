@@ -293,6 +293,33 @@ class Engine:
     for gathered, meta in pending:
       yield from self._emit(gathered, meta)
 
+  def warm_up(self, params, prompts_BP, prompt_mask_BP, *, group_size: int) -> int:
+    """Compiles every program `stream` runs for prompts of this batch's bucket (its init and
+    prefill, and the step, gather and shrink of each pool size) with the arguments `stream`
+    passes; `init` and each `shrink` run (one pool's memory, freed after). Returns how many
+    programs were compiled (into the persistent cache, when it is on)."""
+    tokens_BP, mask_BP = prepare_prompts(prompts_BP, prompt_mask_BP, pad_id=self.pad_id,
+                                         vocab_size=self.model.config.vocab_size,
+                                         buckets=self.prompt_buckets)
+    n_prompts, bucket = tokens_BP.shape
+    m = self.prefill_size(group_size)
+    progs = self.programs(self.slots, m)
+    state, store = progs.init(jax.random.PRNGKey(0), bucket)
+    idx = np.arange(m) % n_prompts
+    progs.prefill.lower(params, store, self._put(tokens_BP[idx]), self._put(mask_BP[idx]),
+                        self._put(np.int32(0))).compile()
+    count = 2
+    for size in self.pool_sizes():
+      progs = self.programs(size, m)
+      plan = np.concatenate([np.full((size,), -1, np.int32), np.zeros((size + 1,), np.int32)])
+      progs.step.lower(params, state, store, self._put(plan)).compile()
+      progs.gather.lower(state, self._put(np.zeros((GATHER_ROWS,), np.int32))).compile()
+      count += 2
+      if progs.shrink_at:
+        state = progs.shrink(state, self._put(np.arange(progs.shrink_at, dtype=np.int32)))
+        count += 1
+    return count
+
   @staticmethod
   def _emit(gathered, meta) -> Iterator[FinishedRow]:
     tokens_mS, logprobs_mS = (_to_host(a) for a in gathered)
@@ -326,7 +353,7 @@ class Engine:
 
 
 @functools.lru_cache(maxsize=16)
-def _cached_engine(model, slots, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id,
+def cached_engine(model, slots, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id,
                    prompt_buckets, mesh, cache_dtype) -> Engine:
   return Engine(model, slots=slots, max_new_tokens=max_new_tokens, temperature=temperature,
                 top_k=top_k, top_p=top_p, eos_id=eos_ids, pad_id=pad_id,
@@ -350,7 +377,7 @@ def generate_continuous(model, params, prompts_BP, prompt_mask_BP, *, group_size
   if not isinstance(slots, int) or slots < 0:
     raise ValueError(f"slots must be an int >= 0 (0 = one per row), got {slots!r}")
   buckets = None if prompt_buckets is None else tuple(int(b) for b in prompt_buckets)
-  engine = _cached_engine(model, slots or batch * group_size, max_new_tokens, temperature, top_k,
+  engine = cached_engine(model, slots or batch * group_size, max_new_tokens, temperature, top_k,
                           top_p, normalize_eos(eos_id), pad_id, buckets, mesh,
                           None if cache_dtype is None else str(cache_dtype))
   out = engine(params, prompts_BP, prompt_mask_BP, key=key, group_size=group_size,

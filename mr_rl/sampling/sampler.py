@@ -54,6 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mr_rl import compilation
 from mr_rl.models import init_cache, positions_from_mask
 from mr_rl.models.layers import cache_batch, cache_length, grow_cache
 from mr_rl.sampling import processing
@@ -222,7 +223,7 @@ class Sampler:
     fn = self._sample
     if max_traces is not None:
       fn = chex.assert_max_traces(fn, n=max_traces)
-    self._jitted = jax.jit(fn)
+    self._jitted = jax.jit(compilation.program("sampler", fn))
 
   # ----------------------------------------------------------------------------- host side
   def prepare(self, prompts_NP, prompt_mask_NP) -> tuple[np.ndarray, np.ndarray]:
@@ -357,7 +358,7 @@ class Sampler:
 
 
 @functools.lru_cache(maxsize=32)
-def _cached_sampler(model, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id,
+def cached_sampler(model, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id,
                     prompt_buckets, mesh, cache_dtype=None, key_schedule="step") -> Sampler:
   return Sampler(model, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                  top_p=top_p, eos_id=eos_ids, pad_id=pad_id, prompt_buckets=prompt_buckets,
@@ -392,7 +393,7 @@ def generate(model, params, prompts_NP, prompt_mask_NP, *, key: jax.Array, max_n
   """
   eos_ids = normalize_eos(eos_id)
   buckets = None if prompt_buckets is None else tuple(int(b) for b in prompt_buckets)
-  sampler = _cached_sampler(model, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id,
+  sampler = cached_sampler(model, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id,
                             buckets, mesh, None if cache_dtype is None else str(cache_dtype),
                             key_schedule)
   return sampler(params, prompts_NP, prompt_mask_NP, key=key)

@@ -38,6 +38,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from mr_rl import compilation
 from mr_rl.models import LayerCache, init_cache, positions_from_mask
 from mr_rl.models.layers import cache_batch, cache_length
 from mr_rl.sampling import processing
@@ -140,10 +141,11 @@ class SlotPrograms:
     wrap = self._wrap = ((lambda f: f) if max_traces is None
                          else (lambda f: chex.assert_max_traces(f, n=max_traces)))
     self._init = functools.lru_cache(maxsize=None)(self._jit_init)
-    self.prefill = jax.jit(wrap(self._prefill), donate_argnums=1)
-    self.step = jax.jit(wrap(self._step), donate_argnums=1)
-    self.gather = jax.jit(wrap(self._gather))
-    self.shrink = jax.jit(wrap(self._shrink))
+    named = lambda name, fn: compilation.program(f"engine_{name}", wrap(fn))
+    self.prefill = jax.jit(named("prefill", self._prefill), donate_argnums=1)
+    self.step = jax.jit(named("step", self._step), donate_argnums=1)
+    self.gather = jax.jit(named("gather", self._gather))
+    self.shrink = jax.jit(named("shrink", self._shrink), donate_argnums=0)
 
   # --------------------------------------------------------------------------- shardings
   def _batch_sharded(self, x, batch_axis_size: int):
@@ -201,7 +203,7 @@ class SlotPrograms:
           length=zeros((m2,), jnp.int32))
       return state, store
 
-    return jax.jit(self._wrap(init))
+    return jax.jit(compilation.program("engine_init", self._wrap(init)))
 
   def _prefill(self, params, store: PromptStore, tokens_MP, mask_MP, half) -> PromptStore:
     """Runs M prompts' first P - 1 tokens through the model into store entries

@@ -50,17 +50,17 @@ def assert_same_metrics(a: list[dict], b: list[dict], rtol: float = 0.0) -> None
         assert x[k] == y[k], (x["step"], k, x[k], y[k])
 
 
-def write_random_policy(out: str) -> str:
+def write_random_policy(out: str, n_layers: int = 1) -> str:
   """The demo policy's architecture (4 heads, 2 KV heads, d 32, vocab a multiple of 8, so
-  every dimension splits over tensor = fsdp = 2) with random weights and its tokenizer,
-  written to `out` (returned)."""
+  every dimension splits over tensor = fsdp = 2; `n_layers` layers) with random weights and its
+  tokenizer, written to `out` (returned)."""
   import jax
   from mr_rl import models
   from mr_rl.demo import task, warmstart
   tokenizer = task.make_tokenizer()
   vocab = int(np.ceil(len(tokenizer) / 8) * 8)
   model = models.Transformer(warmstart.model_config(
-      vocab, warmstart.WarmStartConfig(d_model=32, n_layers=1)))
+      vocab, warmstart.WarmStartConfig(d_model=32, n_layers=n_layers)))
   rng = np.random.default_rng(0)  # host-drawn (init_params compiles for ~10 s on 2 cores)
   params = jax.tree_util.tree_map_with_path(
       lambda path, x: (np.ones(x.shape) if jax.tree_util.keystr(path).endswith("['scale']")

@@ -36,8 +36,8 @@ in place of a name (``config.rewards.channels = "accuracy,my_pkg.rewards:concise
   the channel, when the channel is built.
 
 Return values (TRL's ``reward_funcs`` convention): a real number in the channel's
-``value_range`` (built-in channels declare theirs; a value outside it stops the run naming the
-channel and the value), or ``None`` / NaN when the channel does not apply on purpose. Whether
+``value_range`` (built-in channels declare theirs; a value outside it, +-inf or an int too
+large for a float fails that row: ``RewardValueError``, scored ``on_failure``), or ``None`` / NaN when the channel does not apply on purpose. Whether
 a channel applies is decided per prompt: where it scores some of a prompt's responses, its
 ``None`` / NaN on the others score ``on_failure`` (see ``mr_rl.rewards.runner``). A *failure* (the scorer raised, timed out
 or its worker died on this response) is never "does not apply": it scores the channel's
@@ -121,8 +121,8 @@ class RewardChannel:
     on_failure: the score of a failed call (raised, timed out, worker died), and of a
       None / NaN response of a prompt the channel applies to: finite, in ``value_range``.
     batched: fn takes the whole batch at once.
-    value_range: ``(lo, hi)``, the scores fn can return (inclusive); a score outside it is a
-      ``RewardConfigError`` in the runner. Built-in channels declare theirs.
+    value_range: ``(lo, hi)``, the scores fn can return (inclusive); a score outside it fails
+      its row in the runner (``RewardValueError``). Built-in channels declare theirs.
   """
   name: str
   fn: RewardFn

@@ -19,11 +19,11 @@ of four ways, and the line between them is drawn here:
   ``rewards/<name>/not_applicable``). A channel that applies to no group of a batch for
   ``not_applicable_patience`` consecutive runner calls stops the run
   (``RewardFailureError``, naming it): a channel that never applies is a set-up error.
-* **out of range**: a score outside the channel's ``value_range`` (built-in channels declare
-  theirs, e.g. [0, 1]; other channels default to [-1e6, 1e6]) is a configuration error
-  (below), naming the channel and the value: a scorer returning 1e30 is broken.
 * **failure** (the response broke the scorer): the function raised anything but a
-  ``RewardConfigError``, overran ``timeout_s``, or its worker process died -> the channel's
+  ``RewardConfigError``, overran ``timeout_s``, its worker process died, or it returned a
+  number that is no score (``RewardValueError``: +-inf, an int too large for a float, a
+  value outside the channel's ``value_range``; built-in channels declare theirs, e.g.
+  [0, 1], others default to [-1e6, 1e6]) -> the channel's
   ``on_failure`` value (0.0 by default), never NaN, so a policy cannot earn reward by making
   a verifier crash or time out. Counted in ``rewards/<name>/errors`` (timeouts also in
   ``/timeouts``), cumulatively in ``error_counts`` / ``timeout_counts``, with the latest
@@ -34,7 +34,8 @@ of four ways, and the line between them is drawn here:
   function raised ``RewardConfigError`` (a ``MissingFieldError`` when it reads an example
   field the data does not have: examples reach channels as ``ExampleFields``, whose missing
   keys raise it), it returned something that is not a reward (a str, a list from a
-  per-sample function, +-inf, a batched list of the wrong length), or a "process" call
+  per-sample function, a batched list of the wrong length: a channel declared as the wrong
+  kind), or a "process" call
   could not be sent to or loaded in a worker (``pool.WorkerSetupError``: a function in
   ``__main__``, a plugin module that does not import there, workers that cannot start).
   The runner raises ``RewardConfigError`` at the first batch, naming the channel, the error
@@ -77,17 +78,24 @@ from mr_rl.rewards.process.pool import (HardTimeoutPool, RewardTimeoutError, Rew
 
 __all__ = ["DEFAULT_VALUE_RANGE", "KINDS", "REWARDS", "ExampleFields", "HardTimeoutPool",
            "MissingFieldError", "RewardChannel", "RewardConfigError", "RewardFailureError",
-           "RewardRunner", "RewardTimeoutError", "RewardWorkerError", "WorkerSetupError",
+           "RewardRunner", "RewardTimeoutError", "RewardValueError", "RewardWorkerError",
+           "WorkerSetupError",
            "available_rewards", "batched_reward", "channel_name", "get_reward", "is_import_path", "register_reward",
            "shared_pool"]
 
 _LOG = logging.getLogger(__name__)
 _FATAL = (RewardConfigError, WorkerSetupError)
+_F32_MAX = float(np.finfo(np.float32).max)
 _COUNTS = ("errors", "timeouts", "not_applicable", "unscorable")  # per-channel counts per call
 
 
 class RewardFailureError(RuntimeError):
   """A channel failed on too large a share of its calls for too many consecutive batches."""
+
+
+class RewardValueError(ValueError):
+  """A reward function returned a number that is no score (+-inf, an int too large for a
+  float, a value outside the channel's ``value_range``): scored as that row's failure."""
 
 
 # ----------------------------------------------------------------------------
@@ -96,7 +104,13 @@ class RewardFailureError(RuntimeError):
 
 
 def _as_score(value: Any, channel: RewardChannel) -> float:
-  """A returned value as a score (NaN = does not apply); RewardConfigError if it is none."""
+  """A returned value as a score (NaN: None / NaN).
+
+  Raises:
+    RewardValueError: a number that is no score (+-inf, too large for a float, outside the
+      channel's value_range): a failure of this row, scored ``on_failure``.
+    RewardConfigError: not a number at all (the channel is broken or declared wrongly).
+  """
   if value is None:
     return math.nan
   if isinstance(value, (bool, np.bool_)):
@@ -104,14 +118,16 @@ def _as_score(value: Any, channel: RewardChannel) -> float:
   if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "biuf":
     value = value.item()
   if isinstance(value, numbers.Real):
-    score = float(value)
-    if math.isinf(score):
-      raise RewardConfigError(f"returned {score}: a reward is a finite number, or None / NaN "
-                              f"for 'does not apply'")
+    try:
+      score = float(value)
+    except (OverflowError, ValueError, TypeError) as e:  # a 400-digit int, an odd Real
+      raise RewardValueError(f"returned {type(value).__name__} that is no float ({e})") from None
+    if math.isinf(score) or abs(score) > _F32_MAX:  # r_BGK is float32
+      raise RewardValueError(f"returned {score}: a reward is a finite float32")
     lo, hi = channel.value_range
     if not (lo <= score <= hi or math.isnan(score)):
-      raise RewardConfigError(f"returned {score!r}, outside the channel's value_range "
-                              f"[{lo:g}, {hi:g}]")
+      raise RewardValueError(f"returned {score!r}, outside the channel's value_range "
+                             f"[{lo:g}, {hi:g}]")
     return score
   hint = ""
   if isinstance(value, (list, tuple, np.ndarray)) and not channel.batched:
@@ -120,12 +136,19 @@ def _as_score(value: Any, channel: RewardChannel) -> float:
                           f"number, or None / NaN for 'does not apply'{hint}")
 
 
-def _as_scores(value: Any, channel: RewardChannel, n: int) -> list[float]:
+def _as_scores(value: Any, channel: RewardChannel, n: int) -> list[float | RewardValueError]:
+  """A batched call's values: a score or the ``RewardValueError`` of each row."""
   if not isinstance(value, (list, tuple, np.ndarray)) or np.ndim(value) != 1 or len(value) != n:
     raise RewardConfigError(f"batched function returned {type(value).__name__} "
                             f"{value!r:.80}; expected a list of {n} rewards (one per response, "
                             f"None / NaN where it does not apply)")
-  return [_as_score(v, channel) for v in value]
+  out = []
+  for v in value:
+    try:
+      out.append(_as_score(v, channel))
+    except RewardValueError as e:
+      out.append(e)
+  return out
 
 
 # ----------------------------------------------------------------------------
@@ -308,15 +331,24 @@ class RewardRunner:
       name, n = c.channel.name, (1 if c.index is not None else len(picked))
       where = (*c.index, c.k) if c.index is not None else (*map(list, zip(*picked)), c.k)
       if c.error is None:
+        rows = [c.index] if c.index is not None else picked
         try:
           if c.index is None:
-            scores = np.asarray(_as_scores(c.value, c.channel, len(picked)), np.float32)
+            values = _as_scores(c.value, c.channel, len(picked))
           else:
-            scores = _as_score(c.value, c.channel)
+            values = [_as_score(c.value, c.channel)]
         except RewardConfigError as e:
           config_errors.append((c, e))
           continue
-        r_BGK[where] = scores
+        except RewardValueError as e:
+          values = [e]
+        for (b, g), v in zip(rows, values):
+          if isinstance(v, RewardValueError):  # this row's failure, not the run's
+            r_BGK[b, g, c.k] = c.channel.on_failure
+            stats["errors"][name] += 1
+            last_errors[name] = repr(v)
+          else:
+            r_BGK[b, g, c.k] = v
       elif isinstance(c.error, _FATAL):
         config_errors.append((c, c.error))
       else:

@@ -163,13 +163,15 @@ def _one_and_a_half(response, example, num_tokens):
   return 1.5
 
 
-def test_a_score_outside_the_channel_range_stops_the_run_naming_channel_and_value():
-  with pytest.raises(rr.RewardConfigError, match=r"reward channel 'huge' .*returned 1e\+30, "
-                                                 r"outside the channel's value_range \[-1e\+06, 1e\+06\]"):
-    rr.RewardRunner([rr.RewardChannel("huge", _huge)])([["a"]], [{}], np.array([[1]]))
-  unit = rr.RewardChannel("unit", _one_and_a_half, value_range=(0, 1))
-  with pytest.raises(rr.RewardConfigError, match=r"'unit' .*returned 1.5, outside .*\[0, 1\]"):
-    rr.RewardRunner([unit])([["a"]], [{}], np.array([[1]]))
+def test_a_score_outside_the_channel_range_fails_its_row_naming_channel_and_value():
+  runner = rr.RewardRunner([rr.RewardChannel("huge", _huge)], max_failure_share=1.0)
+  assert runner([["a"]], [{}], np.array([[1]]))[0][0, 0, 0] == 0.0  # on_failure
+  assert runner.last_errors["huge"] == ("RewardValueError(\"returned 1e+30, outside the "
+                                        "channel's value_range [-1e+06, 1e+06]\")")
+  unit = rr.RewardChannel("unit", _one_and_a_half, value_range=(0, 1), on_failure=0.25)
+  runner = rr.RewardRunner([unit], max_failure_share=1.0)
+  assert runner([["a"]], [{}], np.array([[1]]))[0][0, 0, 0] == 0.25
+  assert "returned 1.5, outside the channel's value_range [0, 1]" in runner.last_errors["unit"]
   assert rr.RewardRunner([rr.RewardChannel("wide", _huge, value_range=(0, 1e31))])(
       [["a"]], [{}], np.array([[1]]))[0][0, 0, 0] == np.float32(1e30)
 
@@ -287,7 +289,6 @@ def test_missing_example_field_stops_the_run_naming_channel_field_and_keys(kind)
                      r"\['reference'\]\)$"),
     (lambda r, e, n: "1.0", r"RewardConfigError: returned str '1.0': a reward is a real number"),
     (lambda r, e, n: [1.0], r"returned list \[1.0\].*mark batched functions batched=True"),
-    (lambda r, e, n: float("-inf"), r"returned -inf: a reward is a finite number"),
 ])
 def test_broken_scorers_stop_the_run(fn, match):
   runner = rr.RewardRunner([rr.RewardChannel("broken", fn)], timeout_s=30)

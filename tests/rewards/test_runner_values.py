@@ -1,0 +1,71 @@
+"""What one response, or one channel, can do to the other rows of a batch (issue 33 items 7-9).
+
+* A value a response makes a scorer return (inf, 1e7 outside the range, a 400-digit int)
+  fails that row only; the run goes on.
+* Channels get a read-only example: one channel cannot change what another scores against.
+* A channel applies to a prompt only where it says so (`applies`); a whole group of None is
+  unscorable (the failure value), never "does not apply", under every aggregator.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from mr_rl import aggregators
+from mr_rl.rewards import runner as rr
+
+AGG_HP = {"weighted_sum": {"w": [0.5, 0.5]}}
+TARGET = 42
+
+
+# ------------------------------------------------------------------ values (item 7)
+def numeric_error(response, example, num_tokens):
+  """An ordinary user reward: minus the absolute error of a numeric answer."""
+  del num_tokens
+  try:
+    x = int(response)
+  except ValueError:
+    x = float(response)
+  return -abs(x - example["target"])
+
+
+@rr.batched_reward
+def numeric_error_batched(responses, examples, num_tokens):
+  return [numeric_error(r, e, n) for r, e, n in zip(responses, examples, num_tokens)]
+
+
+ATTACKS = ["1e7", "1e999", "9" * 400, "-1e999"]  # out of range, +inf, no float, -inf
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_a_value_no_reward_can_be_fails_its_row_not_the_run(kind, batched):
+  fn = numeric_error_batched if batched else numeric_error
+  ch = rr.RewardChannel("err", fn, kind, on_failure=-1e6, batched=batched)
+  runner = rr.RewardRunner([ch], timeout_s=30, max_failure_share=1.0)
+  responses = [["41", "42"] + ATTACKS]
+  r_BGK, metrics = runner(responses, [{"target": TARGET}], np.ones((1, 6), np.int64))
+  np.testing.assert_array_equal(r_BGK[0, :, 0], [-1, 0] + [-1e6] * len(ATTACKS))
+  assert metrics["rewards/err/errors"] == len(ATTACKS)
+  assert "RewardValueError" in runner.last_errors["err"]
+  # The run goes on: the next batch scores as usual.
+  r_BGK, _ = runner([["40", "42"]], [{"target": TARGET}], np.ones((1, 2), np.int64))
+  np.testing.assert_array_equal(r_BGK[0, :, 0], [-2, 0])
+
+
+def test_a_channel_whose_every_value_is_out_of_range_trips_the_failure_guard():
+  """What stops a run: a channel that is broken (every row), not one response."""
+  runner = rr.RewardRunner([rr.RewardChannel("unit", lambda r, e, n: 1.5, value_range=(0, 1))],
+                           timeout_s=30, failure_patience=2)
+  runner([["a", "b"]], [{}], np.ones((1, 2), np.int64))
+  with pytest.raises(rr.RewardFailureError, match=r"'unit' failed on 100% .*RewardValueError\("
+                                                  r"\"returned 1.5, outside the channel's "
+                                                  r"value_range \[0, 1\]\"\)"):
+    runner([["a", "b"]], [{}], np.ones((1, 2), np.int64))
+
+
+def test_a_value_beyond_float32_fails_its_row():
+  ch = rr.RewardChannel("wide", lambda r, e, n: float(r), value_range=(0, 1e300))
+  r_BGK, _ = rr.RewardRunner([ch], max_failure_share=1.0)([["1e30", "1e100"]], [{}],
+                                                         np.ones((1, 2), np.int64))
+  np.testing.assert_array_equal(r_BGK[0, :, 0], [np.float32(1e30), 0.0])

@@ -57,11 +57,14 @@ import pickle
 import re
 from typing import Any, Callable, Mapping
 
+import numpy as np
+
 from mr_rl.registry import Registry
 
-__all__ = ["DEFAULT_VALUE_RANGE", "KINDS", "RESERVED_PARAMS", "REWARDS", "UNIT_RANGE", "ExampleFields", "MissingFieldError",
-           "RewardChannel", "RewardConfigError", "available_rewards", "batched_reward",
-           "channel_name", "get_reward", "is_import_path", "register_reward"]
+__all__ = ["DEFAULT_VALUE_RANGE", "KINDS", "RESERVED_PARAMS", "REWARDS", "UNIT_RANGE",
+           "ExampleFields", "MissingFieldError", "ReadOnlyExampleError", "RewardChannel",
+           "RewardConfigError", "available_rewards", "batched_reward", "channel_name",
+           "get_reward", "is_import_path", "read_only", "register_reward"]
 
 KINDS = ("thread", "process")
 RESERVED_PARAMS = ("kind", "on_failure", "batched", "value_range")  # of import-path channels
@@ -89,13 +92,92 @@ class MissingFieldError(RewardConfigError, KeyError):
   __str__ = BaseException.__str__  # KeyError's would quote the message
 
 
-class ExampleFields(dict):
-  """The example a channel sees in the runner: a dict whose missing keys raise
-  ``MissingFieldError`` (naming the key and the keys present) instead of a plain KeyError,
-  so a channel reading a field the data set does not have stops the run."""
+class ReadOnlyExampleError(RewardConfigError, TypeError):
+  """A channel tried to change the example it was given (a bug in the channel: the example
+  is shared with every other channel and response of its prompt)."""
+
+
+def _refuse(self, *args, **kwargs):
+  del args, kwargs
+  raise ReadOnlyExampleError(
+      f"the example is read-only ({type(self).__name__}): every channel and response of a "
+      f"prompt scores against the same one; work on a copy (dict(example), list(...))")
+
+
+class _ReadOnlyDict(dict):
+  """A dict whose mutators raise ``ReadOnlyExampleError`` (still a dict: JSON, isinstance)."""
+
+  __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse
+  __ior__ = _refuse
+
+  def __reduce__(self):  # pickles (to a process channel's worker) as itself, read-only
+    return type(self), (dict(self),)
+
+  def __copy__(self):
+    return self
+
+  def __deepcopy__(self, memo):
+    return self
+
+
+class _ReadOnlyList(list):
+  """A list whose mutators raise ``ReadOnlyExampleError``."""
+
+  __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+  append = clear = extend = insert = pop = remove = reverse = sort = _refuse
+
+  def __reduce__(self):
+    return type(self), (list(self),)
+
+  def __copy__(self):
+    return self
+
+  def __deepcopy__(self, memo):
+    return self
+
+
+def read_only(value: Any) -> Any:
+  """``value`` with every dict, list, set, bytearray and numpy array in it made read-only
+  (mappings become read-only dicts, lists read-only lists, sets frozensets, bytearrays bytes,
+  arrays read-only copies); tuples are rebuilt around their frozen items; anything else (str,
+  numbers, frozen dataclasses such as ``CodeTestSpec``) is returned as it is."""
+  if isinstance(value, (str, bytes, int, float, type(None), _ReadOnlyDict, _ReadOnlyList)):
+    return value
+  if isinstance(value, Mapping):
+    cls = type(value) if isinstance(value, ExampleFields) else _ReadOnlyDict
+    return cls({k: read_only(v) for k, v in value.items()})
+  if isinstance(value, list):
+    return _ReadOnlyList(read_only(v) for v in value)
+  if isinstance(value, tuple):
+    items = [read_only(v) for v in value]
+    if all(a is b for a, b in zip(items, value)):
+      return value
+    return type(value)._make(items) if hasattr(value, "_make") else type(value)(items)
+  if isinstance(value, (set, frozenset)):
+    return frozenset(read_only(v) for v in value)
+  if isinstance(value, bytearray):
+    return bytes(value)
+  if isinstance(value, np.ndarray):
+    out = value.copy()
+    out.flags.writeable = False
+    return out
+  return value
+
+
+class ExampleFields(_ReadOnlyDict):
+  """The example a channel sees in the runner: read-only, shared by every channel and response
+  of its prompt (``read_only``: nested containers too; a change raises
+  ``ReadOnlyExampleError``, which stops the run naming the channel), and whose missing keys
+  raise ``MissingFieldError`` (naming the key and the keys present) instead of a plain
+  KeyError, so a channel reading a field the data set does not have stops the run."""
 
   def __missing__(self, key: Any):
     raise MissingFieldError(f"example has no field {key!r} (keys: {sorted(map(str, self))})")
+
+  @classmethod
+  def of(cls, example: Mapping[str, Any]) -> "ExampleFields":
+    """A read-only ``ExampleFields`` with ``example``'s fields (nested containers frozen)."""
+    return cls({k: read_only(v) for k, v in example.items()})
 
 
 def _check_importable(name: str, fn: Any) -> None:

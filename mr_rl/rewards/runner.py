@@ -70,18 +70,17 @@ import numpy as np
 
 from mr_rl.rewards.calls import Call, ThreadWorkers
 from mr_rl.rewards.channels import (DEFAULT_VALUE_RANGE, KINDS, REWARDS, ExampleFields,
-                                    MissingFieldError, RewardChannel, RewardConfigError,
-                                    available_rewards, batched_reward, channel_name, get_reward,
-                                    is_import_path, register_reward)
+                                    MissingFieldError, ReadOnlyExampleError, RewardChannel,
+                                    RewardConfigError, available_rewards, batched_reward,
+                                    channel_name, get_reward, is_import_path, register_reward)
 from mr_rl.rewards.process.pool import (HardTimeoutPool, RewardTimeoutError, RewardWorkerError,
                                         WorkerSetupError, shared_pool)
 
 __all__ = ["DEFAULT_VALUE_RANGE", "KINDS", "REWARDS", "ExampleFields", "HardTimeoutPool",
-           "MissingFieldError", "RewardChannel", "RewardConfigError", "RewardFailureError",
-           "RewardRunner", "RewardTimeoutError", "RewardValueError", "RewardWorkerError",
-           "WorkerSetupError",
-           "available_rewards", "batched_reward", "channel_name", "get_reward", "is_import_path", "register_reward",
-           "shared_pool"]
+           "MissingFieldError", "ReadOnlyExampleError", "RewardChannel", "RewardConfigError",
+           "RewardFailureError", "RewardRunner", "RewardTimeoutError", "RewardValueError",
+           "RewardWorkerError", "WorkerSetupError", "available_rewards", "batched_reward",
+           "channel_name", "get_reward", "is_import_path", "register_reward", "shared_pool"]
 
 _LOG = logging.getLogger(__name__)
 _FATAL = (RewardConfigError, WorkerSetupError)
@@ -434,7 +433,7 @@ class PendingScores:
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
       raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
     self._runner = runner
-    self._examples = [ExampleFields(ex) for ex in examples_B]
+    self._examples = [ExampleFields.of(ex) for ex in examples_B]  # read-only: shared
     self._G = group_size
     self._rows: dict[tuple[int, int], tuple[str, int]] = {}
     self._calls: list[Call] = []

@@ -69,3 +69,72 @@ def test_a_value_beyond_float32_fails_its_row():
   r_BGK, _ = rr.RewardRunner([ch], max_failure_share=1.0)([["1e30", "1e100"]], [{}],
                                                          np.ones((1, 2), np.int64))
   np.testing.assert_array_equal(r_BGK[0, :, 0], [np.float32(1e30), 0.0])
+
+
+# ------------------------------------------------------------ one example (item 8)
+def rewrites_reference(response, example, num_tokens):
+  """A buggy channel: remembers the response it saw in the example."""
+  del num_tokens
+  example["reference"] = response
+  return 0.0
+
+
+def rewrites_nested(response, example, num_tokens):
+  del num_tokens
+  example["docs"][0]["text"] = response
+  return 0.0
+
+
+def exact(response, example, num_tokens):
+  del num_tokens
+  return float(response == example["reference"])
+
+
+def copies_then_edits(response, example, num_tokens):
+  """An honest channel that needs a changed example works on its own copy."""
+  del num_tokens
+  mine = dict(example)
+  mine["reference"] = response
+  docs = [dict(d) for d in example["docs"]]
+  docs[0]["text"] = "x"
+  return float(mine["reference"] == response and example["docs"][0]["text"] == "passage")
+
+
+def _example():
+  return {"reference": "7", "docs": [{"title": "t", "text": "passage"}], "ids": (1, [2, 3])}
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+@pytest.mark.parametrize("buggy", [rewrites_reference, rewrites_nested])
+def test_a_channel_cannot_change_the_example_another_channel_scores_against(kind, buggy):
+  runner = rr.RewardRunner([rr.RewardChannel("bug", buggy, kind), rr.RewardChannel("exact", exact)],
+                           timeout_s=30, num_threads=1)
+  example = _example()
+  with pytest.raises(rr.RewardConfigError, match=r"^reward channel 'bug' cannot run on this data "
+                     r"\(2 of its calls .*ReadOnlyExampleError: the example is read-only"):
+    runner([["8", "7"]], [example], np.ones((1, 2), np.int64))
+  assert example == _example()
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_channels_read_the_example_and_change_their_own_copies(kind):
+  runner = rr.RewardRunner([rr.RewardChannel("copy", copies_then_edits, kind),
+                            rr.RewardChannel("exact", exact)], timeout_s=30)
+  r_BGK, _ = runner([["8", "7"]], [_example()], np.ones((1, 2), np.int64))
+  np.testing.assert_array_equal(r_BGK[0], [[1, 0], [1, 1]])
+
+
+def test_read_only_examples_stay_plain_data():
+  import json
+  import pickle
+  ex = rr.ExampleFields.of(_example())
+  assert json.loads(json.dumps(ex)) == {**_example(), "ids": [1, [2, 3]]}
+  assert isinstance(ex["docs"], list) and isinstance(ex["docs"][0], dict)
+  back = pickle.loads(pickle.dumps(ex))
+  assert back == ex and type(back) is rr.ExampleFields
+  for change in (lambda e: e.update(a=1), lambda e: e["ids"][1].append(4),
+                 lambda e: e.setdefault("b", 2), lambda e: back["docs"].pop()):
+    with pytest.raises(rr.ReadOnlyExampleError):
+      change(ex)
+  with pytest.raises(rr.MissingFieldError, match="example has no field 'gold'"):
+    back["gold"]  # pylint: disable=pointless-statement

@@ -277,8 +277,8 @@ class RewardSettings:
   max_failure_share: float                 # the failure-rate guard: a channel failing on more
   failure_patience: int                    # than this share of a batch this many runner calls
                                            # in a row stops the run
-  not_applicable_patience: int             # a channel NaN on every response this many runner
-                                           # calls in a row stops the run
+  not_applicable_patience: int             # a channel that scores no response this many
+                                           # runner calls in a row stops the run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -437,13 +437,16 @@ def default_config():
                                   # (K channels; an import path's channel is named 'fn')
       primary=0,                  # index of the task channel
       params=ml_collections.ConfigDict(),  # per-channel parameters by channel name, e.g.
-                                  # {'brief': {'threshold': 200}}; import paths also take
-                                  # kind ('thread' | 'process'), on_failure, batched
+                                  # {'brief': {'threshold': 200}}; any channel takes
+                                  # applies ('pkg.mod:fn', fn(example) -> bool: the prompts
+                                  # it scores), import paths also kind ('thread' | 'process'),
+                                  # on_failure, batched, value_range
       timeout_s=10.0,             # per-call reward timeout (a timeout scores on_failure)
       max_failure_share=0.5,      # failure-rate guard: a channel failing on more than this
       failure_patience=3,         # share of a batch for this many calls in a row stops the run
-      not_applicable_patience=10))  # a channel that applies to no prompt (None / NaN on every
-                                  # response) this many runner calls in a row stops the run
+      not_applicable_patience=10))  # a channel that scores no response (does not apply, None /
+                                  # NaN or failed on each) this many runner calls in a row stops
+                                  # the run
   c.aggregator = ml_collections.ConfigDict(dict(
       name="additive",            # a mr_rl.aggregators registry name or alias
       hp=ml_collections.ConfigDict()))  # its hyperparameters (lam, k_s, k_p, ...)

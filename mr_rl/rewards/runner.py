@@ -4,21 +4,24 @@ Shapes: B prompts, G responses per prompt, K channels.
 
 Every reward is a host-side function ``fn(response, example, num_tokens) -> float | None``
 (or a batched ``fn(responses, examples, num_tokens) -> list[float | None]``, see
-``RewardChannel``). The runner evaluates the B*G*K calls concurrently. Each call ends in one
-of four ways, and the line between them is drawn here:
+``RewardChannel``). The runner evaluates the B*G*K calls concurrently. Each (row, channel)
+ends in one of these ways, and the line between them is drawn here:
 
+* **does not apply**: the channel declares the prompts it scores (``RewardChannel.applies``,
+  a function of the example only, asked once per prompt and batch); where it says no, the
+  channel is not called and the whole group scores NaN, which every aggregator reads as
+  "this channel does not apply to this sample" (it renormalises over the other channels).
+  Counted per response in ``rewards/<name>/not_applicable``. Applicability is never inferred
+  from what a channel returns: a group of G unscorable responses ("I don't know" twice) once
+  made a channel NaN for its prompt, and the aggregate, averaged over the other channels,
+  paid it like exact answers.
 * **a score**: a real number (bools count as 0 / 1).
-* **does not apply**: the function returned ``None`` or NaN on purpose -> NaN, which every
-  aggregator reads as "this channel does not apply to this sample" (it renormalises over the
-  other channels). Applicability is a property of the *prompt*, not of the response: a
-  channel applies to a group (the G responses of one prompt) when it scored any of them (a
-  score or a failure value), and then every ``None`` / NaN of that group scores the channel's
-  ``on_failure`` value (counted in ``rewards/<name>/unscorable``), so a policy earns nothing
-  by writing responses a channel cannot parse. Only a channel that is ``None`` / NaN on the
-  whole group does not apply to it (NaN, counted per response in
-  ``rewards/<name>/not_applicable``). A channel that applies to no group of a batch for
-  ``not_applicable_patience`` consecutive runner calls stops the run
-  (``RewardFailureError``, naming it): a channel that never applies is a set-up error.
+* **unscorable**: the function returned ``None`` or NaN -> the channel's ``on_failure`` value
+  (counted in ``rewards/<name>/unscorable``), so a policy earns nothing by writing
+  responses a channel cannot parse. A channel that scores no response of a batch (every row
+  does not apply, is unscorable or failed) for ``not_applicable_patience`` consecutive runner
+  calls stops the run (``RewardFailureError``, naming it): a channel that never scores is a
+  set-up error (or the policy has collapsed).
 * **failure** (the response broke the scorer): the function raised anything but a
   ``RewardConfigError``, overran ``timeout_s``, its worker process died, or it returned a
   number that is no score (``RewardValueError``: +-inf, an int too large for a float, a
@@ -175,8 +178,8 @@ class RewardRunner:
     max_failure_share: the guard's limit on the share of a channel's calls in one batch that
       fail (raise, time out, worker died); 1.0 never trips.
     failure_patience: consecutive runner calls over the limit that stop the run.
-    not_applicable_patience: consecutive runner calls in which a channel applies to no
-      prompt (NaN on every response) that stop the run.
+    not_applicable_patience: consecutive runner calls in which a channel scores no response
+      (each does not apply, is unscorable or failed) that stop the run.
   """
 
   def __init__(self, channels: Sequence[str | RewardChannel], timeout_s: float = 10.0,
@@ -212,7 +215,7 @@ class RewardRunner:
     self.timeout_counts = {n: 0 for n in self.names}  # cumulative timeouts
     self.last_errors: dict[str, str] = {}             # channel -> repr of its latest failure
     self._streaks = {n: 0 for n in self.names}        # consecutive calls over the share limit
-    self._na_streaks = {n: 0 for n in self.names}     # consecutive calls applying to no prompt
+    self._na_streaks = {n: 0 for n in self.names}     # consecutive calls scoring no response
 
   def _get_pool(self) -> HardTimeoutPool:
     return self._pool if self._pool is not None else shared_pool()
@@ -250,16 +253,16 @@ class RewardRunner:
       num_tokens_BG: [B, G] generated-token counts.
 
     Returns:
-      r_BGK: float32 [B, G, K]; NaN where a channel does not apply to a prompt (all of its
-        G responses), ``on_failure`` where a call failed or where the channel applies to the
-        prompt but returned None / NaN for this response.
+      r_BGK: float32 [B, G, K]; NaN where a channel does not apply to a prompt (its
+        ``applies(example)`` is False: all G responses), ``on_failure`` where a call failed or
+        returned None / NaN.
       metrics: per-call logging stats: ``rewards/<name>/errors``, ``rewards/<name>/timeouts``,
         ``rewards/<name>/not_applicable``, ``rewards/<name>/unscorable``,
         ``rewards/<name>/mean`` (NaN-ignoring) and ``rewards/seconds``.
 
     Raises:
       RewardConfigError: a channel cannot run on this data (see the module docstring).
-      RewardFailureError: the failure-rate guard tripped, or a channel applied to no prompt
+      RewardFailureError: the failure-rate guard tripped, or a channel scored no response
         for ``not_applicable_patience`` calls in a row.
     """
     return self.finish(*self.score(responses_BG, examples_B, num_tokens_BG))
@@ -296,12 +299,12 @@ class RewardRunner:
 
   def finish(self, r_BGK: np.ndarray, counts: Mapping[str, float],
              seconds: float) -> tuple[np.ndarray, dict[str, float]]:
-    """The batch-level half of `__call__`, on the whole batch's rewards and the calls' failure
-    counts ({"errors/<channel>": n, "timeouts/<channel>": n}): applicability per prompt (in
-    place), the cumulative counters, the guards and the metrics."""
+    """The batch-level half of `__call__`, on the whole batch's rewards and the calls' counts
+    ({"errors/<channel>": n, "timeouts/<channel>": n, "unscorable/<channel>": n}): the
+    cumulative counters, the guards and the metrics."""
     B, G, _ = r_BGK.shape
     stats = {what: {n: int(counts.get(f"{what}/{n}", 0)) for n in self.names} for what in _COUNTS}
-    self._per_prompt_applicability(r_BGK, stats)
+    self._count_scored(r_BGK, stats)
     with self._lock:
       for n in self.names:
         self.error_counts[n] += stats["errors"][n]
@@ -320,20 +323,18 @@ class RewardRunner:
       metrics[f"rewards/{n}/mean"] = float(np.nanmean(col)) if np.isfinite(col).any() else math.nan
     return r_BGK, metrics
 
-  def _collect(self, calls: Sequence[Call], B: int, G: int, picked: Sequence[tuple[int, int]]):
-    """Fills r[B, G, K] at the `picked` rows from finished calls; raises on configuration
-    errors."""
+  def _collect(self, calls: Sequence[Call], B: int, G: int):
+    """Fills r[B, G, K] at the rows of finished calls (None / NaN -> on_failure, unscorable);
+    raises on configuration errors."""
     r_BGK = np.full((B, G, len(self.channels)), np.nan, np.float32)
     stats = {w: dict.fromkeys(self.names, 0) for w in _COUNTS}
     last_errors, config_errors = {}, []
     for c in calls:
-      name, n = c.channel.name, (1 if c.index is not None else len(picked))
-      where = (*c.index, c.k) if c.index is not None else (*map(list, zip(*picked)), c.k)
+      name, on_failure = c.channel.name, c.channel.on_failure
       if c.error is None:
-        rows = [c.index] if c.index is not None else picked
         try:
           if c.index is None:
-            values = _as_scores(c.value, c.channel, len(picked))
+            values = _as_scores(c.value, c.channel, len(c.rows))
           else:
             values = [_as_score(c.value, c.channel)]
         except RewardConfigError as e:
@@ -341,25 +342,53 @@ class RewardRunner:
           continue
         except RewardValueError as e:
           values = [e]
-        for (b, g), v in zip(rows, values):
+        for (b, g), v in zip(c.rows, values):
           if isinstance(v, RewardValueError):  # this row's failure, not the run's
-            r_BGK[b, g, c.k] = c.channel.on_failure
+            r_BGK[b, g, c.k] = on_failure
             stats["errors"][name] += 1
             last_errors[name] = repr(v)
+          elif math.isnan(v):  # the channel applies here (it was called): unscorable
+            r_BGK[b, g, c.k] = on_failure
+            stats["unscorable"][name] += 1
           else:
             r_BGK[b, g, c.k] = v
       elif isinstance(c.error, _FATAL):
         config_errors.append((c, c.error))
       else:
-        r_BGK[where] = c.channel.on_failure
-        stats["errors"][name] += n
-        stats["timeouts"][name] += n * int(c.timed_out)
+        for b, g in c.rows:
+          r_BGK[b, g, c.k] = on_failure
+        stats["errors"][name] += len(c.rows)
+        stats["timeouts"][name] += len(c.rows) * int(c.timed_out)
         last_errors[name] = repr(c.error)
     if config_errors:
       raise self._config_error(config_errors)
     with self._lock:
       self.last_errors.update(last_errors)
     return r_BGK, stats
+
+  def applicability(self, examples_B: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """applies_BK (bool [B, K]): channel k scores prompt b (``RewardChannel.applies``).
+
+    Raises:
+      RewardConfigError: a predicate raised or returned something other than a bool.
+    """
+    applies_BK = np.ones((len(examples_B), len(self.channels)), bool)
+    for k, ch in enumerate(self.channels):
+      if ch.applies is None:
+        continue
+      for b, ex in enumerate(examples_B):
+        try:
+          got = ch.applies(ex)
+        except Exception as e:  # pylint: disable=broad-except  (about the data, not a response)
+          err = RewardConfigError(f"reward channel {ch.name!r}: applies(example) raised "
+                                  f"{type(e).__name__}: {e} (example keys: "
+                                  f"{sorted(map(str, ex))})")
+          raise err from e
+        if not isinstance(got, (bool, np.bool_)):
+          raise RewardConfigError(f"reward channel {ch.name!r}: applies(example) must return a "
+                                  f"bool, got {type(got).__name__} {got!r:.80}")
+        applies_BK[b, k] = bool(got)
+    return applies_BK
 
   @staticmethod
   def _config_error(config_errors) -> RewardConfigError:
@@ -374,29 +403,27 @@ class RewardRunner:
     err.__cause__ = e
     return err
 
-  def _per_prompt_applicability(self, r_BGK: np.ndarray, stats) -> None:
-    """Applicability per prompt (in place): in a group where channel k scored any response
-    (a score or a failure value), its None / NaN responses score ``on_failure``; a group NaN
-    throughout stays NaN (does not apply). Counts both, and tracks the calls in a row in which
-    a channel applied to no prompt."""
-    nan_BGK = np.isnan(r_BGK)
-    applies_BK = ~nan_BGK.all(axis=1)
-    for k, (n, ch) in enumerate(zip(self.names, self.channels)):
-      unscorable_BG = nan_BGK[..., k] & applies_BK[:, k, None]
-      r_BGK[..., k][unscorable_BG] = ch.on_failure
-      stats["unscorable"][n] = int(unscorable_BG.sum())
-      stats["not_applicable"][n] = int((nan_BGK[..., k] & ~unscorable_BG).sum())
+  def _count_scored(self, r_BGK: np.ndarray, stats) -> None:
+    """Counts the rows where each channel does not apply (NaN: only where it declared so) and
+    tracks the calls in a row in which a channel scored no response at all."""
+    B, G, _ = r_BGK.shape
+    nan_K = np.isnan(r_BGK).sum(axis=(0, 1))
+    idle = []
     with self._lock:
       for k, n in enumerate(self.names):
-        self._na_streaks[n] = 0 if applies_BK[:, k].any() else self._na_streaks[n] + 1
-      idle = [(n, s) for n, s in self._na_streaks.items() if s >= self.not_applicable_patience]
+        stats["not_applicable"][n] = int(nan_K[k])
+        scored = B * G - nan_K[k] - stats["unscorable"][n] - stats["errors"][n]
+        self._na_streaks[n] = 0 if scored > 0 else self._na_streaks[n] + 1
+        if self._na_streaks[n] >= self.not_applicable_patience:
+          idle.append(n)
     if idle:
-      n, streak = idle[0]
+      n = idle[0]
       raise RewardFailureError(
-          f"reward channel {n!r} applied to no prompt (returned None / NaN on every response) "
-          f"for {streak} consecutive batches (not_applicable_patience="
-          f"{self.not_applicable_patience}): it does not apply to this data; remove it from "
-          f"config.rewards.channels or fix what it reads")
+          f"reward channel {n!r} scored no response for {self._na_streaks[n]} consecutive "
+          f"batches (not_applicable_patience={self.not_applicable_patience}; this batch: "
+          f"{stats['not_applicable'][n]} of {B * G} where it does not apply, "
+          f"{stats['unscorable'][n]} unscorable (None / NaN), {stats['errors'][n]} failed): "
+          f"fix what it reads, its applies(example), or remove it from config.rewards.channels")
 
   def _guard(self, stats, calls_per_channel: int) -> None:
     """The failure-rate guard: counts consecutive over-limit batches per channel."""
@@ -434,6 +461,7 @@ class PendingScores:
       raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
     self._runner = runner
     self._examples = [ExampleFields.of(ex) for ex in examples_B]  # read-only: shared
+    self.applies_BK = runner.applicability(self._examples)
     self._G = group_size
     self._rows: dict[tuple[int, int], tuple[str, int]] = {}
     self._calls: list[Call] = []
@@ -455,7 +483,8 @@ class PendingScores:
     self._rows[(b, g)] = (response, int(num_tokens))
     workers = self._runner._workers  # pylint: disable=protected-access
     new = [Call(ch, k, (response, self._examples[b], int(num_tokens)), (b, g))
-           for k, ch in enumerate(self._runner.channels) if not ch.batched]
+           for k, ch in enumerate(self._runner.channels)
+           if not ch.batched and self.applies_BK[b, k]]
     for call in new:
       workers.submit(call)
     self._calls += new
@@ -470,15 +499,16 @@ class PendingScores:
     t0 = time.monotonic() if self._t0 is None else self._t0
     calls = []
     for k, ch in enumerate(runner.channels):  # batched calls first: they are the long ones
-      if ch.batched and picked:
-        calls.append(Call(ch, k, ([self._rows[r][0] for r in picked],
-                                  [self._examples[b] for b, _ in picked],
-                                  [self._rows[r][1] for r in picked]), None))
+      rows = [r for r in picked if self.applies_BK[r[0], k]]
+      if ch.batched and rows:
+        calls.append(Call(ch, k, ([self._rows[r][0] for r in rows],
+                                  [self._examples[b] for b, _ in rows],
+                                  [self._rows[r][1] for r in rows]), None, rows))
     for call in calls:  # ahead of the per-sample calls still queued
       runner._workers.submit(call, first=True)  # pylint: disable=protected-access
     calls += sorted(self._calls, key=lambda c: (c.index, c.k))  # score's order: same errors
     runner._workers.wait(calls)  # pylint: disable=protected-access
-    r_BGK, stats = runner._collect(calls, len(self._examples), self._G, picked)  # pylint: disable=protected-access
-    counts = {f"{what}/{n}": stats[what][n] for what in ("errors", "timeouts")
+    r_BGK, stats = runner._collect(calls, len(self._examples), self._G)  # pylint: disable=protected-access
+    counts = {f"{what}/{n}": stats[what][n] for what in ("errors", "timeouts", "unscorable")
               for n in runner.names}
     return r_BGK, counts, time.monotonic() - t0

@@ -138,3 +138,83 @@ def test_read_only_examples_stay_plain_data():
       change(ex)
   with pytest.raises(rr.MissingFieldError, match="example has no field 'gold'"):
     back["gold"]  # pylint: disable=pointless-statement
+
+
+# ------------------------------------------------------------ applicability (item 9)
+def parsed_answer(response, example, num_tokens):
+  """A user reward that cannot score what it cannot parse (TRL's None)."""
+  del num_tokens
+  try:
+    return float(int(response) == int(example["reference"]))
+  except ValueError:
+    return None
+
+
+def always_one(response, example, num_tokens):
+  del response, example, num_tokens
+  return 1.0
+
+
+# Prompt 0: "I don't know" twice; prompt 1: exact answers; prompt 2: wrong answers.
+IDK = [["I don't know", "I don't know"], ["7", "7"], ["8", "8"]]
+
+
+@pytest.fixture(scope="module")
+def idk_rewards():
+  runner = rr.RewardRunner([rr.RewardChannel("parsed", parsed_answer),
+                            rr.RewardChannel("other", always_one)], timeout_s=30)
+  return runner(IDK, [{"reference": "7"}] * 3, np.ones((3, 2), np.int64))
+
+
+def test_a_group_the_channel_cannot_score_is_unscorable_not_exempt(idk_rewards):
+  r_BGK, metrics = idk_rewards
+  np.testing.assert_array_equal(r_BGK[..., 0], [[0, 0], [1, 1], [0, 0]])
+  assert metrics["rewards/parsed/unscorable"] == 2
+  assert metrics["rewards/parsed/not_applicable"] == 0
+
+
+@pytest.mark.parametrize("name", aggregators.NAMES)
+def test_i_dont_know_twice_scores_like_wrong_answers_under_every_aggregator(idk_rewards, name):
+  r_BGK = np.asarray(idk_rewards[0])
+  wrong = r_BGK.copy()
+  wrong[0] = r_BGK[2]  # what the wrong answers score
+  agg = aggregators.get(name, **AGG_HP.get(aggregators.AGGREGATORS.canonical(name), {}))
+  state = agg.init(2)
+  key = jax.random.PRNGKey(0)
+  R = np.asarray(agg.apply(state, r_BGK, key)[0])
+  np.testing.assert_array_equal(R, np.asarray(agg.apply(state, wrong, key)[0]))
+  # rubric_dropout: a random per-sample mask; pg_ot: relative within a group (identical
+  # responses all lie on their group's front). The equality above covers both.
+  if name not in ("rubric_dropout", "pg_ot"):
+    assert (R[0] == R[2]).all() and (R[0] < R[1]).all(), R
+
+
+def test_a_declared_prompt_is_left_out_and_never_called():
+  seen = []
+
+  def parsed_and_seen(response, example, num_tokens):
+    seen.append(example["reference"])
+    return parsed_answer(response, example, num_tokens)
+
+  ch = rr.RewardChannel("parsed", parsed_and_seen, applies=lambda ex: ex["reference"] != "-")
+  r_BGK, metrics = rr.RewardRunner([ch])([["7", "x"], ["7", "7"]], [{"reference": "7"},
+                                                                     {"reference": "-"}],
+                                         np.ones((2, 2), np.int64))
+  np.testing.assert_array_equal(r_BGK[..., 0], [[1, 0], [np.nan, np.nan]])
+  assert seen == ["7", "7"] and metrics["rewards/parsed/not_applicable"] == 2
+
+
+def test_applies_is_checked_and_named():
+  with pytest.raises(TypeError, match="applies of channel 'c' must be None or a function"):
+    rr.RewardChannel("c", always_one, applies="yes")
+  bad = rr.RewardChannel("c", always_one, applies=lambda ex: ex["task"])
+  with pytest.raises(rr.RewardConfigError, match=r"'c': applies\(example\) must return a bool, "
+                                                 r"got str 'math'"):
+    rr.RewardRunner([bad])([["a"]], [{"task": "math"}], np.ones((1, 1), np.int64))
+  with pytest.raises(rr.RewardConfigError, match=r"'c': applies\(example\) raised "
+                                                 r"MissingFieldError: .*'task'"):
+    rr.RewardRunner([bad])([["a"]], [{}], np.ones((1, 1), np.int64))
+  with pytest.raises(rr.RewardConfigError, match=r"'brief': parameter applies: module "
+                                                 r"'no_module_xyz' did not import"):
+    rr.get_reward("brief", applies="no_module_xyz:f")
+  assert rr.get_reward("brief", applies=always_one).applies is always_one

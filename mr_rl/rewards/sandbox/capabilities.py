@@ -75,8 +75,8 @@ def harness_cfg(config, role, namespaces, drop, workdir, limits=None):
   hide = sorted({os.path.realpath(p) for p in config.hidden_paths} | set(_site_dirs()))
   return {"role": role, "namespaces": namespaces, "drop": drop, "uid": config.uid, "gid": config.gid,
           "workdir": workdir, "expose": prefixes, "hide": hide, "tmpfs_bytes": config.tmpfs_bytes,
-          "visible": list(config.visible_paths),
-          "limits": limits}
+          "visible": list(config.visible_paths), "limits": limits,
+          "executable": os.path.realpath(config.python)}
 
 
 def make_workdir(config, drop):

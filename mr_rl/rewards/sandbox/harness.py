@@ -185,6 +185,9 @@ def zygote(cfg, r, w, workdir):
   os.chdir(workdir)
   import builtins
   builtins.exit = builtins.quit = sys.exit  # normally added by site, which -S skips
+  # The interpreter as the run sees it: a venv's bin/python (the trainer's path) is not in the
+  # run's root, the binary it points to is (subprocess.run([sys.executable, ...]), spawn).
+  sys.executable = sys._base_executable = cfg.get("executable") or sys.executable
   lim = cfg["limits"]
   while True:
     try:

@@ -174,12 +174,7 @@ def zygote(cfg, r, w, workdir):
   null = os.open(os.devnull, os.O_RDWR)
   for fd in (0, 1, 2):
     os.dup2(null, fd)
-  if cfg["namespaces"]:
-    try:
-      mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    except OSError:
-      pass  # reported by the capability probe as private_proc=False
-  drop_privileges(cfg)
+  drop_privileges(cfg)  # no procfs in a run: /proc stays empty (kernel.setup_namespaces)
   if SECCOMP is not None:  # inherited by every worker; Z itself only forks, waits and kills
     install_seccomp(SECCOMP)
   os.chdir(workdir)

@@ -146,11 +146,17 @@ class ForkServer:
     self.uid = self._lease.uid if self._lease else None
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     cfg = {"role": "server", "fd": theirs.fileno(), "cgroup": cgroup}
-    self.proc = subprocess.Popen([python, "-I", "-S", "-c", *_boot_args(python), json.dumps(cfg)],
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL, pass_fds=[theirs.fileno()], cwd="/",
-                                 env=scrubbed_env("/"), start_new_session=True)
-    theirs.close()
+    try:
+      self.proc = subprocess.Popen(
+          [python, "-I", "-S", "-c", *_boot_args(python), json.dumps(cfg)],
+          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+          pass_fds=[theirs.fileno()], cwd="/", env=scrubbed_env("/"), start_new_session=True)
+    except BaseException:
+      mine.close()
+      self.release()
+      raise
+    finally:
+      theirs.close()
     self.sock = mine
 
   def release(self):

@@ -49,6 +49,12 @@ def _positive(field: str, value, allow_zero: bool = False):
   return value
 
 
+def _at_least(field: str, value, lo):
+  if value < lo:
+    raise ValueError(f"config.{field} must be >= {lo}, got {value!r}")
+  return value
+
+
 def _int(field: str, value) -> int:
   if isinstance(value, bool) or not isinstance(value, int):
     raise ValueError(f"config.{field} must be an int, got {value!r}")
@@ -285,8 +291,12 @@ class RewardSettings:
   max_failure_share: float                 # the failure-rate guard: a channel failing on more
   failure_patience: int                    # than this share of a batch this many runner calls
                                            # in a row stops the run
-  not_applicable_patience: int             # a channel NaN on every response this many runner
-                                           # calls in a row stops the run
+  not_applicable_patience: int             # a channel that scores no response this many
+                                           # runner calls in a row stops the run
+  worker_max_calls: int                    # a reward worker process is replaced after this
+                                           # many calls
+  worker_memory_bytes: int                 # data-size cap of each reward worker (a call past
+                                           # it fails; above half of it a worker is replaced)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -486,13 +496,19 @@ def default_config():
                                   # (K channels; an import path's channel is named 'fn')
       primary=0,                  # index of the task channel
       params=ml_collections.ConfigDict(),  # per-channel parameters by channel name, e.g.
-                                  # {'brief': {'threshold': 200}}; import paths also take
-                                  # kind ('thread' | 'process'), on_failure, batched
+                                  # {'brief': {'threshold': 200}}; any channel takes
+                                  # applies ('pkg.mod:fn', fn(example) -> bool: the prompts
+                                  # it scores), import paths also kind ('thread' | 'process'),
+                                  # on_failure, batched, value_range
       timeout_s=10.0,             # per-call reward timeout (a timeout scores on_failure)
       max_failure_share=0.5,      # failure-rate guard: a channel failing on more than this
       failure_patience=3,         # share of a batch for this many calls in a row stops the run
-      not_applicable_patience=10))  # a channel that applies to no prompt (None / NaN on every
-                                  # response) this many runner calls in a row stops the run
+      not_applicable_patience=10,  # a channel that scores no response (does not apply, None /
+                                  # NaN or failed on each) this many runner calls in a row stops
+                                  # the run
+      worker_max_calls=1000,      # "process" channels: a worker is replaced after this many calls
+      worker_memory_bytes=2 << 30))  # and each worker's data is capped here (a call past it
+                                  # fails: on_failure); one above half of it is replaced
   c.aggregator = ml_collections.ConfigDict(dict(
       name="additive",            # a mr_rl.aggregators registry name or alias
       hp=ml_collections.ConfigDict()))  # its hyperparameters (lam, k_s, k_p, ...)
@@ -747,7 +763,11 @@ def from_config(cfg) -> RunSettings:
                                 0.0, 1.0),
           failure_patience=_count("rewards.failure_patience", c.rewards.failure_patience),
           not_applicable_patience=_count("rewards.not_applicable_patience",
-                                         c.rewards.not_applicable_patience)),
+                                         c.rewards.not_applicable_patience),
+          worker_max_calls=_count("rewards.worker_max_calls", c.rewards.worker_max_calls),
+          worker_memory_bytes=_at_least("rewards.worker_memory_bytes",
+                                        _int("rewards.worker_memory_bytes",
+                                             c.rewards.worker_memory_bytes), 64 << 20)),
       aggregator=AggregatorSettings(name=agg_name, hp=agg_hp),
       advantage=advantage, advantage_hp=adv_hp, update=update,
       anchor=anchor, eval=evals,

@@ -53,7 +53,7 @@ from mr_rl import rollout as rollout_lib
 from mr_rl.checkpointing import Checkpointer, check_resume
 from mr_rl.preemption import PREEMPTED_EXIT_CODE, Preempted, Preemption  # noqa: F401
 from mr_rl.models import sharding
-from mr_rl.rewards.runner import RewardRunner, get_reward
+from mr_rl.rewards.runner import RewardRunner, get_reward, shared_pool
 from mr_rl.rl import batch as batch_lib
 from mr_rl.rl import dynamic_sampling
 from mr_rl.rl import signal as signal_lib
@@ -159,6 +159,7 @@ def build_runner(settings: RunSettings) -> RewardRunner:
   r = settings.rewards
   channels = [get_reward(spec, **r.params.get(name, {}))
               for spec, name in zip(r.specs, r.channels)]
+  shared_pool().set_limits(r.worker_max_calls, r.worker_memory_bytes)
   return RewardRunner(channels, timeout_s=r.timeout_s, max_failure_share=r.max_failure_share,
                       failure_patience=r.failure_patience,
                       not_applicable_patience=r.not_applicable_patience)

@@ -33,6 +33,7 @@ def _set(c, field, value):
 def test_the_demo_config_resolves():
   s = settings_lib.from_config(_demo_config())
   assert s.rewards.not_applicable_patience == 10
+  assert (s.rewards.worker_max_calls, s.rewards.worker_memory_bytes) == (1000, 2 << 30)
 
 
 @pytest.mark.parametrize("field, value, needle", [
@@ -78,6 +79,10 @@ def test_the_demo_config_resolves():
     ("rewards.not_applicable_patience", 2.5, r"config.rewards.not_applicable_patience must be an "
                                              r"int"),
     ("rewards.primary", 0.5, r"config.rewards.primary must be an int"),
+    ("rewards.worker_max_calls", 0, r"config.rewards.worker_max_calls must be > 0"),
+    ("rewards.worker_memory_bytes", 1 << 20, r"config.rewards.worker_memory_bytes must be >= "
+                                             r"67108864, got 1048576"),
+    ("rewards.worker_memory_bytes", 2.5e9, r"config.rewards.worker_memory_bytes must be an int"),
     ("mesh.data", 0, r"config.mesh sizes must be positive ints"),
     ("mesh.fsdp", -1, r"config.mesh sizes must be positive ints, one of them may be -1"),
     ("total_steps", 2.7, r"config.total_steps must be an int"),

@@ -28,15 +28,17 @@ from mr_rl.rewards.process.pool import HardTimeoutPool, RewardTimeoutError
 class Call:
   """One reward evaluation, filled in by a worker thread.
 
-  ``index`` is (b, g) for a per-sample call, None for a batched call (all picked samples).
+  ``index`` is (b, g) for a per-sample call, None for a batched call, whose ``rows`` are
+  the (b, g) it scores, in order.
   """
 
-  __slots__ = ("channel", "k", "args", "index", "t0", "done", "abandoned", "value", "error",
-               "timed_out")
+  __slots__ = ("channel", "k", "args", "index", "rows", "t0", "done", "abandoned", "value",
+               "error", "timed_out")
 
   def __init__(self, channel: RewardChannel, k: int, args: tuple[Any, ...],
-               index: tuple[int, int] | None):
+               index: tuple[int, int] | None, rows: Sequence[tuple[int, int]] = ()):
     self.channel, self.k, self.args, self.index = channel, k, args, index
+    self.rows = [index] if index is not None else list(rows)
     self.t0: float | None = None
     self.done = self.abandoned = self.timed_out = False
     self.value: Any = None

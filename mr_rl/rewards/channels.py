@@ -25,8 +25,8 @@ in place of a name (``config.rewards.channels = "accuracy,my_pkg.rewards:concise
   import paths whose functions share a name need distinct function names.
 * The parameters are bound as keyword arguments, except the reserved ``kind`` ("thread",
   the default, or "process": the worker imports the module by name), ``on_failure``
-  (default 0.0), ``batched`` and ``value_range`` (``[lo, hi]``, default
-  ``DEFAULT_VALUE_RANGE`` = [-1e6, 1e6]).
+  (default 0.0), ``batched``, ``value_range`` (``[lo, hi]``, default
+  ``DEFAULT_VALUE_RANGE`` = [-1e6, 1e6]) and ``applies`` (see below).
 * Per-sample ``fn(response, example, num_tokens, **params) -> float | None``, or batched
   ``fn(responses, examples, num_tokens, **params) -> list[float | None]`` over the flattened
   batch (TRL's ``reward_funcs`` convention). Batched is never guessed from the signature:
@@ -36,11 +36,17 @@ in place of a name (``config.rewards.channels = "accuracy,my_pkg.rewards:concise
   the channel, when the channel is built.
 
 Return values (TRL's ``reward_funcs`` convention): a real number in the channel's
-``value_range`` (built-in channels declare theirs; a value outside it stops the run naming the
-channel and the value), or ``None`` / NaN when the channel does not apply on purpose. Whether
-a channel applies is decided per prompt: where it scores some of a prompt's responses, its
-``None`` / NaN on the others score ``on_failure`` (see ``mr_rl.rewards.runner``). A *failure* (the scorer raised, timed out
-or its worker died on this response) is never "does not apply": it scores the channel's
+``value_range`` (built-in channels declare theirs; a value outside it, +-inf or an int too
+large for a float fails that row: ``RewardValueError``, scored ``on_failure``), or ``None`` /
+NaN for a response the function cannot score, which scores ``on_failure`` too (TRL reads
+None as "does not apply"; here that would let a policy that writes unscorable responses drop
+a channel). Whether a channel applies is declared, never inferred from what it returns: ``applies(example) ->
+bool`` (``RewardChannel.applies``, ``@applies_when(predicate)`` on the function, or the
+reserved parameter ``applies``, an import path or a function, for any channel built by
+``get_reward``) sees only the prompt's example; where it is False the channel is not called
+and scores NaN ("does not apply"), which the aggregators skip. So no response, and no group
+of responses ("I don't know" G times), can take a prompt out of a channel. A *failure* (the
+scorer raised, timed out or its worker died on this response) scores the channel's
 ``on_failure`` value (0.0 by default). A ``RewardConfigError`` says the scorer cannot run
 here at all (see ``mr_rl.rewards.runner`` for where the line is drawn).
 """
@@ -57,17 +63,21 @@ import pickle
 import re
 from typing import Any, Callable, Mapping
 
+import numpy as np
+
 from mr_rl.registry import Registry
 
-__all__ = ["DEFAULT_VALUE_RANGE", "KINDS", "RESERVED_PARAMS", "REWARDS", "UNIT_RANGE", "ExampleFields", "MissingFieldError",
-           "RewardChannel", "RewardConfigError", "available_rewards", "batched_reward",
-           "channel_name", "get_reward", "is_import_path", "register_reward"]
+__all__ = ["DEFAULT_VALUE_RANGE", "KINDS", "RESERVED_PARAMS", "REWARDS", "UNIT_RANGE",
+           "ExampleFields", "MissingFieldError", "ReadOnlyExampleError", "RewardChannel",
+           "RewardConfigError", "applies_when", "available_rewards", "batched_reward",
+           "channel_name", "get_reward", "is_import_path", "read_only", "register_reward"]
 
 KINDS = ("thread", "process")
-RESERVED_PARAMS = ("kind", "on_failure", "batched", "value_range")  # of import-path channels
+RESERVED_PARAMS = ("kind", "on_failure", "batched", "value_range", "applies")  # not fn's
 DEFAULT_VALUE_RANGE = (-1e6, 1e6)  # of channels that declare none (user channels)
 UNIT_RANGE = (0.0, 1.0)            # of indicator and [0, 1]-scaled built-in channels
 _BATCHED_ATTR = "__batched_reward__"
+_APPLIES_ATTR = "__reward_applies__"
 _IMPORT_PATH_RE = re.compile(r"^(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):"
                              r"(?P<attr>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
 RewardFn = Callable[[str, Mapping[str, Any], int], float]
@@ -89,13 +99,92 @@ class MissingFieldError(RewardConfigError, KeyError):
   __str__ = BaseException.__str__  # KeyError's would quote the message
 
 
-class ExampleFields(dict):
-  """The example a channel sees in the runner: a dict whose missing keys raise
-  ``MissingFieldError`` (naming the key and the keys present) instead of a plain KeyError,
-  so a channel reading a field the data set does not have stops the run."""
+class ReadOnlyExampleError(RewardConfigError, TypeError):
+  """A channel tried to change the example it was given (a bug in the channel: the example
+  is shared with every other channel and response of its prompt)."""
+
+
+def _refuse(self, *args, **kwargs):
+  del args, kwargs
+  raise ReadOnlyExampleError(
+      f"the example is read-only ({type(self).__name__}): every channel and response of a "
+      f"prompt scores against the same one; work on a copy (dict(example), list(...))")
+
+
+class _ReadOnlyDict(dict):
+  """A dict whose mutators raise ``ReadOnlyExampleError`` (still a dict: JSON, isinstance)."""
+
+  __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse
+  __ior__ = _refuse
+
+  def __reduce__(self):  # pickles (to a process channel's worker) as itself, read-only
+    return type(self), (dict(self),)
+
+  def __copy__(self):
+    return self
+
+  def __deepcopy__(self, memo):
+    return self
+
+
+class _ReadOnlyList(list):
+  """A list whose mutators raise ``ReadOnlyExampleError``."""
+
+  __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+  append = clear = extend = insert = pop = remove = reverse = sort = _refuse
+
+  def __reduce__(self):
+    return type(self), (list(self),)
+
+  def __copy__(self):
+    return self
+
+  def __deepcopy__(self, memo):
+    return self
+
+
+def read_only(value: Any) -> Any:
+  """``value`` with every dict, list, set, bytearray and numpy array in it made read-only
+  (mappings become read-only dicts, lists read-only lists, sets frozensets, bytearrays bytes,
+  arrays read-only copies); tuples are rebuilt around their frozen items; anything else (str,
+  numbers, frozen dataclasses such as ``CodeTestSpec``) is returned as it is."""
+  if isinstance(value, (str, bytes, int, float, type(None), _ReadOnlyDict, _ReadOnlyList)):
+    return value
+  if isinstance(value, Mapping):
+    cls = type(value) if isinstance(value, ExampleFields) else _ReadOnlyDict
+    return cls({k: read_only(v) for k, v in value.items()})
+  if isinstance(value, list):
+    return _ReadOnlyList(read_only(v) for v in value)
+  if isinstance(value, tuple):
+    items = [read_only(v) for v in value]
+    if all(a is b for a, b in zip(items, value)):
+      return value
+    return type(value)._make(items) if hasattr(value, "_make") else type(value)(items)
+  if isinstance(value, (set, frozenset)):
+    return frozenset(read_only(v) for v in value)
+  if isinstance(value, bytearray):
+    return bytes(value)
+  if isinstance(value, np.ndarray):
+    out = value.copy()
+    out.flags.writeable = False
+    return out
+  return value
+
+
+class ExampleFields(_ReadOnlyDict):
+  """The example a channel sees in the runner: read-only, shared by every channel and response
+  of its prompt (``read_only``: nested containers too; a change raises
+  ``ReadOnlyExampleError``, which stops the run naming the channel), and whose missing keys
+  raise ``MissingFieldError`` (naming the key and the keys present) instead of a plain
+  KeyError, so a channel reading a field the data set does not have stops the run."""
 
   def __missing__(self, key: Any):
     raise MissingFieldError(f"example has no field {key!r} (keys: {sorted(map(str, self))})")
+
+  @classmethod
+  def of(cls, example: Mapping[str, Any]) -> "ExampleFields":
+    """A read-only ``ExampleFields`` with ``example``'s fields (nested containers frozen)."""
+    return cls({k: read_only(v) for k, v in example.items()})
 
 
 def _check_importable(name: str, fn: Any) -> None:
@@ -118,11 +207,15 @@ class RewardChannel:
       ``fn(responses, examples, num_tokens) -> list[float | None]`` over the flattened
       batch (B*G entries, each example repeated G times; TRL's convention).
     kind: "thread" (light rule) or "process" (heavy / untrusted; fn importable by name).
-    on_failure: the score of a failed call (raised, timed out, worker died), and of a
-      None / NaN response of a prompt the channel applies to: finite, in ``value_range``.
+    on_failure: the score of a failed call (raised, timed out, worker died, a value no
+      score can be), and of a None / NaN from ``fn``: finite, in ``value_range``.
     batched: fn takes the whole batch at once.
-    value_range: ``(lo, hi)``, the scores fn can return (inclusive); a score outside it is a
-      ``RewardConfigError`` in the runner. Built-in channels declare theirs.
+    value_range: ``(lo, hi)``, the scores fn can return (inclusive); a score outside it fails
+      its row in the runner (``RewardValueError``). Built-in channels declare theirs.
+    applies: ``applies(example) -> bool``, the prompts the channel scores (None: every
+      prompt). It sees only the (read-only) example, never a response: where it is False the
+      channel is not called and its column is NaN ("does not apply"); where it is True every
+      response gets a score, and a None / NaN from ``fn`` scores ``on_failure``.
   """
   name: str
   fn: RewardFn
@@ -130,6 +223,7 @@ class RewardChannel:
   on_failure: float = 0.0
   batched: bool = False
   value_range: tuple[float, float] = DEFAULT_VALUE_RANGE
+  applies: Callable[[Mapping[str, Any]], bool] | None = None
 
   def __post_init__(self):
     if not isinstance(self.name, str) or not self.name:
@@ -153,6 +247,11 @@ class RewardChannel:
     if not vr[0] <= self.on_failure <= vr[1]:
       raise ValueError(f"on_failure={self.on_failure:g} of channel {self.name!r} is outside its "
                        f"value_range [{vr[0]:g}, {vr[1]:g}]")
+    if self.applies is None and callable(getattr(self.fn, _APPLIES_ATTR, None)):
+      object.__setattr__(self, "applies", getattr(self.fn, _APPLIES_ATTR))  # @applies_when
+    if self.applies is not None and not callable(self.applies):
+      raise TypeError(f"applies of channel {self.name!r} must be None or a function "
+                      f"applies(example) -> bool, got {self.applies!r:.80}")
     if not isinstance(self.batched, bool):
       raise TypeError(f"batched of channel {self.name!r} must be a bool, got {self.batched!r}")
     if self.kind == "process":
@@ -179,6 +278,46 @@ def batched_reward(fn: Callable) -> Callable:
   """Marks ``fn(responses, examples, num_tokens) -> list[float | None]`` as batched."""
   setattr(fn, _BATCHED_ATTR, True)
   return fn
+
+
+def applies_when(predicate: Callable[[Mapping[str, Any]], bool]) -> Callable[[Callable], Callable]:
+  """Declares the prompts a reward function scores: ``@applies_when(lambda ex: ex["task"] ==
+  "math")`` (see ``RewardChannel.applies``; the reserved parameter ``applies`` does the same
+  for a channel built by name)."""
+  if not callable(predicate):
+    raise TypeError(f"applies_when takes a function applies(example) -> bool, got {predicate!r}")
+
+  def mark(fn: Callable) -> Callable:
+    setattr(fn, _APPLIES_ATTR, predicate)
+    return fn
+  return mark
+
+
+def _resolve(spec: str, what: str) -> Any:
+  """The object an import path ``"pkg.mod:attr"`` names (RewardConfigError otherwise)."""
+  m = _IMPORT_PATH_RE.match(spec) if isinstance(spec, str) else None
+  if m is None:
+    raise RewardConfigError(f"{what}: {spec!r} is not an import path 'package.module:function'")
+  try:
+    obj = importlib.import_module(m["module"])
+  except Exception as e:  # pylint: disable=broad-except  (ImportError or the module's own)
+    raise RewardConfigError(f"{what}: module {m['module']!r} did not import: {e!r}") from e
+  for part in m["attr"].split("."):
+    if not hasattr(obj, part):
+      raise RewardConfigError(f"{what}: module {m['module']!r} has no attribute {m['attr']!r}")
+    obj = getattr(obj, part)
+  return obj
+
+
+def _applies_param(name: str, value: Any) -> Callable[[Mapping[str, Any]], bool] | None:
+  """The reserved parameter ``applies``: None, a function, or an import path naming one."""
+  if value is None or callable(value):
+    return value
+  obj = _resolve(value, f"reward channel {name!r}: parameter applies")
+  if not callable(obj):
+    raise RewardConfigError(f"reward channel {name!r}: applies={value!r} is a "
+                            f"{type(obj).__name__}, not a function")
+  return obj
 
 
 def is_import_path(spec: str) -> bool:
@@ -240,12 +379,13 @@ def _from_import_path(spec: str, params: Mapping[str, Any]) -> RewardChannel:
   on_failure = params.pop("on_failure", 0.0)
   batched = params.pop("batched", bool(getattr(obj, _BATCHED_ATTR, False)))
   value_range = params.pop("value_range", DEFAULT_VALUE_RANGE)
+  applies = _applies_param(name, params.pop("applies", getattr(obj, _APPLIES_ATTR, None)))
   _check_signature(name, spec, obj, params, bool(batched))
   fn = functools.partial(obj, **params) if params else obj
   try:
     return RewardChannel(name, fn, kind, on_failure=on_failure, batched=batched,
                          value_range=tuple(value_range) if isinstance(value_range, list)
-                         else value_range)
+                         else value_range, applies=applies)
   except (TypeError, ValueError) as e:
     raise RewardConfigError(f"reward channel {name!r} ({spec!r}): {e}") from e
 
@@ -265,9 +405,14 @@ def get_reward(name: str, **params: Any) -> RewardChannel:
   if is_import_path(name):
     return _from_import_path(name, params)
   factory = REWARDS.get(name)
+  params = dict(params)
+  applies = params.pop("applies", None)
   try:
-    return factory(**params)
+    channel = factory(**params)
   except Exception as e:
     if hasattr(e, "add_note"):
       e.add_note(f"while building reward channel {name!r} with parameters {params}")
     raise
+  if applies is not None:
+    channel = dataclasses.replace(channel, applies=_applies_param(channel.name, applies))
+  return channel

@@ -27,11 +27,12 @@ found with ``ast`` without running anything), a two-line forwarder
 ``def fn(*a, **k): return Solution().fn(*a, **k)`` is appended to the program, which is
 what the sandbox's call kind does itself (a fresh instance per call).
 
-One sandbox run per (program, tests, timeout): ``RunCache`` is a thread-safe LRU with
-in-flight de-duplication, so when the runner evaluates ``code_correct``, ``code_fast`` and
-``code_noop`` of one response concurrently, the first call runs the sandbox and the other
-two wait for its result. All channels built by the factories below share one module-level
-cache (``shared_run_cache()``), keyed also by the sandbox config.
+One sandbox run per response: ``RunCache`` hands each run to each channel (consumer) at most
+once, so when the runner evaluates ``code_correct``, ``code_fast`` and ``code_noop`` of one
+response concurrently, the first call runs the sandbox and the other two wait for its result,
+while the same program text scored again by the same channel (another response, a later step)
+runs again: no channel is paid twice for one run. All channels built by the factories below
+share one module-level cache (``shared_run_cache()``), keyed also by the sandbox config.
 
 ``code_fast`` / ``code_noop`` read only the runtime (``fast`` / ``noop`` here): like
 the paper's auxiliary channels they ignore correctness; the TAG gate in the aggregator
@@ -214,68 +215,112 @@ def prepare_program(program: str, tests: code_sandbox.CodeTests) -> str:
 
 
 # ----------------------------------------------------------------------------- shared runs
-class RunCache:
-  """Thread-safe LRU of sandbox results with in-flight de-duplication.
+class _Entry:
+  """One sandbox run of a key, and the consumers (channels) that have taken its result."""
+  __slots__ = ("future", "consumers")
 
-  ``get(program, tests, timeout_s, config)`` returns the cached ``CodeResult`` or runs the
-  sandbox once; concurrent callers with the same key wait for that one run. A run that
-  raises (e.g. ``SandboxError``) is not cached; every waiter gets the exception.
+  def __init__(self, consumer: str):
+    self.future: cf.Future = cf.Future()
+    self.consumers = {consumer}
+
+
+class RunCache:
+  """Shares one sandbox run between the channels of one response, never more.
+
+  ``get(program, tests, timeout_s, config, consumer)`` gives ``consumer`` (a channel name) a
+  run of the key (program, tests, timeout, config) that this consumer has not taken yet:
+  a finished or in-flight one that another consumer started, else a new one. So the three
+  channels of a response (``code_correct``, ``code_fast``, ``code_noop``) share one run, and
+  every further call of a channel on the same program text - another response of the group,
+  a later step - is a new run: a result is never paid twice by one channel. (Before, one
+  process-wide result per program text paid a random yes / no guesser's one lucky pass
+  every time the text came back: 12 times in 12, where the sandbox passes it 1-2 times.)
+  ``consumer=None`` is a private run, shared with nobody. A run that raises (e.g.
+  ``SandboxError``) is dropped; every waiter gets the exception. A run every registered
+  consumer has taken is dropped; at most ``maxsize`` runs are kept (least recently used
+  first out).
 
   Attributes:
-    runs: sandbox runs started (cache misses).
-    hits: calls answered from the cache or by waiting for an in-flight run.
+    runs: sandbox runs started.
+    hits: calls answered by a run another consumer started (finished or in flight).
   """
 
   def __init__(self, maxsize: int = 4096):
     if not isinstance(maxsize, int) or isinstance(maxsize, bool) or maxsize < 1:
       raise ValueError(f"maxsize must be a positive int, got {maxsize!r}")
     self.maxsize = maxsize
-    self._done: collections.OrderedDict[tuple, code_sandbox.CodeResult] = collections.OrderedDict()
-    self._inflight: dict[tuple, cf.Future] = {}
+    self._entries: collections.OrderedDict[tuple, list[_Entry]] = collections.OrderedDict()
+    self._consumers: set[str] = set()
     self._lock = threading.Lock()
     self.runs = 0
     self.hits = 0
+
+  def register(self, consumer: str) -> None:
+    """Declares a consumer (a channel built on this cache): a run is dropped once every
+    registered consumer took it."""
+    with self._lock:
+      self._consumers.add(consumer)
 
   @staticmethod
   def key(program: str, tests: code_sandbox.CodeTests, timeout_s: float,
           config: code_sandbox.SandboxConfig | None) -> tuple:
     return (program, json.dumps(tests.payload(), sort_keys=True), float(timeout_s), config)
 
+  def __len__(self) -> int:
+    with self._lock:
+      return sum(len(v) for v in self._entries.values())
+
   def get(self, program: str, tests: code_sandbox.CodeTests, timeout_s: float,
-          config: code_sandbox.SandboxConfig | None = None) -> code_sandbox.CodeResult:
+          config: code_sandbox.SandboxConfig | None = None,
+          consumer: str | None = None) -> code_sandbox.CodeResult:
     key = self.key(program, tests, timeout_s, config)
     with self._lock:
-      if key in self._done:
-        self._done.move_to_end(key)
-        self.hits += 1
-        return self._done[key]
-      fut = self._inflight.get(key)
-      owner = fut is None
+      entries = self._entries.get(key, []) if consumer is not None else []
+      entry = next((e for e in entries if consumer not in e.consumers), None)
+      owner = entry is None
       if owner:
-        fut = self._inflight[key] = cf.Future()
+        entry = _Entry(consumer)
         self.runs += 1
+        if consumer is not None:
+          self._consumers.add(consumer)
+          if not self._consumers <= entry.consumers:  # another consumer may take it
+            self._entries.setdefault(key, []).append(entry)
+            self._evict()
       else:
+        entry.consumers.add(consumer)
         self.hits += 1
+        self._entries.move_to_end(key)
+        if self._consumers <= entry.consumers:  # every consumer has it: nobody will again
+          self._drop(key, entry)
     if not owner:
-      return fut.result()
+      return entry.future.result()
     try:
       result = code_sandbox.run(program, tests, timeout_s=timeout_s, config=config)
     except BaseException as e:
       with self._lock:
-        del self._inflight[key]
-      fut.set_exception(e)
+        self._drop(key, entry)
+      entry.future.set_exception(e)
       raise
-    with self._lock:
-      del self._inflight[key]
-      self._done[key] = result
-      while len(self._done) > self.maxsize:
-        self._done.popitem(last=False)
-    fut.set_result(result)
+    entry.future.set_result(result)
     return result
+
+  def _drop(self, key: tuple, entry: _Entry) -> None:
+    entries = self._entries.get(key, [])
+    if entry in entries:
+      entries.remove(entry)
+    if not entries:
+      self._entries.pop(key, None)
+
+  def _evict(self) -> None:
+    while sum(len(v) for v in self._entries.values()) > self.maxsize:
+      key = next(iter(self._entries))
+      self._entries[key].pop(0)
+      if not self._entries[key]:
+        del self._entries[key]
 
   def clear(self) -> None:
     with self._lock:
-      self._done.clear()
+      self._entries.clear()
       self.runs = self.hits = 0
 
 
@@ -315,7 +360,7 @@ _DEFAULT_MS = {"correct": None, "fast": FAST_THRESHOLD_MS, "noop": NOOP_THRESHOL
 
 
 def _channel_fn(response, example, num_tokens, *, which, threshold_ms, timeout_s, config,
-                prepend_prompt, cache):
+                prepend_prompt, cache, consumer):
   del num_tokens
   tests = tests_from_example(example)
   program = extract_program(response)
@@ -324,7 +369,7 @@ def _channel_fn(response, example, num_tokens, *, which, threshold_ms, timeout_s
       raise ValueError("prepend_prompt=True needs HumanEval examples with a 'prompt' str")
     program = example["prompt"] + program
   program = prepare_program(program, tests)
-  result = (cache or _SHARED).get(program, tests, timeout_s, config)
+  result = (cache or _SHARED).get(program, tests, timeout_s, config, consumer)
   return _SCORERS[which](result, threshold_ms)
 
 
@@ -366,10 +411,12 @@ def code_channel(which: str, *, name: str | None = None, threshold_ms: float | N
     raise TypeError(f"prepend_prompt must be a bool, got {prepend_prompt!r}")
   if cache is not None and not isinstance(cache, RunCache):
     raise TypeError(f"cache must be a RunCache, got {type(cache).__name__}")
+  name = name or f"code_{which}"
+  (cache or _SHARED).register(name)
   fn = functools.partial(_channel_fn, which=which, threshold_ms=threshold_ms,
                          timeout_s=float(timeout_s), config=sandbox,
-                         prepend_prompt=prepend_prompt, cache=cache)
-  return RewardChannel(name or f"code_{which}", fn, "thread", value_range=UNIT_RANGE)
+                         prepend_prompt=prepend_prompt, cache=cache, consumer=name)
+  return RewardChannel(name, fn, "thread", value_range=UNIT_RANGE)
 
 
 # Registered channels (kind "thread": the host side only waits on the sandbox's pipes); each

@@ -4,26 +4,29 @@ Shapes: B prompts, G responses per prompt, K channels.
 
 Every reward is a host-side function ``fn(response, example, num_tokens) -> float | None``
 (or a batched ``fn(responses, examples, num_tokens) -> list[float | None]``, see
-``RewardChannel``). The runner evaluates the B*G*K calls concurrently. Each call ends in one
-of four ways, and the line between them is drawn here:
+``RewardChannel``). The runner evaluates the B*G*K calls concurrently. Each (row, channel)
+ends in one of these ways, and the line between them is drawn here:
 
+* **does not apply**: the channel declares the prompts it scores (``RewardChannel.applies``,
+  a function of the example only, asked once per prompt and batch); where it says no, the
+  channel is not called and the whole group scores NaN, which every aggregator reads as
+  "this channel does not apply to this sample" (it renormalises over the other channels).
+  Counted per response in ``rewards/<name>/not_applicable``. Applicability is never inferred
+  from what a channel returns: a group of G unscorable responses ("I don't know" twice) once
+  made a channel NaN for its prompt, and the aggregate, averaged over the other channels,
+  paid it like exact answers.
 * **a score**: a real number (bools count as 0 / 1).
-* **does not apply**: the function returned ``None`` or NaN on purpose -> NaN, which every
-  aggregator reads as "this channel does not apply to this sample" (it renormalises over the
-  other channels). Applicability is a property of the *prompt*, not of the response: a
-  channel applies to a group (the G responses of one prompt) when it scored any of them (a
-  score or a failure value), and then every ``None`` / NaN of that group scores the channel's
-  ``on_failure`` value (counted in ``rewards/<name>/unscorable``), so a policy earns nothing
-  by writing responses a channel cannot parse. Only a channel that is ``None`` / NaN on the
-  whole group does not apply to it (NaN, counted per response in
-  ``rewards/<name>/not_applicable``). A channel that applies to no group of a batch for
-  ``not_applicable_patience`` consecutive runner calls stops the run
-  (``RewardFailureError``, naming it): a channel that never applies is a set-up error.
-* **out of range**: a score outside the channel's ``value_range`` (built-in channels declare
-  theirs, e.g. [0, 1]; other channels default to [-1e6, 1e6]) is a configuration error
-  (below), naming the channel and the value: a scorer returning 1e30 is broken.
+* **unscorable**: the function returned ``None`` or NaN -> the channel's ``on_failure`` value
+  (counted in ``rewards/<name>/unscorable``), so a policy earns nothing by writing
+  responses a channel cannot parse. A channel that scores no response of a batch (every row
+  does not apply, is unscorable or failed) for ``not_applicable_patience`` consecutive runner
+  calls stops the run (``RewardFailureError``, naming it): a channel that never scores is a
+  set-up error (or the policy has collapsed).
 * **failure** (the response broke the scorer): the function raised anything but a
-  ``RewardConfigError``, overran ``timeout_s``, or its worker process died -> the channel's
+  ``RewardConfigError``, overran ``timeout_s``, its worker process died, or it returned a
+  number that is no score (``RewardValueError``: +-inf, an int too large for a float, a
+  value outside the channel's ``value_range``; built-in channels declare theirs, e.g.
+  [0, 1], others default to [-1e6, 1e6]) -> the channel's
   ``on_failure`` value (0.0 by default), never NaN, so a policy cannot earn reward by making
   a verifier crash or time out. Counted in ``rewards/<name>/errors`` (timeouts also in
   ``/timeouts``), cumulatively in ``error_counts`` / ``timeout_counts``, with the latest
@@ -34,7 +37,8 @@ of four ways, and the line between them is drawn here:
   function raised ``RewardConfigError`` (a ``MissingFieldError`` when it reads an example
   field the data does not have: examples reach channels as ``ExampleFields``, whose missing
   keys raise it), it returned something that is not a reward (a str, a list from a
-  per-sample function, +-inf, a batched list of the wrong length), or a "process" call
+  per-sample function, a batched list of the wrong length: a channel declared as the wrong
+  kind), or a "process" call
   could not be sent to or loaded in a worker (``pool.WorkerSetupError``: a function in
   ``__main__``, a plugin module that does not import there, workers that cannot start).
   The runner raises ``RewardConfigError`` at the first batch, naming the channel, the error
@@ -69,25 +73,31 @@ import numpy as np
 
 from mr_rl.rewards.calls import Call, ThreadWorkers
 from mr_rl.rewards.channels import (DEFAULT_VALUE_RANGE, KINDS, REWARDS, ExampleFields,
-                                    MissingFieldError, RewardChannel, RewardConfigError,
-                                    available_rewards, batched_reward, channel_name, get_reward,
-                                    is_import_path, register_reward)
+                                    MissingFieldError, ReadOnlyExampleError, RewardChannel,
+                                    RewardConfigError, available_rewards, batched_reward,
+                                    channel_name, get_reward, is_import_path, register_reward)
 from mr_rl.rewards.process.pool import (HardTimeoutPool, RewardTimeoutError, RewardWorkerError,
                                         WorkerSetupError, shared_pool)
 
 __all__ = ["DEFAULT_VALUE_RANGE", "KINDS", "REWARDS", "ExampleFields", "HardTimeoutPool",
-           "MissingFieldError", "RewardChannel", "RewardConfigError", "RewardFailureError",
-           "RewardRunner", "RewardTimeoutError", "RewardWorkerError", "WorkerSetupError",
-           "available_rewards", "batched_reward", "channel_name", "get_reward", "is_import_path", "register_reward",
-           "shared_pool"]
+           "MissingFieldError", "ReadOnlyExampleError", "RewardChannel", "RewardConfigError",
+           "RewardFailureError", "RewardRunner", "RewardTimeoutError", "RewardValueError",
+           "RewardWorkerError", "WorkerSetupError", "available_rewards", "batched_reward",
+           "channel_name", "get_reward", "is_import_path", "register_reward", "shared_pool"]
 
 _LOG = logging.getLogger(__name__)
 _FATAL = (RewardConfigError, WorkerSetupError)
+_F32_MAX = float(np.finfo(np.float32).max)
 _COUNTS = ("errors", "timeouts", "not_applicable", "unscorable")  # per-channel counts per call
 
 
 class RewardFailureError(RuntimeError):
   """A channel failed on too large a share of its calls for too many consecutive batches."""
+
+
+class RewardValueError(ValueError):
+  """A reward function returned a number that is no score (+-inf, an int too large for a
+  float, a value outside the channel's ``value_range``): scored as that row's failure."""
 
 
 # ----------------------------------------------------------------------------
@@ -96,7 +106,13 @@ class RewardFailureError(RuntimeError):
 
 
 def _as_score(value: Any, channel: RewardChannel) -> float:
-  """A returned value as a score (NaN = does not apply); RewardConfigError if it is none."""
+  """A returned value as a score (NaN: None / NaN).
+
+  Raises:
+    RewardValueError: a number that is no score (+-inf, too large for a float, outside the
+      channel's value_range): a failure of this row, scored ``on_failure``.
+    RewardConfigError: not a number at all (the channel is broken or declared wrongly).
+  """
   if value is None:
     return math.nan
   if isinstance(value, (bool, np.bool_)):
@@ -104,14 +120,16 @@ def _as_score(value: Any, channel: RewardChannel) -> float:
   if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "biuf":
     value = value.item()
   if isinstance(value, numbers.Real):
-    score = float(value)
-    if math.isinf(score):
-      raise RewardConfigError(f"returned {score}: a reward is a finite number, or None / NaN "
-                              f"for 'does not apply'")
+    try:
+      score = float(value)
+    except (OverflowError, ValueError, TypeError) as e:  # a 400-digit int, an odd Real
+      raise RewardValueError(f"returned {type(value).__name__} that is no float ({e})") from None
+    if math.isinf(score) or abs(score) > _F32_MAX:  # r_BGK is float32
+      raise RewardValueError(f"returned {score}: a reward is a finite float32")
     lo, hi = channel.value_range
     if not (lo <= score <= hi or math.isnan(score)):
-      raise RewardConfigError(f"returned {score!r}, outside the channel's value_range "
-                              f"[{lo:g}, {hi:g}]")
+      raise RewardValueError(f"returned {score!r}, outside the channel's value_range "
+                             f"[{lo:g}, {hi:g}]")
     return score
   hint = ""
   if isinstance(value, (list, tuple, np.ndarray)) and not channel.batched:
@@ -120,12 +138,19 @@ def _as_score(value: Any, channel: RewardChannel) -> float:
                           f"number, or None / NaN for 'does not apply'{hint}")
 
 
-def _as_scores(value: Any, channel: RewardChannel, n: int) -> list[float]:
+def _as_scores(value: Any, channel: RewardChannel, n: int) -> list[float | RewardValueError]:
+  """A batched call's values: a score or the ``RewardValueError`` of each row."""
   if not isinstance(value, (list, tuple, np.ndarray)) or np.ndim(value) != 1 or len(value) != n:
     raise RewardConfigError(f"batched function returned {type(value).__name__} "
                             f"{value!r:.80}; expected a list of {n} rewards (one per response, "
                             f"None / NaN where it does not apply)")
-  return [_as_score(v, channel) for v in value]
+  out = []
+  for v in value:
+    try:
+      out.append(_as_score(v, channel))
+    except RewardValueError as e:
+      out.append(e)
+  return out
 
 
 # ----------------------------------------------------------------------------
@@ -153,8 +178,8 @@ class RewardRunner:
     max_failure_share: the guard's limit on the share of a channel's calls in one batch that
       fail (raise, time out, worker died); 1.0 never trips.
     failure_patience: consecutive runner calls over the limit that stop the run.
-    not_applicable_patience: consecutive runner calls in which a channel applies to no
-      prompt (NaN on every response) that stop the run.
+    not_applicable_patience: consecutive runner calls in which a channel scores no response
+      (each does not apply, is unscorable or failed) that stop the run.
   """
 
   def __init__(self, channels: Sequence[str | RewardChannel], timeout_s: float = 10.0,
@@ -190,7 +215,7 @@ class RewardRunner:
     self.timeout_counts = {n: 0 for n in self.names}  # cumulative timeouts
     self.last_errors: dict[str, str] = {}             # channel -> repr of its latest failure
     self._streaks = {n: 0 for n in self.names}        # consecutive calls over the share limit
-    self._na_streaks = {n: 0 for n in self.names}     # consecutive calls applying to no prompt
+    self._na_streaks = {n: 0 for n in self.names}     # consecutive calls scoring no response
 
   def _get_pool(self) -> HardTimeoutPool:
     return self._pool if self._pool is not None else shared_pool()
@@ -228,16 +253,16 @@ class RewardRunner:
       num_tokens_BG: [B, G] generated-token counts.
 
     Returns:
-      r_BGK: float32 [B, G, K]; NaN where a channel does not apply to a prompt (all of its
-        G responses), ``on_failure`` where a call failed or where the channel applies to the
-        prompt but returned None / NaN for this response.
+      r_BGK: float32 [B, G, K]; NaN where a channel does not apply to a prompt (its
+        ``applies(example)`` is False: all G responses), ``on_failure`` where a call failed or
+        returned None / NaN.
       metrics: per-call logging stats: ``rewards/<name>/errors``, ``rewards/<name>/timeouts``,
         ``rewards/<name>/not_applicable``, ``rewards/<name>/unscorable``,
         ``rewards/<name>/mean`` (NaN-ignoring) and ``rewards/seconds``.
 
     Raises:
       RewardConfigError: a channel cannot run on this data (see the module docstring).
-      RewardFailureError: the failure-rate guard tripped, or a channel applied to no prompt
+      RewardFailureError: the failure-rate guard tripped, or a channel scored no response
         for ``not_applicable_patience`` calls in a row.
     """
     return self.finish(*self.score(responses_BG, examples_B, num_tokens_BG))
@@ -274,12 +299,12 @@ class RewardRunner:
 
   def finish(self, r_BGK: np.ndarray, counts: Mapping[str, float],
              seconds: float) -> tuple[np.ndarray, dict[str, float]]:
-    """The batch-level half of `__call__`, on the whole batch's rewards and the calls' failure
-    counts ({"errors/<channel>": n, "timeouts/<channel>": n}): applicability per prompt (in
-    place), the cumulative counters, the guards and the metrics."""
+    """The batch-level half of `__call__`, on the whole batch's rewards and the calls' counts
+    ({"errors/<channel>": n, "timeouts/<channel>": n, "unscorable/<channel>": n}): the
+    cumulative counters, the guards and the metrics."""
     B, G, _ = r_BGK.shape
     stats = {what: {n: int(counts.get(f"{what}/{n}", 0)) for n in self.names} for what in _COUNTS}
-    self._per_prompt_applicability(r_BGK, stats)
+    self._count_scored(r_BGK, stats)
     with self._lock:
       for n in self.names:
         self.error_counts[n] += stats["errors"][n]
@@ -298,37 +323,72 @@ class RewardRunner:
       metrics[f"rewards/{n}/mean"] = float(np.nanmean(col)) if np.isfinite(col).any() else math.nan
     return r_BGK, metrics
 
-  def _collect(self, calls: Sequence[Call], B: int, G: int, picked: Sequence[tuple[int, int]]):
-    """Fills r[B, G, K] at the `picked` rows from finished calls; raises on configuration
-    errors."""
+  def _collect(self, calls: Sequence[Call], B: int, G: int):
+    """Fills r[B, G, K] at the rows of finished calls (None / NaN -> on_failure, unscorable);
+    raises on configuration errors."""
     r_BGK = np.full((B, G, len(self.channels)), np.nan, np.float32)
     stats = {w: dict.fromkeys(self.names, 0) for w in _COUNTS}
     last_errors, config_errors = {}, []
     for c in calls:
-      name, n = c.channel.name, (1 if c.index is not None else len(picked))
-      where = (*c.index, c.k) if c.index is not None else (*map(list, zip(*picked)), c.k)
+      name, on_failure = c.channel.name, c.channel.on_failure
       if c.error is None:
         try:
           if c.index is None:
-            scores = np.asarray(_as_scores(c.value, c.channel, len(picked)), np.float32)
+            values = _as_scores(c.value, c.channel, len(c.rows))
           else:
-            scores = _as_score(c.value, c.channel)
+            values = [_as_score(c.value, c.channel)]
         except RewardConfigError as e:
           config_errors.append((c, e))
           continue
-        r_BGK[where] = scores
+        except RewardValueError as e:
+          values = [e]
+        for (b, g), v in zip(c.rows, values):
+          if isinstance(v, RewardValueError):  # this row's failure, not the run's
+            r_BGK[b, g, c.k] = on_failure
+            stats["errors"][name] += 1
+            last_errors[name] = repr(v)
+          elif math.isnan(v):  # the channel applies here (it was called): unscorable
+            r_BGK[b, g, c.k] = on_failure
+            stats["unscorable"][name] += 1
+          else:
+            r_BGK[b, g, c.k] = v
       elif isinstance(c.error, _FATAL):
         config_errors.append((c, c.error))
       else:
-        r_BGK[where] = c.channel.on_failure
-        stats["errors"][name] += n
-        stats["timeouts"][name] += n * int(c.timed_out)
+        for b, g in c.rows:
+          r_BGK[b, g, c.k] = on_failure
+        stats["errors"][name] += len(c.rows)
+        stats["timeouts"][name] += len(c.rows) * int(c.timed_out)
         last_errors[name] = repr(c.error)
     if config_errors:
       raise self._config_error(config_errors)
     with self._lock:
       self.last_errors.update(last_errors)
     return r_BGK, stats
+
+  def applicability(self, examples_B: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """applies_BK (bool [B, K]): channel k scores prompt b (``RewardChannel.applies``).
+
+    Raises:
+      RewardConfigError: a predicate raised or returned something other than a bool.
+    """
+    applies_BK = np.ones((len(examples_B), len(self.channels)), bool)
+    for k, ch in enumerate(self.channels):
+      if ch.applies is None:
+        continue
+      for b, ex in enumerate(examples_B):
+        try:
+          got = ch.applies(ex)
+        except Exception as e:  # pylint: disable=broad-except  (about the data, not a response)
+          err = RewardConfigError(f"reward channel {ch.name!r}: applies(example) raised "
+                                  f"{type(e).__name__}: {e} (example keys: "
+                                  f"{sorted(map(str, ex))})")
+          raise err from e
+        if not isinstance(got, (bool, np.bool_)):
+          raise RewardConfigError(f"reward channel {ch.name!r}: applies(example) must return a "
+                                  f"bool, got {type(got).__name__} {got!r:.80}")
+        applies_BK[b, k] = bool(got)
+    return applies_BK
 
   @staticmethod
   def _config_error(config_errors) -> RewardConfigError:
@@ -343,29 +403,27 @@ class RewardRunner:
     err.__cause__ = e
     return err
 
-  def _per_prompt_applicability(self, r_BGK: np.ndarray, stats) -> None:
-    """Applicability per prompt (in place): in a group where channel k scored any response
-    (a score or a failure value), its None / NaN responses score ``on_failure``; a group NaN
-    throughout stays NaN (does not apply). Counts both, and tracks the calls in a row in which
-    a channel applied to no prompt."""
-    nan_BGK = np.isnan(r_BGK)
-    applies_BK = ~nan_BGK.all(axis=1)
-    for k, (n, ch) in enumerate(zip(self.names, self.channels)):
-      unscorable_BG = nan_BGK[..., k] & applies_BK[:, k, None]
-      r_BGK[..., k][unscorable_BG] = ch.on_failure
-      stats["unscorable"][n] = int(unscorable_BG.sum())
-      stats["not_applicable"][n] = int((nan_BGK[..., k] & ~unscorable_BG).sum())
+  def _count_scored(self, r_BGK: np.ndarray, stats) -> None:
+    """Counts the rows where each channel does not apply (NaN: only where it declared so) and
+    tracks the calls in a row in which a channel scored no response at all."""
+    B, G, _ = r_BGK.shape
+    nan_K = np.isnan(r_BGK).sum(axis=(0, 1))
+    idle = []
     with self._lock:
       for k, n in enumerate(self.names):
-        self._na_streaks[n] = 0 if applies_BK[:, k].any() else self._na_streaks[n] + 1
-      idle = [(n, s) for n, s in self._na_streaks.items() if s >= self.not_applicable_patience]
+        stats["not_applicable"][n] = int(nan_K[k])
+        scored = B * G - nan_K[k] - stats["unscorable"][n] - stats["errors"][n]
+        self._na_streaks[n] = 0 if scored > 0 else self._na_streaks[n] + 1
+        if self._na_streaks[n] >= self.not_applicable_patience:
+          idle.append(n)
     if idle:
-      n, streak = idle[0]
+      n = idle[0]
       raise RewardFailureError(
-          f"reward channel {n!r} applied to no prompt (returned None / NaN on every response) "
-          f"for {streak} consecutive batches (not_applicable_patience="
-          f"{self.not_applicable_patience}): it does not apply to this data; remove it from "
-          f"config.rewards.channels or fix what it reads")
+          f"reward channel {n!r} scored no response for {self._na_streaks[n]} consecutive "
+          f"batches (not_applicable_patience={self.not_applicable_patience}; this batch: "
+          f"{stats['not_applicable'][n]} of {B * G} where it does not apply, "
+          f"{stats['unscorable'][n]} unscorable (None / NaN), {stats['errors'][n]} failed): "
+          f"fix what it reads, its applies(example), or remove it from config.rewards.channels")
 
   def _guard(self, stats, calls_per_channel: int) -> None:
     """The failure-rate guard: counts consecutive over-limit batches per channel."""
@@ -402,7 +460,8 @@ class PendingScores:
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
       raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
     self._runner = runner
-    self._examples = [ExampleFields(ex) for ex in examples_B]
+    self._examples = [ExampleFields.of(ex) for ex in examples_B]  # read-only: shared
+    self.applies_BK = runner.applicability(self._examples)
     self._G = group_size
     self._rows: dict[tuple[int, int], tuple[str, int]] = {}
     self._calls: list[Call] = []
@@ -424,7 +483,8 @@ class PendingScores:
     self._rows[(b, g)] = (response, int(num_tokens))
     workers = self._runner._workers  # pylint: disable=protected-access
     new = [Call(ch, k, (response, self._examples[b], int(num_tokens)), (b, g))
-           for k, ch in enumerate(self._runner.channels) if not ch.batched]
+           for k, ch in enumerate(self._runner.channels)
+           if not ch.batched and self.applies_BK[b, k]]
     for call in new:
       workers.submit(call)
     self._calls += new
@@ -439,15 +499,16 @@ class PendingScores:
     t0 = time.monotonic() if self._t0 is None else self._t0
     calls = []
     for k, ch in enumerate(runner.channels):  # batched calls first: they are the long ones
-      if ch.batched and picked:
-        calls.append(Call(ch, k, ([self._rows[r][0] for r in picked],
-                                  [self._examples[b] for b, _ in picked],
-                                  [self._rows[r][1] for r in picked]), None))
+      rows = [r for r in picked if self.applies_BK[r[0], k]]
+      if ch.batched and rows:
+        calls.append(Call(ch, k, ([self._rows[r][0] for r in rows],
+                                  [self._examples[b] for b, _ in rows],
+                                  [self._rows[r][1] for r in rows]), None, rows))
     for call in calls:  # ahead of the per-sample calls still queued
       runner._workers.submit(call, first=True)  # pylint: disable=protected-access
     calls += sorted(self._calls, key=lambda c: (c.index, c.k))  # score's order: same errors
     runner._workers.wait(calls)  # pylint: disable=protected-access
-    r_BGK, stats = runner._collect(calls, len(self._examples), self._G, picked)  # pylint: disable=protected-access
-    counts = {f"{what}/{n}": stats[what][n] for what in ("errors", "timeouts")
+    r_BGK, stats = runner._collect(calls, len(self._examples), self._G)  # pylint: disable=protected-access
+    counts = {f"{what}/{n}": stats[what][n] for what in ("errors", "timeouts", "unscorable")
               for n in runner.names}
     return r_BGK, counts, time.monotonic() - t0

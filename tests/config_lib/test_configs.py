@@ -445,7 +445,10 @@ def test_gpu_node_and_run_tpu_scripts_run_main_and_propagate_its_status(tmp_path
   argument fails inside main and its status comes back (run.log / pid file written)."""
   venv = tmp_path / "venv" / "bin"
   venv.mkdir(parents=True)
-  (venv / "python").symlink_to(sys.executable)
+  # A wrapper, not a symlink: a symlink to a venv's python resolves to the base interpreter
+  # without the venv's site-packages (absl lost when the tests run from a venv).
+  (venv / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+  (venv / "python").chmod(0o755)
   (venv / "activate").write_text(f'export PATH="{venv}:$PATH"\n')
   env = dict(os.environ, HOME=str(tmp_path), MR_RL_VENV=str(venv.parent), MR_RL_SKIP_INSTALL="1",
              JAX_PLATFORMS="cpu")

@@ -187,13 +187,12 @@ def test_datasets_macro_average_and_replicated_records(comp, examples):
 # ------------------------------------------------------------------------ NaN rewards
 @pytest.fixture(scope="module")
 def with_nans(comp, examples):
-  """A real runner whose extra channel does not apply (returns None: NaN) to problems with an
+  """A real runner whose extra channel does not apply (declares it: NaN) to problems with an
   odd answer."""
   def parity(response, example, num_tokens):
-    if int(example["answer"]) % 2:
-      return None
     return 1.0
-  runner = RewardRunner([get_reward(n) for n in CHANNELS] + [RewardChannel("even", parity)])
+  even = RewardChannel("even", parity, applies=lambda ex: int(ex["answer"]) % 2 == 0)
+  runner = RewardRunner([get_reward(n) for n in CHANNELS] + [even])
   cfg = ev.EvalConfig(mode="greedy", primary=len(CHANNELS), keep_texts=True)
   return evaluate(comp, comp.base_params, examples, cfg, runner=runner)
 

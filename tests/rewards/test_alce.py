@@ -1,6 +1,8 @@
 """ALCE rewards: rule parts on hand-made cases, batching, runner channels, NLI plumbing."""
 
 import random
+import re
+import time
 
 import numpy as np
 import pytest
@@ -40,6 +42,70 @@ def test_normalisation_and_citation_helpers():
           "Dr. Smith met J. K. Rowling in the U.S. in 1999 [1].", "She said hi!", "Then?",
           "Done."]
   assert alce.split_sentences("Pi is 3.14 [2]. Next") == ["Pi is 3.14 [2].", "Next"]
+
+
+# The splitter before issue 33 (quadratic on runs of dots), the reference for the new one.
+_OLD_BOUNDARY = re.compile(r"[.!?]+[\"')\]]*(?=\s+\S)")
+
+
+def _old_split_sentences(text):
+  sents, start = [], 0
+  for m in _OLD_BOUNDARY.finditer(text):
+    end = m.end()
+    nxt = text[end:].lstrip()[:1]
+    if nxt.islower():
+      continue
+    if m.group().startswith(".") and len(m.group().rstrip("\"')]")) == 1:
+      word = text[start:m.start()].split()[-1:] or [""]
+      w = word[0].lower().lstrip("(\"'")
+      if (w in alce.text._ABBREVIATIONS or (len(w) == 1 and w.isalpha())  # pylint: disable=protected-access
+          or re.fullmatch(r"(\w\.)+\w", w)):
+        continue
+    sents.append(text[start:end].strip())
+    start = end
+  tail = text[start:].strip()
+  if tail:
+    sents.append(tail)
+  return [s for s in sents if s]
+
+
+_PROSE = [
+    "Dr. Smith met J. K. Rowling in the U.S. in 1999 [1]. She said hi! Then? Done.",
+    "Pi is 3.14 [2]. Next", "He said \"no.\" Then he left (quietly.) The end!!  ",
+    "Wait... what? e.g. this one. Mr. X arrived at 5 p.m. yesterday. \u00a0Ok.\tFine",
+    "'Quoted.' [3] Next one.] [4]. lower case after. Upper After.\n\nNew paragraph?! Yes.",
+]
+
+
+def test_sentence_splitter_is_the_old_one_on_text_and_random_strings():
+  rng = random.Random(0)
+  alphabet = list("..!?\"')] ]\n\t\u00a0aAbBzZ.[1]") + ["Mr", "e.g", "U.S", "J", "x.y.z"]
+  texts = _PROSE + ["".join(rng.choice(alphabet) for _ in range(rng.randrange(60)))
+                    for _ in range(3000)]
+  for text in texts:
+    assert alce.split_sentences(text) == _old_split_sentences(text), repr(text)
+
+
+@pytest.mark.parametrize("attack", ["." * 16000, "!" * 16000, "." * 16000 + " X",
+                                    ". " * 8000 + "x", "a." * 8000 + " ", "." * 8000 + '"' * 8000,
+                                    "Mr. " * 4000, " " * 16000 + ".", ".\u00a0" * 8000])
+def test_sentence_splitter_is_linear_on_runs_of_punctuation(attack):
+  t0 = time.perf_counter()
+  alce.split_sentences(attack * 2)  # two 16,000-dot responses took 5-7 s before
+  assert time.perf_counter() - t0 < 0.25
+
+
+def test_runner_threads_are_not_frozen_by_dots():
+  """The splitter runs on the runner's threads under the GIL: a slow one stalls them all."""
+  from mr_rl.rewards import runner  # pylint: disable=g-import-not-at-top
+  rr = runner.RewardRunner([runner.get_reward("alce_citation", verifier="lexical")],
+                           timeout_s=0.5, num_threads=2)
+  asqa = {"task": "asqa", "docs": DOCS, "qa_pairs": [{"short_answers": ["1889"]}]}
+  t0 = time.perf_counter()
+  r, metrics = rr([["." * 16000, "." * 16000 + " The Eiffel Tower was completed in 1889 [1]."]],
+                  [asqa], np.ones((1, 2), np.int64))
+  assert time.perf_counter() - t0 < 0.5 and metrics["rewards/alce_citation/timeouts"] == 0
+  np.testing.assert_allclose(r[0, :, 0], [0.0, 2 / 3])  # the dots: one uncited sentence
 
 
 def test_str_em():

@@ -101,14 +101,16 @@ def test_humaneval_canonical_pass_empty_fail_one_run_per_response(problems, coun
       assert fast.fn(r, ex, 10) in (0.0, 1.0)
       assert noop.fn(r, ex, 10) in (0.0, 1.0)
   assert len(counted_runs) == 2 * len(problems)
-  # fast / noop are exactly cc.fast / cc.noop of the shared result.
+  # fast / noop are exactly cc.fast / cc.noop of the shared result: a run another consumer
+  # starts is the one they take next.
   p = problems["HumanEval/53"]
   res = cc.shared_run_cache().get(p["prompt"] + p["canonical_solution"] + "\n",
-                                  cc.tests_from_example(_he_example(p)), sandbox.SMALL_TEST_TIMEOUT_S)
+                                  cc.tests_from_example(_he_example(p)),
+                                  sandbox.SMALL_TEST_TIMEOUT_S, consumer="check")
   good = _fenced(p["prompt"] + p["canonical_solution"])
   assert fast.fn(good, _he_example(p), 1) == cc.fast(res)
   assert noop.fn(good, _he_example(p), 1) == cc.noop(res)
-  assert len(counted_runs) == 2 * len(problems)
+  assert len(counted_runs) == 2 * len(problems) + 1
 
 
 def test_runner_three_channels_share_one_sandbox_run(problems, counted_runs):
@@ -137,18 +139,20 @@ def test_inflight_deduplication_across_threads(counted_runs):
   cache = cc.RunCache(maxsize=2)
   tests = sandbox.CodeTests.call("f", [[2]], [4])
   out = []
-  threads = [threading.Thread(target=lambda: out.append(cache.get("def f(x): return x * x",
-                                                                    tests, 5.0)))
-             for _ in range(4)]
+  for c in ("c0", "c1", "c2", "c3"):  # what code_channel does for each channel it builds
+    cache.register(c)
+  threads = [threading.Thread(target=lambda c=c: out.append(cache.get(
+      "def f(x): return x * x", tests, 5.0, consumer=c))) for c in ("c0", "c1", "c2", "c3")]
   for t in threads:
     t.start()
   for t in threads:
     t.join()
   assert len(out) == 4 and all(r.passed for r in out) and len(counted_runs) == 1
   assert cache.runs == 1 and cache.hits == 3
+  assert len(cache) == 0  # every consumer took it
   for i in range(3):  # LRU bound
-    cache.get(f"def f(x): return {i}", tests, 5.0)
-  assert len(cache._done) == 2  # pylint: disable=protected-access
+    cache.get(f"def f(x): return {i}", tests, 5.0, consumer="c0")
+  assert len(cache) == 2
 
 
 # ----------------------------------------------------------------------------- DeepCoder specs
@@ -161,15 +165,43 @@ def test_deepcoder_stdio_spec_in_example(counted_runs):
   assert spec.kind == "stdio"
   ex = Example.single_turn("deepcoder/x", "deepcoder", "Add two numbers.", None, tests=spec)
   correct, fast = get_reward("code_correct"), get_reward("code_fast")
-  for tests_field in (spec, spec.to_dict()):  # the dataclass and its dict form
-    m = Example.single_turn("d/y", "deepcoder", "q", None, tests=tests_field).as_mapping()
-    assert correct.fn(_fenced(ADD_STDIO), m, 1) == 1.0
-  assert correct.fn(_fenced(ADD_STDIO), ex.as_mapping(), 1) == 1.0
   assert correct.fn(_fenced("print(3)"), ex.as_mapping(), 1) == 0.0  # passes test 0 only
   assert correct.fn(ADD_STDIO, ex.as_mapping(), 1) == 1.0  # no fence: the whole response
-  assert fast.fn(_fenced(ADD_STDIO), ex.as_mapping(), 1) in (0.0, 1.0)
-  # the dataclass and the dict form are the same tests: one run for the fenced program
+  forms = [Example.single_turn("d/y", "deepcoder", "q", None, tests=t).as_mapping()
+           for t in (spec, spec.to_dict())]  # the dataclass and its dict form
+  assert correct.fn(_fenced(ADD_STDIO), forms[0], 1) == 1.0
+  # the two forms are the same tests: code_fast on the dict form takes correct's run
+  assert fast.fn(_fenced(ADD_STDIO), forms[1], 1) in (0.0, 1.0)
   assert counted_runs.count(ADD_STDIO + "\n") == 1
+
+
+# A random yes / no guesser: passes its one test half of the time.
+GUESSER = "import random\nprint(random.choice(['YES', 'NO']))\n"
+
+
+def test_a_lucky_pass_is_paid_once_not_every_time_the_text_comes_back(monkeypatch):
+  """Each call of a channel is backed by its own sandbox run: what the channel pays is what
+  the sandbox said that time (before, the first verdict was paid for every later copy)."""
+  verdicts = []
+  real = sandbox.run
+
+  def recording(program, tests, **kw):
+    res = real(program, tests, **kw)
+    verdicts.append(res.passed)
+    return res
+
+  monkeypatch.setattr(sandbox, "run", recording)
+  cc.shared_run_cache().clear()
+  ex = {"tests": CodeTestSpec("stdio", ("",), ("YES\n",))}
+  correct, fast = get_reward("code_correct"), get_reward("code_fast")
+  paid = [correct.fn(_fenced(GUESSER), ex, 1) for _ in range(12)]
+  assert len(verdicts) == 12 and paid == [float(v) for v in verdicts]
+  # A group of 6 identical guesses in the runner: 6 runs, each response paid its own verdict;
+  # code_fast of each response shares that response's run.
+  verdicts.clear()
+  runner = RewardRunner([correct, fast], timeout_s=60.0, num_threads=4)
+  r, _ = runner([[_fenced(GUESSER)] * 6], [ex], np.full((1, 6), 7))
+  assert len(verdicts) == 6 and sorted(r[0, :, 0]) == sorted(float(v) for v in verdicts)
 
 
 # A correct but slow solution that caches its outputs wherever it can write and remembers:

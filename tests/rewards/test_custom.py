@@ -15,15 +15,20 @@ from mr_rl.rewards import runner as rr
 
 MODULE = textwrap.dedent("""
     import os
-    from mr_rl.rewards.channels import batched_reward
+    from mr_rl.rewards.channels import applies_when, batched_reward
 
     NOT_A_FUNCTION = 3
+
+    def is_math(example):
+      return example["topic"] == "math"
 
     def concise(response, example, num_tokens, max_tokens=10):
       return float(num_tokens <= max_tokens)
 
+    @applies_when(is_math)  # declared: never called on the other prompts
     def only_math(response, example, num_tokens):
-      return 1.0 if example["topic"] == "math" else None  # None: does not apply
+      assert example["topic"] == "math"
+      return 1.0
 
     def worker_pid(response, example, num_tokens):
       return float(os.getpid())
@@ -36,7 +41,7 @@ MODULE = textwrap.dedent("""
 
     def relative_length(responses, examples, num_tokens, scale=1.0):  # batched by parameter
       longest = max(len(r) for r in responses)
-      return [scale * len(r) / longest if ex["topic"] == "math" else None
+      return [scale * len(r) / longest if ex["topic"] == "math" else None  # None: unscorable
               for r, ex in zip(responses, examples)]
 
     @batched_reward
@@ -94,9 +99,9 @@ def test_value_range_of_an_import_path_channel(mod):
   assert rr.get_reward(f"{mod}:concise").value_range == rr.DEFAULT_VALUE_RANGE == (-1e6, 1e6)
   unit = rr.get_reward(f"{mod}:relative_length", batched=True, scale=4.0, value_range=[0, 1])
   assert unit.value_range == (0.0, 1.0)
-  with pytest.raises(rr.RewardConfigError, match=r"reward channel 'relative_length' .*returned "
-                                                 r"2.0, outside the channel's value_range"):
-    rr.RewardRunner([unit], timeout_s=30)(RESPONSES, EXAMPLES, TOKENS)
+  runner = rr.RewardRunner([unit], timeout_s=30, max_failure_share=1.0)
+  runner(RESPONSES, EXAMPLES, TOKENS)  # a value outside the range fails its row
+  assert "returned 2.0, outside the channel's value_range" in runner.last_errors["relative_length"]
   with pytest.raises(rr.RewardConfigError, match=r"reward channel 'concise' .*value_range"):
     rr.get_reward(f"{mod}:concise", value_range=(1, 0))
 
@@ -119,12 +124,13 @@ def test_process_kind_runs_in_a_worker(mod):
 def test_batched_import_path_channels(mod, kind):
   by_marker = rr.get_reward(f"{mod}:shortest_in_batch", kind=kind)
   by_param = rr.get_reward(f"{mod}:relative_length", batched=True, scale=2.0, kind=kind,
-                           on_failure=-1.0)
+                           on_failure=-1.0, applies=f"{mod}:is_math")
   assert by_marker.batched and by_param.batched and by_param.on_failure == -1.0
   runner = rr.RewardRunner([by_marker, "format", by_param], timeout_s=30)
   r_BGK, metrics = runner(RESPONSES, EXAMPLES, TOKENS)
   np.testing.assert_array_equal(r_BGK[..., 0], TOKENS == 1)  # the batch minimum, over B*G
-  np.testing.assert_allclose(r_BGK[..., 2], [[2 / 8, 2 * 4 / 8, 2 * 2 / 8], [np.nan] * 3])
+  # Called on the rows of the prompts it applies to only (the longest math response: 4).
+  np.testing.assert_allclose(r_BGK[..., 2], [[2 / 4, 2 * 4 / 4, 2 * 2 / 4], [np.nan] * 3])
   assert metrics["rewards/relative_length/not_applicable"] == 3
   bad = rr.RewardRunner([rr.get_reward(f"{mod}:too_short", kind=kind)], timeout_s=30)
   with pytest.raises(rr.RewardConfigError, match=r"'too_short' cannot run on this data .*"

@@ -271,7 +271,8 @@ def test_late_thread_call_is_a_timeout_whenever_the_caller_waits():
     time.sleep(0.05)
   assert EVENTS == ["returned"]
   r_BGK, counts, _ = pending.result()
-  assert r_BGK[0, 0, 0] == 0.0 and counts == {"errors/slow": 1, "timeouts/slow": 1}
+  assert r_BGK[0, 0, 0] == 0.0 and counts == {"errors/slow": 1, "timeouts/slow": 1,
+                                            "unscorable/slow": 0}
 
 
 def test_hung_thread_call_frees_its_thread_at_the_next_row():
@@ -294,4 +295,4 @@ def test_hung_thread_call_frees_its_thread_at_the_next_row():
   r_BGK, counts, _ = pending.result()
   RELEASE.set()
   np.testing.assert_array_equal(r_BGK[0, :, 0], [0.0, 1.0])
-  assert counts == {"errors/h": 1, "timeouts/h": 1}
+  assert counts == {"errors/h": 1, "timeouts/h": 1, "unscorable/h": 0}

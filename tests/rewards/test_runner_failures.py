@@ -2,7 +2,7 @@
 
 A failed verification (raised, timed out, worker died) scores the channel's failure value,
 never NaN ("does not apply"), so a policy earns nothing by breaking the verifier; NaN comes
-only from a function returning None / NaN on purpose. Errors that are not about the
+only where a channel declares it does not apply to a prompt (``applies``). Errors that are not about the
 response (a missing example field, a broken scorer set-up) stop the run at the first batch.
 """
 
@@ -89,18 +89,24 @@ EXAMPLES = [{"reference": "1"}, {"reference": "2"}]
 ODD = TOKENS % 2 == 1
 
 
+def _uses(example):
+  return example["use"]
+
+
 @pytest.mark.parametrize("kind", ["thread", "process"])
-def test_none_and_nan_mean_does_not_apply_to_a_prompt_only_on_its_whole_group(kind):
-  # Groups 0 and 1 have a scored response: their None / NaN responses score on_failure.
-  # Group 2 is None throughout: the channel does not apply to that prompt (NaN).
-  tokens = np.array([[1, 2, 3], [4, 5, 6], [1, 3, 5]])
-  responses = [["a", "b", "c"]] * 3
-  runner = rr.RewardRunner([rr.RewardChannel("even", _applies_to_even, kind, on_failure=-0.5)],
-                           timeout_s=30)
-  r_BGK, metrics = runner(responses, [{}] * 3, tokens)
+def test_none_and_nan_are_unscorable_and_only_a_declaration_makes_a_prompt_not_apply(kind):
+  # Groups 0 and 1 mix scores and None / NaN; group 2 is None throughout: all unscorable
+  # (on_failure). Group 3 is one the channel declares it does not apply to: NaN, not called.
+  tokens = np.array([[1, 2, 3], [4, 5, 6], [1, 3, 5], [1, 1, 1]])
+  responses = [["a", "b", "c"]] * 4
+  examples = [{"use": True}] * 3 + [{"use": False}]
+  runner = rr.RewardRunner([rr.RewardChannel("even", _applies_to_even, kind, on_failure=-0.5,
+                                             applies=_uses)], timeout_s=30)
+  r_BGK, metrics = runner(responses, examples, tokens)
   nan = np.nan
-  np.testing.assert_array_equal(r_BGK[..., 0], [[-0.5, 1, -0.5], [-0.5, -0.5, 1], [nan] * 3])
-  assert metrics["rewards/even/not_applicable"] == 3 and metrics["rewards/even/unscorable"] == 4
+  np.testing.assert_array_equal(r_BGK[..., 0], [[-0.5, 1, -0.5], [-0.5, -0.5, 1], [-0.5] * 3,
+                                                [nan] * 3])
+  assert metrics["rewards/even/not_applicable"] == 3 and metrics["rewards/even/unscorable"] == 7
   assert metrics["rewards/even/errors"] == 0
   assert runner.error_counts["even"] == 0 and "even" not in runner.last_errors
 
@@ -138,15 +144,20 @@ def test_a_channel_that_applies_to_no_prompt_stops_the_run_after_its_patience():
   runner = rr.RewardRunner(["format", rr.RewardChannel("parsed", _parsed)], timeout_s=30,
                            not_applicable_patience=2)
   nt = np.array([[1, 1]])
-  never = [["x", "y"]]  # 'parsed' is None on every response: applies to no prompt
+  never = [["x", "y"]]  # 'parsed' is None on every response: scores no response
   runner(never, [{}], nt)                   # streak 1
-  runner([["good", "y"]], [{}], nt)         # applies: resets the streak
+  runner([["good", "y"]], [{}], nt)         # scores one: resets the streak
   r_BGK, _ = runner(never, [{}], nt)        # streak 1 again
-  assert np.isnan(r_BGK[..., 1]).all()
+  assert (r_BGK[..., 1] == 0).all()         # unscorable: on_failure
   with pytest.raises(rr.RewardFailureError,
-                     match=r"^reward channel 'parsed' applied to no prompt .* for 2 consecutive "
-                           r"batches \(not_applicable_patience=2\)"):
+                     match=r"^reward channel 'parsed' scored no response for 2 consecutive "
+                           r"batches \(not_applicable_patience=2; this batch: 0 of 2 where it "
+                           r"does not apply, 2 unscorable \(None / NaN\), 0 failed\)"):
     runner(never, [{}], nt)
+  nowhere = rr.RewardRunner([rr.RewardChannel("none", _parsed, applies=lambda ex: False)],
+                            not_applicable_patience=1)
+  with pytest.raises(rr.RewardFailureError, match=r"'none' scored no response .* 2 of 2 where"):
+    nowhere(never, [{}], nt)
   for bad in (0, 1.5, True):
     with pytest.raises(ValueError, match="not_applicable_patience must be a positive int"):
       rr.RewardRunner(["format"], not_applicable_patience=bad)
@@ -163,13 +174,15 @@ def _one_and_a_half(response, example, num_tokens):
   return 1.5
 
 
-def test_a_score_outside_the_channel_range_stops_the_run_naming_channel_and_value():
-  with pytest.raises(rr.RewardConfigError, match=r"reward channel 'huge' .*returned 1e\+30, "
-                                                 r"outside the channel's value_range \[-1e\+06, 1e\+06\]"):
-    rr.RewardRunner([rr.RewardChannel("huge", _huge)])([["a"]], [{}], np.array([[1]]))
-  unit = rr.RewardChannel("unit", _one_and_a_half, value_range=(0, 1))
-  with pytest.raises(rr.RewardConfigError, match=r"'unit' .*returned 1.5, outside .*\[0, 1\]"):
-    rr.RewardRunner([unit])([["a"]], [{}], np.array([[1]]))
+def test_a_score_outside_the_channel_range_fails_its_row_naming_channel_and_value():
+  runner = rr.RewardRunner([rr.RewardChannel("huge", _huge)], max_failure_share=1.0)
+  assert runner([["a"]], [{}], np.array([[1]]))[0][0, 0, 0] == 0.0  # on_failure
+  assert runner.last_errors["huge"] == ("RewardValueError(\"returned 1e+30, outside the "
+                                        "channel's value_range [-1e+06, 1e+06]\")")
+  unit = rr.RewardChannel("unit", _one_and_a_half, value_range=(0, 1), on_failure=0.25)
+  runner = rr.RewardRunner([unit], max_failure_share=1.0)
+  assert runner([["a"]], [{}], np.array([[1]]))[0][0, 0, 0] == 0.25
+  assert "returned 1.5, outside the channel's value_range [0, 1]" in runner.last_errors["unit"]
   assert rr.RewardRunner([rr.RewardChannel("wide", _huge, value_range=(0, 1e31))])(
       [["a"]], [{}], np.array([[1]]))[0][0, 0, 0] == np.float32(1e30)
 
@@ -279,7 +292,8 @@ def test_missing_example_field_stops_the_run_naming_channel_field_and_keys(kind)
                            r"\(keys: \['reference'\]\)$"):
     runner(RESPONSES, EXAMPLES, TOKENS)
   tolerant = rr.RewardRunner([rr.RewardChannel("gold", _tolerates_missing, kind)], timeout_s=30)
-  assert np.isnan(tolerant(RESPONSES, EXAMPLES, TOKENS)[0]).all()
+  r_BGK, metrics = tolerant(RESPONSES, EXAMPLES, TOKENS)
+  assert (r_BGK == 0).all() and metrics["rewards/gold/unscorable"] == 6
 
 
 @pytest.mark.parametrize("fn, match", [
@@ -287,7 +301,6 @@ def test_missing_example_field_stops_the_run_naming_channel_field_and_keys(kind)
                      r"\['reference'\]\)$"),
     (lambda r, e, n: "1.0", r"RewardConfigError: returned str '1.0': a reward is a real number"),
     (lambda r, e, n: [1.0], r"returned list \[1.0\].*mark batched functions batched=True"),
-    (lambda r, e, n: float("-inf"), r"returned -inf: a reward is a finite number"),
 ])
 def test_broken_scorers_stop_the_run(fn, match):
   runner = rr.RewardRunner([rr.RewardChannel("broken", fn)], timeout_s=30)

@@ -34,6 +34,11 @@ from mr_rl.rewards.process import worker as _worker
 _PACKAGE_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), *[os.pardir] * 3))
 
 
+DEFAULT_MAX_CALLS_PER_WORKER = 1000
+DEFAULT_MAX_WORKER_BYTES = 2 << 30  # a worker with math-verify loaded holds ~0.15-0.3 GiB
+MIN_WORKER_BYTES = 64 << 20
+
+
 class RewardTimeoutError(TimeoutError):
   """A reward call exceeded its wall-clock budget."""
 
@@ -186,11 +191,25 @@ class _Zygote:
 
 
 class _Worker:
-  __slots__ = ("zygote", "sock", "pid", "sys_path")
+  __slots__ = ("zygote", "sock", "pid", "sys_path", "calls")
 
   def __init__(self, zygote: _Zygote, sock: socket.socket, pid: int):
     self.zygote, self.sock, self.pid = zygote, sock, pid
     self.sys_path: tuple[str, ...] = ()
+    self.calls = 0
+
+
+def data_bytes(pid: int) -> int | None:
+  """Process ``pid``'s data size (``VmData``: private writable memory, what RLIMIT_DATA
+  bounds), or None where /proc does not say."""
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      for line in f:
+        if line.startswith("VmData:"):
+          return int(line.split()[1]) * 1024
+  except (OSError, ValueError):
+    pass
+  return None
 
 
 class HardTimeoutPool:
@@ -205,24 +224,39 @@ class HardTimeoutPool:
   process forked from the caller (``os.fork``, multiprocessing's "fork") starts its own
   zygote instead of sharing the parent's workers.
 
+  Workers are bounded and recycled, so a reward that leaks cannot grow without bound: each
+  worker's data size (private writable memory) is capped at ``max_worker_bytes``
+  (RLIMIT_DATA: an allocation past it fails, so the call raises ``MemoryError`` or its worker
+  dies, and either way the call fails: the runner scores the channel's failure value), and a
+  worker is replaced after ``max_calls_per_worker`` calls or after a call that leaves it above
+  half of ``max_worker_bytes`` (``recycled`` counts these).
+
   Args:
     max_workers: number of worker processes.
     initializer: picklable function run once in every worker (per-process state).
     initargs: its arguments.
     preload: modules the zygote imports once, so workers fork with them loaded.
     warmup_timeout_s: limit on starting the zygote and on starting one worker.
+    max_calls_per_worker: calls after which a worker is replaced (None: never).
+    max_worker_bytes: data-size cap of each worker (None: no cap, no memory recycling).
   """
 
   _MAX_ZYGOTE_RETRIES = 3
 
   def __init__(self, max_workers: int, initializer: Callable[..., None] | None = None,
                initargs: tuple[Any, ...] = (), preload: Sequence[str] = (),
-               warmup_timeout_s: float = 120.0):
+               warmup_timeout_s: float = 120.0,
+               max_calls_per_worker: int | None = DEFAULT_MAX_CALLS_PER_WORKER,
+               max_worker_bytes: int | None = DEFAULT_MAX_WORKER_BYTES):
     if not isinstance(max_workers, int) or max_workers < 1:
       raise ValueError(f"max_workers must be a positive int, got {max_workers!r}")
     if warmup_timeout_s <= 0:
       raise ValueError(f"warmup_timeout_s must be > 0, got {warmup_timeout_s}")
     self.max_workers = max_workers
+    self.max_calls_per_worker: int | None = None
+    self.max_worker_bytes: int | None = None
+    self.set_limits(max_calls_per_worker, max_worker_bytes)
+    self.recycled = 0  # workers replaced after max_calls_per_worker calls or above the memory mark
     self._warmup_timeout_s = float(warmup_timeout_s)
     self._preload: list[str] = []
     self._inits: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
@@ -235,6 +269,16 @@ class HardTimeoutPool:
     self.restarts = 0  # workers killed after a timeout or a crash
     self.add_setup(preload, initializer, initargs)
     _POOLS.add(self)
+
+  def set_limits(self, max_calls_per_worker: int | None,
+                 max_worker_bytes: int | None) -> None:
+    """Sets the recycling rule and the memory cap (see the class docstring); workers started
+    from now on get the new cap, every worker the new recycling rule."""
+    for name, v, lo in (("max_calls_per_worker", max_calls_per_worker, 1),
+                        ("max_worker_bytes", max_worker_bytes, MIN_WORKER_BYTES)):
+      if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
+        raise ValueError(f"{name} must be None or an int >= {lo}, got {v!r}")
+    self.max_calls_per_worker, self.max_worker_bytes = max_calls_per_worker, max_worker_bytes
 
   def _forget_after_fork(self) -> None:
     """In a child made by ``os.fork``: the zygote and workers are the parent's; start afresh."""
@@ -291,7 +335,8 @@ class HardTimeoutPool:
         inits = dumps_importable(list(self._inits))
       worker.sys_path = tuple(sys.path)
       try:
-        _worker.send_msg(sock, ("setup", list(worker.sys_path), os.getcwd(), imports, inits))
+        _worker.send_msg(sock, ("setup", list(worker.sys_path), os.getcwd(), imports, inits,
+                                self.max_worker_bytes))
         (status, detail), _ = _worker.recv_msg(sock, time.monotonic() + self._warmup_timeout_s)
       except (OSError, EOFError, TimeoutError) as e:
         self._discard(worker)
@@ -366,7 +411,7 @@ class HardTimeoutPool:
         _worker.send_msg(worker.sock, (None if path == worker.sys_path else list(path), payload))
         worker.sys_path = path
         reply = _worker.recv_raw(worker.sock, time.monotonic() + timeout_s)
-        healthy = True
+        healthy = not self._recycle(worker)
       except TimeoutError:
         self._discard(worker)
         with self._cv:
@@ -385,6 +430,20 @@ class HardTimeoutPool:
       return self._unpack(reply, name)
     raise RewardWorkerError(f"the worker zygote died {self._MAX_ZYGOTE_RETRIES} times during "
                             f"a call to {name!s}")
+
+  def _recycle(self, worker: _Worker) -> bool:
+    """After a call: replaces ``worker`` (killed now) when it has served its calls or is above
+    half of its memory cap; returns whether it did."""
+    worker.calls += 1
+    limit, cap = self.max_calls_per_worker, self.max_worker_bytes
+    used = data_bytes(worker.pid) if cap is not None else None
+    if not ((limit is not None and worker.calls >= limit)
+            or (used is not None and used > cap // 2)):
+      return False
+    self._discard(worker)
+    with self._cv:
+      self.recycled += 1
+    return True
 
   @staticmethod
   def _unpack(reply: bytes, name: Any) -> Any:

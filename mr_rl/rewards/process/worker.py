@@ -14,7 +14,8 @@ Protocol (every message is an 8-byte big-endian length and a pickle):
   answered ``("spawned", pid)``: a worker forked on that socket; ``("kill", pid)``, answered
   ``("killed", wait_status | None)``: the worker's process group is SIGKILLed and reaped.
   EOF (the parent closed or died): every worker is killed and the zygote exits.
-* parent -> worker: ``("setup", sys_path, cwd, imports, initializers_pickle)`` once, answered
+* parent -> worker: ``("setup", sys_path, cwd, imports, initializers_pickle, max_bytes)``
+  once (``max_bytes``: the worker's RLIMIT_DATA, or None), answered
   ``("ready", None)`` or ``("error", traceback)``; then ``(sys_path | None, call_pickle)``
   per call, answered ``("ok", value)``, ``("raise", exception, traceback)`` or
   ``("load_error", traceback)`` (the call did not unpickle here). EOF: the worker exits.
@@ -123,8 +124,22 @@ def _reply(sock: socket.socket, out: tuple) -> None:
   sock.sendall(_HEADER.pack(len(data)) + data)
 
 
+def _cap_data(max_bytes: int | None) -> None:
+  """RLIMIT_DATA = ``max_bytes``: past it, an allocation fails (MemoryError) instead of
+  growing the worker. Refused when the worker already holds more than half of it."""
+  if max_bytes is None:
+    return
+  import resource  # pylint: disable=import-outside-toplevel
+  with open("/proc/self/status") as f:
+    held = next((int(l.split()[1]) * 1024 for l in f if l.startswith("VmData:")), 0)
+  if held > max_bytes // 2:
+    raise MemoryError(f"a fresh worker already holds {held >> 20} MiB of data, more than half "
+                      f"of max_worker_bytes ({max_bytes >> 20} MiB): raise the cap")
+  resource.setrlimit(resource.RLIMIT_DATA, (max_bytes, max_bytes))
+
+
 def _serve_calls(sock: socket.socket) -> None:
-  (_, sys_path, cwd, imports, inits_pickle), _ = recv_msg(sock)
+  (_, sys_path, cwd, imports, inits_pickle, max_bytes), _ = recv_msg(sock)
   try:
     os.chdir(cwd)
     _set_path(sys_path)
@@ -132,6 +147,8 @@ def _serve_calls(sock: socket.socket) -> None:
       importlib.import_module(module)
     for fn, args in pickle.loads(inits_pickle):
       fn(*args)
+    if sys.platform.startswith("linux"):
+      _cap_data(max_bytes)
   except BaseException:  # pylint: disable=broad-except
     send_msg(sock, ("error", traceback.format_exc()))
     return

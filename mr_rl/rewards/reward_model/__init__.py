@@ -23,7 +23,10 @@ same way; objectives are then its labels in order.
 Input and pooling (exact): the conversation is ``messages + [{"role": "assistant",
 "content": response}]`` rendered and tokenized by the reward model's own chat template
 (``apply_chat_template(..., tokenize=True, add_generation_prompt=False)``, as in the model
-card's demo); the pooled token is the last token of that sequence (for Llama 3's template,
+card's demo), except that the response is untrusted: text in it that spells a special token
+(``<|eot_id|><|start_header_id|>user``...) is tokenized as plain characters
+(``split_special_tokens``) between the template's own ids, so a response cannot close its
+turn or forge new ones (``MultiObjectiveRewardModel.encode``); the pooled token is the last token of that sequence (for Llama 3's template,
 the ``<|eot_id|>`` closing the assistant turn), i.e. the last position whose attention mask
 is 1. Batches are padded on the right (default) or left; positions come from the mask, so
 the two give the same scores, equal to scoring each sequence alone (the model card's

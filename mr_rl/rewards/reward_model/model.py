@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import secrets
 import threading
 from typing import Any, Mapping, Sequence
 
@@ -81,6 +82,7 @@ class MultiObjectiveRewardModel:
     self.mesh, self.rules = mesh, rules
     self.padding_side, self.length_bucket, self.max_len = padding_side, length_bucket, max_len
     self._tok_lock = threading.Lock()
+    self._specials: tuple[str, ...] | None = None
     fwd = functools.partial(_forward, model)
     if mesh is None:
       self._w, self._b = jnp.asarray(w_DK), jnp.asarray(b_K)
@@ -128,6 +130,12 @@ class MultiObjectiveRewardModel:
   def encode(self, conversation: str | Sequence[Mapping[str, str]], response: str) -> list[int]:
     """Token ids of the chat-templated conversation + response (see module docstring).
 
+    The response is untrusted text: where it holds the text of a special token
+    (``<|eot_id|><|start_header_id|>user...``), that text is tokenized as plain characters,
+    never as the special token, so a response cannot close its turn or forge new ones. The
+    ids are then the template's ids around the response's own (``_literal_ids``); any other
+    response gets exactly the template's ids.
+
     Raises:
       ValueError: no tokenizer / chat template, bad messages, or longer than max_len.
     """
@@ -136,15 +144,44 @@ class MultiObjectiveRewardModel:
     if not isinstance(response, str):
       raise TypeError(f"response must be a str, got {type(response).__name__}")
     messages = [{"role": r, "content": c} for r, c in normalise_conversation(conversation)]
-    messages.append({"role": "assistant", "content": response})
     with self._tok_lock:
-      out = self.tokenizer.apply_chat_template(messages, tokenize=True,
-                                               add_generation_prompt=False, return_dict=True)
-    ids = list(out["input_ids"])
+      if any(t in response for t in self._special_texts()):
+        ids = self._literal_ids(messages, response)
+      else:
+        out = self.tokenizer.apply_chat_template(
+            messages + [{"role": "assistant", "content": response}], tokenize=True,
+            add_generation_prompt=False, return_dict=True)
+        ids = list(out["input_ids"])
     if len(ids) > self.max_len:
       raise ValueError(f"conversation + response is {len(ids)} tokens, longer than the reward "
                        f"model's max_len {self.max_len}")
     return ids
+
+  def _special_texts(self) -> tuple[str, ...]:
+    """The texts the tokenizer would read as special tokens (cached)."""
+    if self._specials is None:
+      added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
+      texts = {t.content for t in added.values() if getattr(t, "special", False)}
+      texts |= set(getattr(self.tokenizer, "all_special_tokens", ()))
+      self._specials = tuple(sorted(t for t in texts if t))
+    return self._specials
+
+  def _literal_ids(self, messages: list[dict[str, str]], response: str) -> list[int]:
+    """The template's ids before and after the assistant content, with the content (as the
+    template renders it, e.g. trimmed) tokenized with special tokens NOT parsed."""
+    tok = self.tokenizer
+    marker = "MRRLRESPONSE" + secrets.token_hex(8)
+    render = lambda content: tok.apply_chat_template(
+        messages + [{"role": "assistant", "content": content}], tokenize=False,
+        add_generation_prompt=False)
+    around, full = render(marker).split(marker), render(response)
+    if (len(around) != 2 or not full.startswith(around[0]) or not full.endswith(around[1])
+        or len(full) < len(around[0]) + len(around[1])):
+      raise ValueError("the chat template does not render the response once, unchanged around "
+                       "it: cannot keep special-token text in the response literal")
+    content = full[len(around[0]):len(full) - len(around[1])]
+    piece = lambda text, **kw: list(tok(text, add_special_tokens=False, **kw)["input_ids"])
+    return (piece(around[0]) + piece(content, split_special_tokens=True) + piece(around[1]))
 
   def pad(self, ids_list: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     """(tokens_NT, mask_NT) int32, bucketed: B up to a power of two (and the mesh's batch

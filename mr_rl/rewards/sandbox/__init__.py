@@ -30,27 +30,32 @@ Isolation (each run; see ``harness.py`` for the process layout and BUILD_NOTES.m
     passed as marshalled code objects on the command line, so no file can be swapped
     under a run); a trainer has one server per concurrent run slot, each serving one run
     at a time, and a server never sees a job;
-  * namespaces: each slot's server holds a user namespace that maps only the sandbox
+  * namespaces: each slot's server holds a user namespace that maps only the slot's
     uid/gid (so RLIMIT_NPROC counts per slot: a fork bomb cannot starve a concurrent run);
     per run, new network (no interface up, not even loopback), pid (the zygote is pid 1:
     when it dies every process of the run dies), mount, IPC (SysV and POSIX IPC objects
     die with the run) and UTS namespaces;
   * files: a root of its own (``pivot_root`` onto a tmpfs) that shows, read-only, only
     ``SandboxConfig.visible_paths`` (``/usr``, ``/etc``, ``/lib*``, ...) and the interpreter
-    prefix (less its site-packages and ``hidden_paths``): no host socket, FIFO or lock file
-    of ``/run``, ``/var``, ``/tmp``, a checkout; ``/dev`` holds null, zero, full, random,
-    urandom, the fd links and a private devpts; ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are
-    one private tmpfs of ``tmpfs_bytes``, the working directory and the only writable place,
-    gone with the run; ``/proc`` shows only the run's processes; no ``/sys``;
-  * credentials: as root everything runs as ``uid/gid`` (65534) with no supplementary
-    groups and no capabilities (also none in its user namespace), so it cannot write the
-    checkout or ``$HOME`` even without the read-only mounts; ``no_new_privs`` (setuid
-    binaries do not elevate); a fresh, empty session
-    keyring (the trainer's keys are out of reach); supervisor and zygote non-dumpable;
+    prefix (less its site-packages and ``hidden_paths``; ``sys.executable`` is the real
+    interpreter binary, so a run can start Python even when the trainer runs from a venv):
+    no host socket, FIFO or lock file of ``/run``, ``/var``, ``/tmp``, a checkout; ``/dev``
+    holds null, zero, full, random, urandom, std* links to a stdin/stdout test's files and a
+    private devpts of at most ``max_ptys`` terminals; ``/tmp``, ``/var/tmp`` and ``/dev/shm``
+    are one private tmpfs of ``tmpfs_bytes``, the working directory and the only writable
+    place, gone with the run; no ``/proc`` (it shows machine-wide counters, and a process's
+    own page mappings tell which pages of a shared file are cached) and no ``/sys``;
+  * credentials: as root each slot runs as its own host uid from ``uid_range`` (so the
+    kernel's per-uid counts - descriptors in flight, pipe pages - are per slot), gid 65534,
+    with no supplementary groups and no capabilities (also none in its user namespace), so
+    it cannot write the checkout or ``$HOME`` even without the read-only mounts;
+    ``no_new_privs`` (setuid binaries do not elevate); a fresh, empty session keyring (the
+    trainer's keys are out of reach); supervisor and zygote non-dumpable;
   * a seccomp filter on the zygote and everything it forks (``seccomp.DENIED`` and
     ``seccomp.ARG_RULES``: ptrace, keyrings, mount, namespaces, bpf, perf, userfaultfd,
     io_uring, Linux AIO, kexec and modules, mincore, file locks and leases, hugetlb pages,
-    socket families other than unix/inet/inet6/netlink, ...);
+    socket families other than unix/inet/inet6/netlink, getrusage and rusage of waits,
+    PR_SET_DUMPABLE, sysinfo, ...);
   * memory: ``memory_limit="cgroup"`` (default) puts each server, and so every process of
     its runs, in a memory cgroup of ``memory_bytes`` (v2, or v1; swap included), with the
     run's processes first in line for the OOM killer; rlimits on the worker: address
@@ -67,7 +72,9 @@ Isolation (each run; see ``harness.py`` for the process layout and BUILD_NOTES.m
   (``require_privilege_drop``, ``require_network_isolation``, ``require_seccomp``,
   ``memory_limit="per-process"``). Not handled in any mode: the candidate can READ
   world-readable files (including installed data sets), and concurrent runs share the
-  machine (timing and load are observable).
+  machine (timing and load are observable), and which pages of a visible file are cached
+  can still be told by timing a read (BUILD_NOTES.md "Machine-wide pools the sandbox
+  shares").
 
 Evidence of success: the verdict is computed by the supervisor, which never runs
 candidate code and reads the tests only after the candidate's process was

@@ -40,7 +40,8 @@ class SandboxCapabilities:
     memory_cgroup: 1 or 2 (the cgroup version bounding a whole run's memory) or None.
     cpu_cgroup: 1 or 2 (the cgroup version bounding a whole run's CPU time) or None.
     seccomp: the syscall filter is installed (and no_new_privs set) before candidate code.
-    privilege_drop: the candidate runs as ``SandboxConfig.uid`` (root only).
+    privilege_drop: the candidate runs as an unprivileged uid (root only): a slot's own from
+      ``SandboxConfig.uid_range``, or ``SandboxConfig.uid``.
     capabilities_left: capability sets (name, mask) still non-empty after the drop; empty
       wherever the probe ran (``run`` refuses otherwise).
     stdlib_readable: the sandboxed interpreter could import a stdlib module.
@@ -69,22 +70,31 @@ def _site_dirs():
   return sorted(os.path.realpath(p) for p in paths if p and os.path.isdir(p))
 
 
-def harness_cfg(config, role, namespaces, drop, workdir, limits=None):
+def harness_cfg(config, role, namespaces, drop, workdir, limits=None, uid=None):
+  """The harness's config for one run or probe, as ``uid`` (default ``config.uid``)."""
   prefixes = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix,
                                                    os.path.dirname(os.path.realpath(config.python)))})
   hide = sorted({os.path.realpath(p) for p in config.hidden_paths} | set(_site_dirs()))
-  return {"role": role, "namespaces": namespaces, "drop": drop, "uid": config.uid, "gid": config.gid,
+  uid = config.uid if uid is None else uid
+  return {"role": role, "namespaces": namespaces, "drop": drop, "uid": uid, "gid": config.gid,
           "workdir": workdir, "expose": prefixes, "hide": hide, "tmpfs_bytes": config.tmpfs_bytes,
-          "visible": list(config.visible_paths),
-          "limits": limits}
+          "max_ptys": config.max_ptys,
+          "visible": list(config.visible_paths), "limits": limits,
+          "executable": os.path.realpath(config.python)}
 
 
-def make_workdir(config, drop):
+def make_workdir(config, drop, uid=None):
   workdir = tempfile.mkdtemp(prefix="mr_rl_sandbox_")
   os.chmod(workdir, 0o700)
   if drop:
-    os.chown(workdir, config.uid, config.gid)
+    os.chown(workdir, config.uid if uid is None else uid, config.gid)
   return workdir
+
+
+def slot_uids(config, drop):
+  """The (first, count) range each fork server claims its uid from, or None (every slot
+  runs as ``config.uid``: no uid drop, or ``uid_range=None``)."""
+  return tuple(config.uid_range) if drop and config.uid_range else None
 
 
 # ----------------------------------------------------------------------------- capabilities
@@ -118,18 +128,24 @@ def cgroup_spec(config):
 
 
 def _probe(config, namespaces, drop):
+  from mr_rl.rewards.sandbox import uids  # pylint: disable=import-outside-toplevel
+  slots = slot_uids(config, drop)
+  lease = uids.claim(*slots) if slots else None  # the probe takes a slot's uid too
+  uid = lease.uid if lease else config.uid
   with socket.socket() as listener:
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
     listener.setblocking(False)
-    workdir = make_workdir(config, drop)
+    workdir = make_workdir(config, drop, uid)
     try:
-      cfg = harness_cfg(config, "probe", namespaces, drop, workdir)
+      cfg = harness_cfg(config, "probe", namespaces, drop, workdir, uid=uid)
       cfg.update(probe_port=listener.getsockname()[1], host_ipc_ns=os.readlink("/proc/self/ns/ipc"),
                  cgroup=cgroup_spec(config))
       out, err, timed_out, _ = launch(config, cfg, b"", 30.0, workdir, "/tmp" if namespaces else workdir)
     finally:
       rmtree(workdir)
+      if lease is not None:
+        lease.release()
     try:
       listener.accept()[0].close()
       reached_host = True
@@ -139,6 +155,7 @@ def _probe(config, namespaces, drop):
     raise SandboxError(f"sandbox probe produced no report (stderr: {err.decode(errors='replace')[-500:]})")
   report = json.loads(out)
   report["network_blocked"] = report.get("network_blocked", False) and not reached_host
+  report["expected_uid"] = uid
   return report
 
 
@@ -164,7 +181,7 @@ def capabilities(config) -> SandboxCapabilities:
               read_only_host=bool(ns) and writable <= _WRITABLE_INSIDE,
               memory_cgroup=report.get("memory_cgroup"), cpu_cgroup=report.get("cpu_cgroup"),
               seccomp=bool(report.get("seccomp") and report.get("no_new_privs")),
-              privilege_drop=is_root and report.get("uid") == config.uid,
+              privilege_drop=is_root and report.get("uid") == report["expected_uid"],
               capabilities_left=tuple(sorted((report.get("capabilities") or {}).items())),
               stdlib_readable=bool(report.get("stdlib_readable")))
   notes = []

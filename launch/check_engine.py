@@ -37,7 +37,8 @@ def budget_lines(b, gb) -> list[str]:
           f"after headroom): {b.slots} slots fit ({b.slots_per_device} per data-parallel group)",
           f"  per slot {gb(b.bytes_per_slot)} = KV cache {gb(b.cache_bytes_per_slot)} + prompt "
           f"store share {gb(b.store_bytes_per_slot)} + buffers {gb(b.buffer_bytes_per_slot)} + "
-          f"working memory (estimated) {gb(b.work_bytes_per_slot)}",
+          f"working memory (estimated) {gb(b.work_bytes_per_slot)} + the tail shrink's copy "
+          f"{gb(b.shrink_bytes_per_slot)}",
           f"  next to params {gb(b.params_bytes)} and resident {gb(b.reserved_bytes)} per device"]
 
 

@@ -134,8 +134,19 @@ def grow_cache(cache: Cache, extra: int) -> Cache:
 
 def write_cache(cache: Cache, new_k, new_v, cache_index) -> Cache:
   """The cache with every layer's T new entries (k [L, N, J, W, T], v [L, N, J, T, W]) written
-  at slots [cache_index, cache_index + T): one in-place update of the stacked arrays."""
+  at slots [cache_index, cache_index + T): one in-place update of the stacked arrays. A
+  per-row cache_index [N] (T = 1, the continuous engine's slots) writes row n at its own slot
+  (one scatter)."""
   zero = jnp.int32(0)
+  if jnp.ndim(cache_index):
+    rows = jnp.arange(cache_index.shape[0])
+    return LayerCache(  # advanced indices (rows, slots) come first: values [N, L, J, W]
+        k=cache.k.at[:, rows, :, :, cache_index].set(
+            jnp.moveaxis(new_k[..., 0], 1, 0).astype(cache.k.dtype), unique_indices=True,
+            mode="promise_in_bounds"),
+        v=cache.v.at[:, rows, :, cache_index, :].set(
+            jnp.moveaxis(new_v[:, :, :, 0], 1, 0).astype(cache.v.dtype), unique_indices=True,
+            mode="promise_in_bounds"))
   return LayerCache(
       k=jax.lax.dynamic_update_slice(cache.k, new_k.astype(cache.k.dtype),
                                      (zero, zero, zero, zero, cache_index)),
@@ -208,8 +219,8 @@ class Attention(nn.Module):
   * layer_cache None: the T tokens attend to each other (`mr_rl.models.attention.attend`, the
     configured implementation): causally, real keys only, and with `segment_ids_NT` (packed
     rows) only keys of the query's own segment; new_kv is None.
-  * layer_cache (this layer's k [N, J, W, C], v [N, J, C, W]) and cache_index: the T new tokens
-    sit at slots [cache_index, cache_index + T); query t attends to the cached slots
+  * layer_cache (this layer's k [N, J, W, C], v [N, J, C, W]) and cache_index (a scalar, or
+    one per row [N] when T = 1): the T new tokens sit at slots [cache_index, cache_index + T); query t attends to the cached slots
     c < cache_index with kv_mask_NC[n, c] and to new token t' <= t with kv_mask_NC at its
     slot. The cache is read once and not written here: new_kv = (k [N, J, W, T],
     v [N, J, T, W]) in the cache dtype, which the caller writes (`layers.write_cache`).
@@ -277,9 +288,13 @@ class Attention(nn.Module):
     keys_NJWC, values_NJCW = layer_cache.k.astype(dt), layer_cache.v.astype(dt)
     C = values_NJCW.shape[2]
     q_NJIW = jnp.transpose(q_NTJQW, (0, 2, 3, 1, 4)).reshape(N, J, Q * T, W)
-    old_NC = kv_mask_NC.astype(bool) & (jnp.arange(C, dtype=jnp.int32) < cache_index)[None]
-    new_NTT = jax.lax.dynamic_slice_in_dim(kv_mask_NC, cache_index, T, axis=1).astype(bool)
-    new_NTT = new_NTT[:, None, :] & jnp.tri(T, dtype=bool)[None]
+    index_N1 = jnp.reshape(cache_index, (-1, 1))  # [1, 1], or [N, 1] per row (T = 1)
+    old_NC = kv_mask_NC.astype(bool) & (jnp.arange(C, dtype=jnp.int32)[None] < index_N1)
+    if jnp.ndim(cache_index):
+      new_NT = jnp.take_along_axis(kv_mask_NC, index_N1, axis=1)
+    else:
+      new_NT = jax.lax.dynamic_slice_in_dim(kv_mask_NC, cache_index, T, axis=1)
+    new_NTT = new_NT.astype(bool)[:, None, :] & jnp.tri(T, dtype=bool)[None]
     s_old = jnp.einsum("njiw,njwc->njic", q_NJIW, keys_NJWC, precision=prec,
                        preferred_element_type=jnp.float32)
     s_new = jnp.einsum("njiw,ntjw->njit", q_NJIW, k_NTJW, precision=prec,

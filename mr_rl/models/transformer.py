@@ -82,7 +82,8 @@ class Transformer(nn.Module):
     [cache_index, cache_index + T); query t attends to slot c iff kv_mask_NC[n, c] ([N, C], set
     by the caller for the new slots) and c <= cache_index + t. A cache_index given as the
     Python int 0 is a prefill into an empty cache: it runs the self-attention kernel of the
-    first case (`attention_impl`) and never reads the cache.
+    first case (`attention_impl`) and never reads the cache. With T = 1, cache_index may be
+    [N], one slot per row (the continuous engine: every slot at its own step).
   hidden_NTD is the final-normed hidden state (input of the lm head), for every column.
   The lm head runs on columns [head_start, T) only (a static int): column j of the logits is
   position head_start + j (the policy step's response window,
@@ -128,6 +129,9 @@ class Transformer(nn.Module):
                            f"tokens > cache max_len {C}")
         prefill = int(cache_index) == 0
       cache_index = jnp.asarray(cache_index, jnp.int32)
+      if cache_index.ndim and (cache_index.shape != (N,) or T != 1):
+        raise ValueError(f"a per-row cache_index must be [N] = [{N}] with one new token per "
+                         f"row; got shape {cache_index.shape} for T={T}")
     if kv_mask_NC is None:
       if cache is not None:
         raise ValueError("kv_mask_NC is required with a cache (1 on filled real slots)")

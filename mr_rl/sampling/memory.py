@@ -13,7 +13,10 @@ On a mesh, slots are split over the batch axes (data, fsdp, expert) and each slo
 the tensor axis (key/value heads). A decode step also needs working memory per slot (float32
 logits and their sampling temporaries over the vocabulary share, attention scores over C,
 the MLP hidden) and a prefill of M prompts (activations over P columns, scores P x P); both
-are estimated, not exact: keep headroom (`launch/check.py` compiles the real programs).
+are estimated, not exact: keep headroom (`launch/check.py` compiles the real programs). With
+the tail shrink on (`Engine(shrink_tail=True)`, the default), the first shrink holds the full
+pool, its half-size copy and the gather's temporary (a quarter) at once: 3/4 of a slot's cache
+and buffers more per slot (launch/check.py's engine_shrink, compiled).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class SlotBudget:
     cache_bytes_per_slot: one slot's KV cache on one device.
     store_bytes_per_slot: its share of the prompt store.
     buffer_bytes_per_slot: key mask, tokens, log-probs.
+    shrink_bytes_per_slot: the tail shrink's transient copy (0 without it).
     work_bytes_per_slot: estimated decode and prefill working memory per slot.
     budget_bytes: usable bytes per device (HBM less headroom).
   """
@@ -52,12 +56,13 @@ class SlotBudget:
   buffer_bytes_per_slot: float
   work_bytes_per_slot: float
   budget_bytes: float
+  shrink_bytes_per_slot: float = 0.0
 
   @property
   def bytes_per_slot(self) -> float:
     """Everything one slot costs on its device."""
     return (self.cache_bytes_per_slot + self.store_bytes_per_slot + self.buffer_bytes_per_slot
-            + self.work_bytes_per_slot)
+            + self.work_bytes_per_slot + self.shrink_bytes_per_slot)
 
 
 def _axis(mesh_shape: Optional[Mapping[str, int]], name: str) -> int:
@@ -76,7 +81,8 @@ def slot_cache_bytes(config, prompt_len: int, max_new_tokens: int, cache_dtype=N
 def slot_budget(config, *, hbm_bytes: float, prompt_len: int, max_new_tokens: int,
                 group_size: int = 1, mesh_shape: Optional[Mapping[str, int]] = None,
                 cache_dtype=None, params_count: Optional[int] = None,
-                reserved_bytes: float = 0.0, headroom: float = 0.1) -> SlotBudget:
+                reserved_bytes: float = 0.0, headroom: float = 0.1,
+                shrink_tail: bool = True) -> SlotBudget:
   """The per-device memory of the continuous engine's slots and how many fit.
 
   Args:
@@ -92,6 +98,7 @@ def slot_budget(config, *, hbm_bytes: float, prompt_len: int, max_new_tokens: in
     reserved_bytes: other memory resident per device while sampling (e.g. the train state's
       optimizer moments, which launch/check.py lists per device).
     headroom: fraction of `hbm_bytes` kept free (fragmentation, XLA temporaries).
+    shrink_tail: the engine compacts its tail into half-size pools (module docstring).
 
   Returns:
     SlotBudget; `slots` is 0 when not even one slot per data-parallel group fits.
@@ -114,6 +121,9 @@ def slot_budget(config, *, hbm_bytes: float, prompt_len: int, max_new_tokens: in
   prompt_cache = slot_cache_bytes(config, prompt_len, 0, cache_dtype, tensor)
   store = 2.0 / group_size * (prompt_cache + prompt_len + 8)
   buffers = cols + 8 * max_new_tokens + 18  # key mask, tokens, log-probs, 6 per-slot scalars
+  # The first shrink: the half-size pool and its gather's temporary (half of that, as
+  # compiled), beside the full pool.
+  shrink = 0.75 * (cache + buffers) if shrink_tail else 0.0
   heads = max(1, config.n_heads // tensor)
   d_ff = max(config.d_ff, config.moe_d_ff * max(1, config.num_experts_per_tok))
   decode_work = 4 * (LOGIT_COPIES * config.vocab_size / tensor + 2 * heads * cols
@@ -123,20 +133,23 @@ def slot_budget(config, *, hbm_bytes: float, prompt_len: int, max_new_tokens: in
   work = decode_work + prefill_work
   budget = hbm_bytes * (1.0 - headroom)
   free = budget - params_bytes - reserved_bytes
-  per_slot = cache + store + buffers + work
+  per_slot = cache + store + buffers + work + shrink
   per_device = max(0, int(free // per_slot))
   return SlotBudget(slots=per_device * dp, slots_per_device=per_device, params_bytes=params_bytes,
                     reserved_bytes=float(reserved_bytes), cache_bytes_per_slot=float(cache),
                     store_bytes_per_slot=float(store), buffer_bytes_per_slot=float(buffers),
-                    work_bytes_per_slot=float(work), budget_bytes=float(budget))
+                    work_bytes_per_slot=float(work), budget_bytes=float(budget),
+                    shrink_bytes_per_slot=float(shrink))
 
 
 def slots_that_fit(config, *, hbm_bytes: float, prompt_len: int, max_new_tokens: int,
                    group_size: int = 1, mesh_shape: Optional[Mapping[str, int]] = None,
-                   cache_dtype=None, reserved_bytes: float = 0.0, headroom: float = 0.1) -> int:
+                   cache_dtype=None, reserved_bytes: float = 0.0, headroom: float = 0.1,
+                   shrink_tail: bool = True) -> int:
   """The number of engine slots (over the whole mesh) that fit `hbm_bytes` per device; see
   `slot_budget` for the arguments and the memory model."""
   return slot_budget(config, hbm_bytes=hbm_bytes, prompt_len=prompt_len,
                      max_new_tokens=max_new_tokens, group_size=group_size,
                      mesh_shape=mesh_shape, cache_dtype=cache_dtype,
-                     reserved_bytes=reserved_bytes, headroom=headroom).slots
+                     reserved_bytes=reserved_bytes, headroom=headroom,
+                     shrink_tail=shrink_tail).slots

@@ -115,3 +115,28 @@ def test_ep_dispatch_is_compiled_with_the_stand_in_within_its_analytic_count():
                 _bytes(text, "send, received, sorted rows [rows, D]") / 3)
   stand_in = _bytes(text, "XLA temp with stand_in")
   assert largest <= stand_in <= analytic, (largest, stand_in, analytic)
+
+
+def test_the_readme_command_runs_as_written_and_the_slot_budget_fits_every_engine_program():
+  """`python launch/check.py --config=... --programs=engine --slots=budget` (the README's) needs
+  no --devices (the config's mesh) nor --preset (a local checkpoint's config.json), and the
+  slots the budget says fit make every engine program fit, the tail shrink included (its
+  half-size copy is in the budget; XLA:CPU's float32 copy of a 16-bit cache is not an
+  accelerator's and is reported apart)."""
+  out = subprocess.run([sys.executable, os.path.join(REPO, "launch", "check.py"),
+                        "--config=configs/demo.py", "--programs=engine", "--slots=budget"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert "every program fits" in out.stdout
+  out = subprocess.run([sys.executable, os.path.join(REPO, "launch", "check.py"),
+                        "--config=configs/tag_math.py", "--devices=4", "--programs=engine",
+                        "--slots=budget", "--new_tokens=1024"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  text = out.stdout
+  for name in ("engine_prefill", "engine_step", "engine_shrink"):
+    assert re.search(rf"{name} .* fits", text), text
+  assert "XLA:CPU's float32 copy of the cache" in text     # bf16 cache (paper configs)
+  assert "bfloat16 compute" in text and "float32 master weights" in text

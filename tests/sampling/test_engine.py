@@ -191,6 +191,11 @@ def test_memory_formula_matches_engine_arrays(tiny_hf_pair):
   assert b.cache_bytes_per_slot == nbytes(state.cache) / slots
   assert b.cache_bytes_per_slot + b.store_bytes_per_slot + b.buffer_bytes_per_slot == resident
   assert b.slots == int((b.budget_bytes - 4000) // b.bytes_per_slot) > 0
+  # The tail shrink's transient: the half-size pool and its gather temporary.
+  assert b.shrink_bytes_per_slot == 0.75 * (b.cache_bytes_per_slot + b.buffer_bytes_per_slot)
+  assert memory.slot_budget(model.config, hbm_bytes=1e9, prompt_len=bucket, max_new_tokens=n_new,
+                            group_size=group, params_count=1000,
+                            shrink_tail=False).slots > b.slots
   # Tensor parallelism splits each slot's cache over the KV heads; data parallelism multiplies.
   sharded = memory.slot_budget(model.config, hbm_bytes=1e9, prompt_len=bucket,
                                max_new_tokens=n_new, group_size=group, params_count=1000,

@@ -295,15 +295,21 @@ class Attention(nn.Module):
     else:
       new_NT = jax.lax.dynamic_slice_in_dim(kv_mask_NC, cache_index, T, axis=1)
     new_NTT = new_NT.astype(bool)[:, None, :] & jnp.tri(T, dtype=bool)[None]
-    s_old = jnp.einsum("njiw,njwc->njic", q_NJIW, keys_NJWC, precision=prec,
-                       preferred_element_type=jnp.float32)
+    if T == 1:  # decode: reductions XLA fuses with the layer's cache slice (read once)
+      s_old = jnp.sum(q_NJIW[..., None].astype(jnp.float32) * keys_NJWC[:, :, None], axis=3)
+    else:
+      s_old = jnp.einsum("njiw,njwc->njic", q_NJIW, keys_NJWC, precision=prec,
+                         preferred_element_type=jnp.float32)
     s_new = jnp.einsum("njiw,ntjw->njit", q_NJIW, k_NTJW, precision=prec,
                        preferred_element_type=jnp.float32)
     s_old = jnp.where(old_NC[:, None, None], s_old * (W ** -0.5), _MASK_VALUE)
     s_new = jnp.where(jnp.tile(new_NTT, (1, Q, 1))[:, None], s_new * (W ** -0.5), _MASK_VALUE)
     probs = jax.nn.softmax(jnp.concatenate([s_old, s_new], axis=-1), axis=-1).astype(dt)
-    out_NJIW = (jnp.einsum("njic,njcw->njiw", probs[..., :C], values_NJCW, precision=prec) +
-                jnp.einsum("njit,ntjw->njiw", probs[..., C:], v_NTJW, precision=prec))
+    if T == 1:
+      old = jnp.sum(probs[..., :C, None] * values_NJCW[:, :, None], axis=3)
+    else:
+      old = jnp.einsum("njic,njcw->njiw", probs[..., :C], values_NJCW, precision=prec)
+    out_NJIW = old + jnp.einsum("njit,ntjw->njiw", probs[..., C:], v_NTJW, precision=prec)
     return jnp.transpose(out_NJIW.reshape(N, J, Q, T, W), (0, 3, 1, 2, 4)).reshape(N, T, J * Q, W)
 
   def _out(self, out_NTHW, wo, prec):

@@ -145,8 +145,8 @@ def main(argv=None):
   for rnd in range(a.rounds):
     for s in (0, 1):
       stamps, cpu = [], []
-      out = train_lib.train(build[s], None, comp=comp, log=lambda line: (
-          stamps.append(time.perf_counter()), cpu.append(cpu_busy_s())))
+      out = train_lib.train(build[s], None, comp=comp, log=lambda line: line.startswith("step ")
+                            and (stamps.append(time.perf_counter()), cpu.append(cpu_busy_s())))
       if len(stamps) != a.steps:
         raise RuntimeError(f"expected one log line per step, got {len(stamps)}")
       dt = [b - x for x, b in zip(stamps[a.skip:], stamps[a.skip + 1:])]

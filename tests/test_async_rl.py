@@ -222,7 +222,7 @@ def test_guards_and_dynamic_sampling_keep_their_meaning_at_s1(policy, tmp_path, 
     lines = []
     with pytest.raises(RewardFailureError, match="broken"):
       train_lib.train(settings_lib.from_config(c), None, log=lines.append)
-    steps_logged[staleness] = len(lines)
+    steps_logged[staleness] = sum(line.startswith("step ") for line in lines)  # not compiles
   assert steps_logged == {0: 1, 1: 1}
   # Dynamic sampling draws its rounds when the draw is submitted (the aggregator state of
   # then decides a scalar signal) and still fills the batch with groups that carry a signal.

@@ -77,7 +77,7 @@ def _same_history(a, b, what, approx=()):
   for x, y in zip(a, b):
     assert set(x) == set(y), (what, sorted(set(x) ^ set(y)))
     for k in x:
-      if k.startswith(("time/", "reward_runner/seconds")):
+      if k.startswith(("time/", "compile/", "reward_runner/seconds")):
         continue
       if k.startswith(("reward/", "profile/", "dynamic/", "batch/", "response/", "weights/",
                        "frac_zero_std/", "alarm/", "reward_runner/")) and \
@@ -96,7 +96,7 @@ def _strip(result):
     return "nan"
   if isinstance(result, dict):
     return {k: _strip(v) for k, v in result.items()
-            if not k.startswith("time/")
+            if not k.startswith(("time/", "compile/"))
             and k not in ("reward_runner/seconds", "seconds", "hf_writes")}
   if isinstance(result, list):
     return [_strip(v) for v in result]

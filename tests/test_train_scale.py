@@ -103,7 +103,7 @@ def test_chunked_forward_equals_one_call(policy):
 # ---------------------------------------------------------------------- kl_ref_every
 def _strip(h):
   return {k: v for k, v in h.items()
-          if not k.startswith(("time/", "kl_ref/")) and k != "reward_runner/seconds"}
+          if not k.startswith(("time/", "compile/", "kl_ref/")) and k != "reward_runner/seconds"}
 
 
 def test_kl_ref_every(policy):

@@ -234,8 +234,7 @@ def _step_impl(state, batch, rng, base=None, *, logits_fn, tx, config, value_fn=
 
 
 def _jit(impl, mesh, rules, state_sharding, batch_example, base_sharding=None):
-  impl = compilation.program('ppo_step' if impl.keywords.get('value_fn') else 'policy_step',
-                             impl)
+  impl = compilation.program('ppo_step' if impl.keywords.get('value_fn') else 'policy_step', impl)
   if mesh is None:
     return jax.jit(impl, donate_argnums=0)
   if state_sharding is None or batch_example is None:
@@ -495,6 +494,6 @@ def learner(model, config: UpdateConfig, mesh=None, ppo: bool = False) -> Learne
     step = make_ppo_step(logits_fn, value_fn, config, tx, value_tx, **mesh_kw)
   else:
     step = make_policy_step(logits_fn, config, tx, **mesh_kw)
-  value_fn = None if value_fn is None else jax.jit(compilation.program('value_forward', value_fn))
-  return Learner(model, tx, value_tx, step, value_fn,
-                 st_sh, b_sh, batch_fields(config, ppo), config.lora, mesh)
+  value_fn = value_fn and jax.jit(compilation.program('value_forward', value_fn))
+  return Learner(model, tx, value_tx, step, value_fn, st_sh, b_sh, batch_fields(config, ppo),
+                 config.lora, mesh)

@@ -31,9 +31,10 @@ def arith_config(base_policy: str, total_steps: int, aggregator: str = "amrp"):
 
 
 def strip_timings(rec: dict) -> dict:
-  """A metrics record without its wall-clock timings."""
+  """A metrics record without its wall-clock timings and compile records (which programs a
+  process compiled or loaded from the cache depends on what ran before it, not on the run)."""
   return {k: v for k, v in rec.items()
-          if not k.startswith("time/") and k != "reward_runner/seconds"}
+          if not k.startswith(("time/", "compile/")) and k != "reward_runner/seconds"}
 
 
 def assert_same_metrics(a: list[dict], b: list[dict], rtol: float = 0.0) -> None:

@@ -3,6 +3,8 @@
 * ``mr_rl.rewards.process.pool``: ``HardTimeoutPool``, ``shared_pool`` (the process-wide
   pool), ``dumps_importable`` and the errors ``RewardTimeoutError``, ``RewardWorkerError``,
   ``WorkerSetupError``.
+* ``mr_rl.rewards.process.pickling``: ``dumps_importable``, what is sent to a worker, pickled
+  (re-exported by the pool).
 * ``mr_rl.rewards.process.worker``: the zygote and worker side, started as
   ``python -m mr_rl.rewards.process.worker FD``, and the socket message format both sides use.
 

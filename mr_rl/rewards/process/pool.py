@@ -23,11 +23,11 @@ import subprocess
 import sys
 import threading
 import time
-import types
 import weakref
 from typing import Any, Callable, Sequence
 
 from mr_rl.rewards.process import worker as _worker
+from mr_rl.rewards.process.pickling import dumps_importable  # re-exported
 
 # Directory that holds the `mr_rl` package this module belongs to: the zygote starts there,
 # so `python -m mr_rl.rewards.process.worker` imports this very copy of the package.
@@ -65,35 +65,6 @@ class _RemoteTraceback(Exception):
 
   def __str__(self) -> str:
     return self.tb
-
-
-class _ImportablePickler(pickle.Pickler):
-  """Pickler that refuses objects of ``__main__`` (the workers never import it)."""
-
-  def persistent_id(self, obj: Any) -> None:
-    if isinstance(obj, (types.FunctionType, type)) and obj.__module__ == "__main__":
-      raise pickle.PicklingError(
-          f"{obj.__qualname__} is defined in __main__; reward workers never import the "
-          f"caller's __main__, so functions and classes sent to them must live in an "
-          f"importable module")
-    return None
-
-
-def dumps_importable(obj: Any) -> bytes:
-  """Pickles `obj` for a worker process.
-
-  Raises:
-    pickle.PicklingError: `obj` does not pickle or refers to ``__main__``.
-  """
-  import io  # pylint: disable=import-outside-toplevel
-  buf = io.BytesIO()
-  try:
-    _ImportablePickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-  except pickle.PicklingError:
-    raise
-  except Exception as e:  # pylint: disable=broad-except  (TypeError, AttributeError, ...)
-    raise pickle.PicklingError(f"cannot pickle {obj!r} for a worker process: {e!r}") from e
-  return buf.getvalue()
 
 
 def _last_line(tb: str) -> str:

@@ -21,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+from mr_rl.rewards.sandbox.spec import SandboxError  # re-exported: callers import it from here
+
 # The harness is six stdlib-only files run in order in one namespace (wire format, syscall
 # filter, kernel interfaces, cgroups, the supervisor's checker, process roles). Each is compiled once
 # here; the sandbox gets the marshalled code objects on its command line (no file to swap, no 50 ms
@@ -36,10 +38,6 @@ _BOOT_SRC = ("import sys\n"
              "for _s in [sys.argv.pop(1) for _ in range(%d)]:\n"
              "  exec(compile(_s, '<sandbox>', 'exec'))"
              % len(HARNESS_FILES))
-
-
-class SandboxError(RuntimeError):
-  """The sandbox could not be set up as required (not a verdict on a program)."""
 
 
 def rmtree(path):

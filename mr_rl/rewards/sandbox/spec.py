@@ -17,6 +17,10 @@ SMALL_TEST_TIMEOUT_S = 10.0  # TAG: per-test timeout of small tests
 MEDIUM_TEST_TIMEOUT_S = 30.0  # TAG: per-test timeout of medium tests
 
 
+class SandboxError(RuntimeError):
+  """The sandbox could not be set up as required (not a verdict on a program)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class CodeTests:
   """Tests for one problem; build with ``humaneval``, ``stdio`` or ``call``."""

@@ -20,7 +20,7 @@ import os
 import stat
 import tempfile
 
-from mr_rl.rewards.sandbox.host import SandboxError
+from mr_rl.rewards.sandbox.spec import SandboxError
 
 LOCK_DIR_NAME = "mr_rl_sandbox_uids"
 

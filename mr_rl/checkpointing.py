@@ -11,6 +11,11 @@ A finished checkpoint that cannot be read (a truncated or deleted file) is skipp
 `restore_latest`, which says which one and why and leaves it on disk. With several processes
 every process saves and restores its own shards of the same checkpoint.
 
+A state is saved only when every float in its train state is finite (`nonfinite_leaves`; the
+trainer stops naming the step and the leaves otherwise), so a diverged update never evicts a
+good checkpoint; `restore_latest` skips a checkpoint whose train state is not finite (one
+written before this check existed, or by hand) and takes the newest finite one.
+
 Resuming checks the settings (`check_resume`): a resumed run whose settings differ from the
 checkpoint's in anything but `RESUMABLE` stops and lists the fields.
 
@@ -24,12 +29,15 @@ from __future__ import annotations
 
 import logging
 import os
+import functools
 from typing import Any, Mapping
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
+from mr_rl import compilation, distributed
 from mr_rl.models.transformer import stack_layers, unstack_layers
 
 _LOG = logging.getLogger(__name__)
@@ -56,6 +64,28 @@ def flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:
     else:
       out[key] = v
   return out
+
+
+@jax.jit
+@functools.partial(compilation.program, "finite_check")
+def _all_finite(leaves):
+  return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])
+
+
+def nonfinite_leaves(tree: Any) -> list[str]:
+  """The paths of the floating-point leaves of `tree` that hold a NaN or an inf (reduced where
+  the leaves live, one bool per leaf to the host; every process must call it)."""
+  leaves = [(jax.tree_util.keystr(path), x)
+            for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+            if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  if not leaves:
+    return []
+  ok = distributed.to_host(_all_finite(tuple(x for _, x in leaves)))
+  return [path for (path, _), fine in zip(leaves, ok) if not fine]
+
+
+class NonFiniteStateError(FloatingPointError):
+  """A state to save holds a NaN or an inf: it is not saved (it would evict a good one)."""
 
 
 def check_resume(saved: Mapping | None, current: Mapping, directory: str) -> None:
@@ -95,8 +125,21 @@ class Checkpointer:
     return list(self._mngr.all_steps())
 
   def save(self, step: int, state: Any, meta: dict) -> None:
-    if step in self._mngr.all_steps():  # already saved (e.g. preemption right after a save)
+    """Saves `state` as checkpoint `step` (a step already saved is left as it is: preemption
+    right after a save).
+
+    Raises:
+      NonFiniteStateError: `state['train']` holds a NaN or an inf (nothing is written).
+    """
+    if step in self._mngr.all_steps():
       return
+    bad = nonfinite_leaves(_train_part(state))
+    if bad:
+      raise NonFiniteStateError(
+          f"the train state after step {step} holds NaN or inf in {len(bad)} arrays "
+          f"({', '.join(bad[:4])}{', ...' if len(bad) > 4 else ''}); not saved, so the "
+          f"checkpoints in {self.directory} stay the last finite ones (lower the learning "
+          f"rate or check the rewards and the loss of the steps before it)")
     self._mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                   meta=ocp.args.JsonSave(meta)))
     self._mngr.wait_until_finished()
@@ -140,9 +183,10 @@ class Checkpointer:
     return max(names) + 1 if names else 0
 
   def restore_latest(self, abstract_state: Any, log=None) -> tuple[Any, dict] | None:
-    """The newest checkpoint that reads back whole, or None if there is none.
+    """The newest checkpoint that reads back whole and finite, or None if there is none.
 
-    A checkpoint that fails to restore (missing or truncated files, corrupt metadata) is
+    A checkpoint that fails to restore (missing or truncated files, corrupt metadata, a train
+    state holding NaN or inf) is
     skipped with a message naming it and the error; it stays on disk. If every checkpoint
     fails, that is an error naming each (a run never silently restarts from scratch).
     """
@@ -153,6 +197,9 @@ class Checkpointer:
         state, meta = self.restore(step, abstract_state)
         if int(meta["step"]) != step:
           raise ValueError(f"its meta says step {meta['step']}")
+        bad = nonfinite_leaves(_train_part(state))
+        if bad:
+          raise NonFiniteStateError(f"its train state holds NaN or inf ({', '.join(bad[:4])})")
       except Exception as e:  # pylint: disable=broad-except  # reported, then the next one
         msg = f"skipping checkpoint {path}: it cannot be restored ({type(e).__name__}: {e})"
         _LOG.warning(msg)
@@ -169,3 +216,10 @@ class Checkpointer:
   def close(self) -> None:
     self._mngr.wait_until_finished()
     self._mngr.close()
+
+
+def _train_part(state: Any) -> Any:
+  """What must be finite in a saved state: the train state (params, optimiser) of the trainer's
+  {'train', 'agg', 'key'} dict (aggregator statistics may hold NaN: a channel that does not
+  apply), or the whole state otherwise."""
+  return state["train"] if isinstance(state, Mapping) and "train" in state else state

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mr_rl import checkpointing
 from mr_rl.models import sharding
 from mr_rl.rl import batch as batch_lib
 from mr_rl.sampling.engine import Engine
@@ -57,7 +58,8 @@ def expected_programs(settings) -> dict[str, int]:
   # The signal runs on the groups kept: all B, or with dynamic sampling any count up to B.
   groups = s.data.batch_prompts if s.dynamic.mode != "off" else 1
   out = {"policy_step": widths, "ppo_step": widths, "value_forward": widths,
-         "logprob_forward": widths, "signal": groups, "lora_merge": 1}
+         "logprob_forward": widths, "signal": groups, "lora_merge": 1,
+         "finite_check": 1}
   if s.rollout.engine == "continuous":
     pools = len(Engine(None, slots=s.rollout.slots or rollout_rows,
                        max_new_tokens=s.rollout.max_new_tokens).pool_sizes())
@@ -106,6 +108,8 @@ def warm_up(comp, settings, learner, train_state) -> int:
     raise ValueError("config.compile.warmup cannot predict packed batches' row counts "
                      "(config.update_batch.pack); turn one of them off")
   n = _warm_learner(comp, s, learner, train_state)
+  checkpointing.nonfinite_leaves(train_state)  # the check before each save
+  n += 1
   return n + _warm_rollout(comp, s, learner.policy(train_state, comp.base_params))
 
 
@@ -119,7 +123,8 @@ def _lowered(fn, mesh, *args):
 
 def _warm_learner(comp, s, learner, train_state) -> int:
   from mr_rl.rl import update as update_lib
-  P, S, B, G = s.data.max_prompt_len, s.rollout.max_new_tokens, s.data.batch_prompts,       s.rollout.group_size
+  P, S, B, G = s.data.max_prompt_len, s.rollout.max_new_tokens, s.data.batch_prompts, \
+      s.rollout.group_size
   M, mesh, ppo = s.update.num_micro_batches, comp.mesh, s.advantage == "ppo"
   base = () if learner.lora is None else (comp.base_params,)
   rng = jax.random.PRNGKey(0)

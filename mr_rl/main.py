@@ -34,6 +34,17 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None,
                                       "Number of processes (with --multihost).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None,
                                    "This process's index, 0..num_processes-1 (with --multihost).")
+_BREAK_LOCK = flags.DEFINE_bool(
+    "break_lock", False, "Take over the workdir's lock (WORKDIR/run.lock) left by a run that is "
+    "gone; a run still alive then shares the workdir with this one (mr_rl.workdir).")
+_TERM_TIMEOUT = flags.DEFINE_float(
+    "term_timeout_s", 120.0, "After SIGTERM, exit within this many seconds even if the run "
+    "cannot reach a step boundary (a peer process stuck or gone); the last finished "
+    "checkpoint is kept. 0 = wait for the step boundary however long.")
+_STALL_TIMEOUT = flags.DEFINE_float(
+    "stall_timeout_s", 0.0, "Exit (status 1) when no training step finishes for this many "
+    "seconds, e.g. a hung peer of a multi-process run; set it above the first step's compile "
+    "time. 0 = off.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved settings and the compute "
                              "estimate, then exit (no weights are loaded; no --workdir needed).")
 flags.mark_flags_as_required(["config"])
@@ -89,10 +100,11 @@ def main(argv):
   if _MULTIHOST.value:  # before anything touches a device
     from mr_rl import distributed
     distributed.initialize(*manual)
-  from mr_rl import pipelines
+  from mr_rl import pipelines, preemption
   from mr_rl import train
+  preemption.configure(_TERM_TIMEOUT.value, _STALL_TIMEOUT.value)
   try:
-    pipelines.run(_CONFIG.value, _WORKDIR.value)
+    pipelines.run(_CONFIG.value, _WORKDIR.value, break_lock=_BREAK_LOCK.value)
   except train.Preempted as e:  # checkpointed at a step boundary: the same command resumes
     print(f"preempted: {e}; exiting with status {train.PREEMPTED_EXIT_CODE}", flush=True)
     sys.exit(train.PREEMPTED_EXIT_CODE)

@@ -25,16 +25,20 @@ from mr_rl import distributed, evaluation
 from mr_rl import metrics as metrics_lib
 from mr_rl import settings as settings_lib
 from mr_rl import train as train_lib
+from mr_rl import workdir as workdir_lib
 from mr_rl.registry import PIPELINES, import_plugins, run_setup
 from mr_rl.rl import anchor as anchor_lib
 
 
-def run(config, workdir: str):
+def run(config, workdir: str, *, break_lock: bool = False):
   """Imports `config.plugins`, calls the `config.setup` hooks (they build what the run needs,
-  e.g. runlocal's tiny assets), then runs the pipeline `config.pipeline`."""
+  e.g. runlocal's tiny assets), then runs the pipeline `config.pipeline` with `workdir`
+  claimed for it (`mr_rl.workdir.claim`; `break_lock` takes over a lock left behind)."""
   import_plugins(config.get("plugins", ""))
   run_setup(config)
-  return PIPELINES.get(config.pipeline)(config, workdir)
+  with workdir_lib.claim(workdir, break_lock=break_lock,
+                         log=print if distributed.is_primary() else None):
+    return PIPELINES.get(config.pipeline)(config, workdir)
 
 
 @PIPELINES.register

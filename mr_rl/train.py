@@ -50,6 +50,7 @@ import numpy as np
 from mr_rl import async_rl, compilation, data, distributed, evaluation
 from mr_rl import metrics as metrics_lib, models, program_plan
 from mr_rl import rollout as rollout_lib
+from mr_rl import workdir as workdir_lib
 from mr_rl.checkpointing import Checkpointer, check_resume
 from mr_rl.preemption import PREEMPTED_EXIT_CODE, Preempted, Preemption  # noqa: F401
 from mr_rl.models import sharding
@@ -264,6 +265,17 @@ class Draw:
 
 def train(settings: RunSettings, workdir: str | None, *, comp: Components | None = None,
           init_params=None, log: Callable[[str], None] | None = print) -> TrainResult:
+  """Runs GRPO-family or PPO training for settings.total_steps (resuming from workdir), with
+  the workdir claimed for the run (`mr_rl.workdir.claim`: one run per workdir, the same one on
+  every process); `_train` has the loop."""
+  if workdir is None:
+    return _train(settings, None, comp=comp, init_params=init_params, log=log)
+  with workdir_lib.claim(workdir, log=log if distributed.is_primary() else None):
+    return _train(settings, workdir, comp=comp, init_params=init_params, log=log)
+
+
+def _train(settings: RunSettings, workdir: str | None, *, comp: Components | None = None,
+           init_params=None, log: Callable[[str], None] | None = print) -> TrainResult:
   """Runs GRPO-family or PPO training for settings.total_steps (resuming from workdir).
 
   Every compile of a device program is logged as it happens (`mr_rl.compilation`) and counted
@@ -333,6 +345,8 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
     if log:
       log(f"warm-up: compiled {n} programs ahead of step 0")
   with Preemption() as preemption, pipe:
+    if start:
+      preemption.saved(start)  # (the checkpoint this run resumed from)
     pipe.push(learner.policy(state["train"], comp.base_params))
     row_multiple = M * (1 if comp.mesh is None else sharding.data_parallel_size(comp.mesh))
     eta = metrics_lib.ETA(s.total_steps)
@@ -402,6 +416,7 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
       periodic = s.checkpoint_every and (step + 1) % s.checkpoint_every == 0
       if ckpt and (periodic or step + 1 == s.total_steps):
         save(ckpt, pipe, workdir, step + 1, state, meta_now(step))
+        preemption.saved(step + 1)
       preempted = preemption.reached(step)  # (a SIGTERM during that save counts here)
       if preempted:
         if ckpt:

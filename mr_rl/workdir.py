@@ -1,0 +1,209 @@
+"""One run per workdir, and the same workdir on every process (`claim`).
+
+A workdir holds one run's checkpoints, metrics and settings record; two runs writing it
+interleave their metrics, checkpoint each other's steps and rewrite each other's settings.
+`claim` takes an exclusive lock for the run's lifetime:
+
+* Process 0 holds `flock` on `<workdir>/run.lock`, which records who holds it (host, pid,
+  start time) so a second run fails at once naming the holder (`WorkdirBusyError`). The kernel
+  frees the lock when the holder exits, however it exits; a lock left by a process that is
+  gone (a network file system that kept a dead machine's lock) is taken over with
+  `--break_lock` (`break_lock=True`), which replaces the lock file.
+* A workdir URL (gs://, s3://, ...) cannot be locked: the run says so in its log and goes on.
+* With several processes, process 0 writes a fresh random nonce into the lock file and every
+  process reads it back from its own view of the workdir; if any process does not see it (each
+  host was given a local path instead of a shared one), every process stops within seconds
+  with `WorkdirNotSharedError` naming the processes, instead of waiting in the checkpointer
+  for a directory created on another machine.
+
+Claims nest: a pipeline claims its workdir and the runs it starts in subdirectories
+(`mr_rl.pipelines`: the TAG probes, the demo's methods) are already covered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import fcntl
+import json
+import os
+import secrets
+import socket
+from typing import Callable, Iterator
+
+import numpy as np
+
+LOCK_NAME = "run.lock"
+
+_held: dict[str, int] = {}  # realpath -> nesting depth of this process's claims
+
+
+class WorkdirBusyError(RuntimeError):
+  """Another run holds the workdir."""
+
+
+class WorkdirNotSharedError(RuntimeError):
+  """The processes of one job do not see the same workdir."""
+
+
+def _is_url(path: str) -> bool:
+  return "://" in path
+
+
+def _covered(real: str) -> bool:
+  return any(real == h or real.startswith(h.rstrip(os.sep) + os.sep) for h in _held)
+
+
+def _holder_text(path: str) -> str:
+  try:
+    with open(path) as f:
+      rec = json.loads(f.read() or "{}")
+  except (OSError, ValueError):
+    return "a process that left no record"
+  return (f"pid {rec.get('pid', '?')} on host {rec.get('host', '?')}, started "
+          f"{rec.get('started', '?')}")
+
+
+def _locked(path: str) -> bool:
+  """Whether a process holds `path`'s flock (probed with a lock taken and dropped at once)."""
+  try:
+    fd = os.open(path, os.O_RDONLY)
+  except OSError:
+    return False
+  try:
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    return False
+  except OSError:
+    return True
+  finally:
+    os.close(fd)
+
+
+def _lock(workdir: str, break_lock: bool, nonce: str) -> int | None:
+  """Process 0: flock `<workdir>/run.lock` and record the holder; returns the descriptor
+  (None: the file system has no locks and `break_lock` said to go on without one)."""
+  path = os.path.join(workdir, LOCK_NAME)
+  parent = os.path.dirname(os.path.realpath(workdir))
+  while not break_lock and parent != os.path.dirname(parent):  # a run holding an ancestor
+    outer = os.path.join(parent, LOCK_NAME)
+    if os.path.exists(outer) and _locked(outer):
+      raise WorkdirBusyError(
+          f"workdir {workdir} lies inside {parent}, which a run holds ({_holder_text(outer)}; "
+          f"lock file {outer}): choose a workdir outside it")
+    parent = os.path.dirname(parent)
+  if break_lock and os.path.exists(path):
+    os.unlink(path)  # a holder still alive keeps its lock on the unlinked file: the user's call
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    os.close(fd)
+    raise WorkdirBusyError(
+        f"workdir {workdir} is in use by another run ({_holder_text(path)}; lock file {path}). "
+        f"Two runs in one workdir overwrite each other's checkpoints and metrics: wait for it, "
+        f"stop it, or choose another --workdir. If that process is gone and the lock remains "
+        f"(a network file system can keep a dead machine's lock), pass --break_lock.") from None
+  except OSError as e:
+    os.close(fd)
+    if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+      if break_lock:
+        _write_record(workdir, nonce)
+        return None
+      raise WorkdirBusyError(
+          f"workdir {workdir}: its file system does not support locks ({e}); pass "
+          f"--break_lock to run without the lock, making sure one run alone writes it") from None
+    raise
+  rec = {"host": socket.gethostname(), "pid": os.getpid(), "nonce": nonce,
+         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+  os.ftruncate(fd, 0)
+  os.pwrite(fd, json.dumps(rec).encode(), 0)
+  os.fsync(fd)
+  return fd
+
+
+def _read_nonce(workdir: str) -> str:
+  from etils import epath  # (orbax's path layer: local paths and bucket URLs alike)
+  try:
+    return json.loads(epath.Path(workdir, LOCK_NAME).read_text() or "{}").get("nonce", "")
+  except (OSError, ValueError):
+    return ""
+
+
+def _write_record(workdir: str, nonce: str) -> None:
+  from etils import epath
+  rec = {"host": socket.gethostname(), "pid": os.getpid(), "nonce": nonce,
+         "locked": False}
+  epath.Path(workdir, LOCK_NAME).write_text(json.dumps(rec))
+
+
+def _agree(values: np.ndarray) -> np.ndarray:
+  from mr_rl import distributed
+  return np.asarray(distributed.allgather(values))
+
+
+@contextlib.contextmanager
+def claim(workdir: str, *, break_lock: bool = False,
+          log: Callable[[str], None] | None = print) -> Iterator[str]:
+  """Holds `workdir` for this run (module docstring) on every process of the job; nested
+  claims of it or of a subdirectory are free. Creates the directory. Yields `workdir`."""
+  import jax
+  url = _is_url(workdir)
+  real = workdir if url else os.path.realpath(workdir)
+  if _covered(real):
+    _held[real] = _held.get(real, 0) + 1
+    try:
+      yield workdir
+    finally:
+      _held[real] -= 1
+      if not _held[real]:
+        del _held[real]
+    return
+  primary, multi = jax.process_index() == 0, jax.process_count() > 1
+  nonce, fd, error = secrets.token_hex(8), None, None
+  if primary:
+    try:
+      if url:
+        from etils import epath
+        epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+        _write_record(workdir, nonce)
+        if log:
+          log(f"workdir {workdir} is a URL: it cannot be locked; make sure one run alone "
+              f"writes it")
+      else:
+        os.makedirs(workdir, exist_ok=True)
+        fd = _lock(workdir, break_lock, nonce)
+        if fd is None and log:
+          log(f"workdir {workdir}: no file locks on its file system; running unlocked "
+              f"(--break_lock)")
+    except Exception as e:  # (told to the other processes before raising)
+      error = e
+  if multi:
+    # process 0's outcome and nonce reach everyone; each then reads the nonce from its own
+    # view of the workdir, and all learn who does not see it
+    mine = np.frombuffer(bytes.fromhex(nonce), np.uint8).astype(np.int32)
+    first = _agree(np.concatenate([[int(error is None)], mine]).astype(np.int32))[0]
+    if not first[0]:
+      if error is None:
+        error = WorkdirBusyError(f"process 0 could not claim workdir {workdir} (its log says "
+                                 f"why)")
+    else:
+      nonce = bytes(first[1:].astype(np.uint8)).hex()
+      sees = _agree(np.asarray([int(_read_nonce(workdir) == nonce)], np.int32))[:, 0]
+      if not sees.all():
+        blind = [i for i, s in enumerate(sees) if not s]
+        error = WorkdirNotSharedError(
+            f"processes {blind} of {len(sees)} do not see workdir {workdir} as process 0 wrote "
+            f"it: every process of a job needs the same workdir (a shared file system or a "
+            f"bucket such as gs://...), not a local path on each host")
+  if error is not None:
+    if fd is not None:
+      os.close(fd)
+    raise error
+  _held[real] = 1
+  try:
+    yield workdir
+  finally:
+    del _held[real]
+    if fd is not None:
+      os.close(fd)  # (the lock file stays: its record says who held it last)

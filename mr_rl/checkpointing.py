@@ -38,6 +38,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from mr_rl import compilation, distributed
+from mr_rl.errors import ConfigError
 from mr_rl.models.transformer import stack_layers, unstack_layers
 
 _LOG = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ class NonFiniteStateError(FloatingPointError):
 
 
 def check_resume(saved: Mapping | None, current: Mapping, directory: str) -> None:
-  """Raises ValueError listing the settings (`mr_rl.metrics.settings_dict` form) that differ
+  """Raises ConfigError (a ValueError) listing the settings (`mr_rl.metrics.settings_dict` form) that differ
   between a checkpoint and the run resuming it, outside `RESUMABLE`."""
   if saved is None:  # a checkpoint written before settings were recorded
     _LOG.warning("checkpoint in %s records no settings; resuming without checking them",
@@ -101,7 +102,7 @@ def check_resume(saved: Mapping | None, current: Mapping, directory: str) -> Non
   if diff:
     lines = "\n".join(f"  {k}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}"
                       for k in diff)
-    raise ValueError(
+    raise ConfigError(
         f"the checkpoint in {directory} was written with other settings; resuming with these "
         f"would train a different run. Differing fields (checkpoint -> now):\n{lines}\n"
         f"Use a new workdir, or set these back. Fields a resume may change: {', '.join(RESUMABLE)}")

@@ -15,9 +15,11 @@ On SIGTERM a run saves a checkpoint at the next step boundary and exits with sta
 (`mr_rl.config_lib.dry_run`) without loading weights or data; it needs no `--workdir`.
 """
 
+import logging
 import sys
 
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (path[:arg]).",
@@ -65,10 +67,46 @@ def _config_overrides(argv) -> tuple[str | None, list[str]]:
   return config_arg, paths
 
 
+_HELP = ("--help", "-h", "--helpshort", "-?")
+
+
+def config_fields(config, prefix: str = "") -> list[str]:
+  """`--config.<path>=<value>` for every field of a ConfigDict (sections flattened)."""
+  lines = []
+  for k in sorted(config.keys()):
+    v = config[k]
+    if hasattr(v, "keys") and not isinstance(v, dict):
+      lines += config_fields(v, f"{prefix}{k}.")
+    else:
+      lines.append(f"  --config.{prefix}{k}={v!r}")
+  return lines
+
+
+def _print_help(argv) -> None:
+  """The flags, and with --config the config's fields and their values."""
+  print(__doc__)
+  for module in flags.FLAGS.flags_by_module_dict():  # (this module's, under any name)
+    if not module.startswith("absl."):
+      print(flags.FLAGS.module_help(module))
+  print("(--helpfull: absl's flags too, e.g. --verbosity)")
+  config_arg, _ = _config_overrides(argv)
+  if config_arg is None:
+    print("\nGive --config=FILE[:ARG] with --help to list that config's fields.")
+    return
+  from ml_collections.config_flags import config_flags as config_file
+  config = config_file.ConfigFileFlagParser(name="config").parse(config_arg)
+  print(f"\nFields of --config={config_arg} (override any with --config.<field>=<value>; "
+        f"--dry_run prints the settings they resolve to):")
+  print("\n".join(config_fields(config)))
+
+
 def parse_flags(argv):
   """absl's flag parsing, where a `--config.<path>` override naming no field of the config
   (ml_collections raises a bare AttributeError / KeyError for it) fails naming the field and
-  the valid fields of its section."""
+  the valid fields of its section. `--help` lists the config's fields too and exits 0."""
+  if any(a in _HELP for a in argv[1:]):
+    _print_help(argv)
+    sys.exit(0)
   try:
     return app.parse_flags_with_usage(argv)
   except (AttributeError, KeyError):
@@ -87,9 +125,30 @@ def parse_flags(argv):
     raise
 
 
+def _quiet_third_party() -> None:
+  """Third-party INFO logging (orbax, jax) off unless --verbosity is given; mr_rl's own
+  loggers keep INFO (the run's progress lines are printed, not logged)."""
+  if flags.FLAGS["verbosity"].present:
+    return
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  logging.getLogger("mr_rl").setLevel(logging.INFO)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  _quiet_third_party()
+  from mr_rl import errors
+  try:
+    _main()
+  except errors.UserError as e:  # its message says what to fix; the stack would bury it
+    if flags.FLAGS["verbosity"].present and flags.FLAGS.verbosity >= 1:
+      raise
+    print(f"FATAL {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def _main():
   if _DRY_RUN.value:
     from mr_rl.config_lib.dry_run import dry_run
     print(dry_run(_CONFIG.value))

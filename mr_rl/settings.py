@@ -21,6 +21,7 @@ import os
 from typing import Any, Mapping
 
 from mr_rl import aggregators
+from mr_rl.errors import ConfigError
 from mr_rl.registry import PIPELINES, import_plugins, setup_hooks
 from mr_rl.rl import advantages as adv_lib
 from mr_rl.rl import dynamic_sampling
@@ -561,8 +562,18 @@ def default_config():
 def from_config(cfg) -> RunSettings:
   """Builds and validates RunSettings from a ConfigDict (`default_config()` lists the fields).
 
-  Imports `config.plugins` first, so the names they register are valid.
+  Imports `config.plugins` first, so the names they register are valid. A field that is
+  unknown, mistyped or out of range raises `mr_rl.errors.ConfigError` naming it.
   """
+  try:
+    return _from_config(cfg)
+  except ConfigError:
+    raise
+  except (ValueError, TypeError) as e:  # the checks below name the field in the message
+    raise ConfigError(str(e)) from e
+
+
+def _from_config(cfg) -> RunSettings:
   from mr_rl import data as data_lib
   from mr_rl.rewards import runner as reward_runner
 

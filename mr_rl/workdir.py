@@ -34,16 +34,18 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from mr_rl.errors import UserError
+
 LOCK_NAME = "run.lock"
 
 _held: dict[str, int] = {}  # realpath -> nesting depth of this process's claims
 
 
-class WorkdirBusyError(RuntimeError):
+class WorkdirBusyError(UserError, RuntimeError):
   """Another run holds the workdir."""
 
 
-class WorkdirNotSharedError(RuntimeError):
+class WorkdirNotSharedError(UserError, RuntimeError):
   """The processes of one job do not see the same workdir."""
 
 

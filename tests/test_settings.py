@@ -183,8 +183,21 @@ def test_dry_run_catches_bad_and_unknown_fields():
       "FATAL Flags parsing error: --config.loss.cliprange: config.loss has no field "
       "'cliprange'; its fields are ['entropy_coef', 'eps_high', 'eps_low', 'kl_coef', "
       "'kl_estimator', 'loss_agg', 'recompute_old_logp', 'tis_cap']")
-  p = _main("--config.eval.num_prompts=-4")
-  assert p.returncode != 0
-  assert "ValueError: config.eval.num_prompts must be > 0, got -4" in p.stderr
+  p = _main("--config.eval.num_prompts=-4")  # one line, no stack to read through
+  assert p.returncode == 1
+  assert p.stderr.strip() == "FATAL ConfigError: config.eval.num_prompts must be > 0, got -4", \
+      p.stderr
   p = _main("--config.rollout.top_p=1.5")
-  assert p.returncode != 0 and "config.rollout.top_p must be in (0, 1]" in p.stderr
+  assert p.returncode == 1 and "config.rollout.top_p must be in (0, 1]" in p.stderr
+  p = _main("--config.rollout.top_p=1.5", "--verbosity=1")  # the stack, when asked for
+  assert p.returncode == 1 and "Traceback" in p.stderr and "ConfigError" in p.stderr
+
+
+def test_help_lists_the_config_fields_and_exits_0():
+  p = _main("--help")
+  assert p.returncode == 0, p.stderr
+  assert "  --workdir: " in p.stdout and "  --[no]break_lock: " in p.stdout, p.stdout[:3000]
+  assert "\n  --config.optim.lr=" in p.stdout and "\n  --config.rollout.group_size=" in p.stdout
+  p = subprocess.run([sys.executable, "-m", "mr_rl.main", "--help"], capture_output=True,
+                     text=True, cwd=ROOT, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+  assert p.returncode == 0 and "Give --config=FILE[:ARG] with --help" in p.stdout, p.stderr

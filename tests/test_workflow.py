@@ -261,6 +261,25 @@ def test_export_refuses_a_non_empty_out_unless_overwrite(dense_run, tmp_path, ca
   export_lib.export(wd, str(tmp_path / "empty"), log=None)
 
 
+def test_an_overwrite_export_failing_midway_keeps_the_earlier_one(dense_run, tmp_path,
+                                                                    monkeypatch):
+  """`--overwrite` with step 2 over step 1's export, failing at the tokenizer step (after the
+  weights and config.json are written): the step-1 export stays whole, nothing else is left."""
+  wd, out = dense_run["wd"], str(tmp_path / "policy")
+  export_lib.main(["--workdir", wd, "--step", "1", "--out", out])
+  before = {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)}
+
+  def fails(path):
+    raise RuntimeError("stopped at the tokenizer step")
+
+  monkeypatch.setattr(models, "load_tokenizer", fails)
+  with pytest.raises(RuntimeError, match="stopped at the tokenizer step"):
+    export_lib.main(["--workdir", wd, "--out", out, "--overwrite"])
+  assert {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)} == before
+  assert sorted(os.listdir(tmp_path)) == ["policy"]  # no incomplete export left beside it
+  _assert_same_tree(models.load_pretrained(out)[1], dense_run["step1"])
+
+
 def _readme_serving_snippet() -> str:
   readme = open(os.path.join(REPO, "README.md")).read()
   step = readme[readme.index("5. **Serve**"):]

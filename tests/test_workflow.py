@@ -311,15 +311,42 @@ def test_readme_serving_snippet_on_an_export_of_the_demo_base_policy(tmp_path, c
   for fn in os.listdir(os.path.join(W, "hf")):
     assert os.stat(os.path.join(W, "hf", fn)).st_mode & 0o777 == 0o644, fn
   ns = {"W": W}
-  snippet, n = re.subn(r'(?m)^question = "[^"]*"', 'question = "Q:7+5-3="',
-                       _readme_serving_snippet())  # the demo's notation, as the comment says
-  assert n == 1, snippet
-  exec(snippet, ns)  # pylint: disable=exec-used
+  snippet = _readme_serving_snippet()
+  exec(snippet, ns)  # pylint: disable=exec-used  (as written: its default question)
+  assert ns["question"] == "Q:7+5-3="  # the demo's notation
   assert capsys.readouterr().out  # it printed the decoded answer (a newline at least)
   policy = rollout_lib.Policy(model, tok, lambda ex: ex.prompt, 64, add_bos=True)
   want = policy.prompt_ids(Example.single_turn("u", "arithmetic", "Q:7+5-3=", "9"))
   assert ns["inputs"]["input_ids"][0].tolist() == want  # the prompt as the run wrote it
   assert ns["out"].shape[1] > len(want)
+  # a question outside the demo's characters fails with the error the README names
+  other, n = re.subn(r'(?m)^question = "[^"]*"', 'question = "What is 7 * 8?"', snippet)
+  assert n == 1, snippet
+  with pytest.raises(Exception, match=r"WordLevel error: Missing \[UNK\] token") as e:
+    exec(other, {"W": W})  # pylint: disable=exec-used
+  readme = open(os.path.join(REPO, "README.md")).read()
+  assert f"fails with `{e.value}`" in " ".join(readme.split())
+
+
+def test_readme_serving_snippet_needs_only_what_the_serve_extra_installs(monkeypatch):
+  """The snippet imports transformers and runs its models on torch: `pip install -e .[serve]`
+  (which the README's step 5 names) installs both."""
+  import ast
+  import runpy
+  import setuptools
+  kw = {}
+  monkeypatch.setattr(setuptools, "setup", lambda **k: kw.update(k))
+  runpy.run_path(os.path.join(REPO, "setup.py"))
+  names = {re.split(r"[<>=!~\[; ]", r)[0].lower()
+           for r in kw["install_requires"] + kw["extras_require"]["serve"]}
+  imported = {a.name.split(".")[0] for node in ast.walk(ast.parse(_readme_serving_snippet()))
+              if isinstance(node, (ast.Import, ast.ImportFrom))
+              for a in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module)])}
+  assert imported == {"transformers"}, imported
+  assert imported | {"torch"} <= names, names
+  readme = open(os.path.join(REPO, "README.md")).read()
+  step = readme[readme.index("5. **Serve**"):]
+  assert step.index('pip install -e ".[serve]"') < step.index("```python")
 
 
 def _sharded_worker(jobs: list[dict]) -> list[dict]:

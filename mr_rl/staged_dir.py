@@ -52,8 +52,7 @@ def _runs(pid: int) -> bool:
 
 def leftovers(out: str) -> list[str]:
   """The `incomplete-export` / `replaced-export` siblings of `out`, sorted."""
-  parent, name = os.path.split(out)
-  parent = parent or "."
+  parent, name = os.path.split(os.path.abspath(out))
   if not os.path.isdir(parent):
     return []
   return sorted(os.path.join(parent, n) for n in os.listdir(parent)
@@ -64,6 +63,7 @@ def clean_leftovers(out: str, log: Callable[[str], None] | None = print) -> None
   """Removes the leftovers of `out` that stopped processes of this host left (module
   docstring); logs each one removed or kept."""
   log = log or (lambda _: None)
+  out = os.path.abspath(out)
   for path in leftovers(out):
     m = _LEFTOVER.fullmatch(path[len(out):])
     kind, host, pid = m.group(1), m.group("host"), int(m.group("pid"))

@@ -121,7 +121,7 @@ def _dead_pid() -> int:
 
 def test_leftovers_of_stopped_processes_of_this_host_only_are_removed(tmp_path):
   out = str(tmp_path / "exp")
-  host = staged_dir.sibling(out, "x").rsplit(".", 2)[1]
+  host = staged_dir.sibling(out, "x")[len(out + ".x."):].rsplit(".", 1)[0]  # (may hold dots)
   dead, live = _dead_pid(), os.getppid()
   paths = {k: f"{out}.{k}" for k in (
       f"incomplete-export.{host}.{dead}", f"incomplete-export.{host}.{live}",

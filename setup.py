@@ -47,6 +47,10 @@ BENCH_REQUIRES = [
     "torch==2.13.0",
 ]
 
+# Serving an export with transformers (README "Workflow" step 5): transformers' models run on
+# torch, which mr_rl itself (JAX) does not need. Pinned as in the test extra.
+SERVE_REQUIRES = ["torch==2.13.0"]
+
 # Optional loggers: `pip install -e ".[wandb]"` for config.logging.wandb_project.
 WANDB_REQUIRES = ["wandb>=0.19"]
 
@@ -59,5 +63,6 @@ setup(
     package_data={"mr_rl.demo": ["assets/base_policy/*"]},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TEST_REQUIRES, "wandb": WANDB_REQUIRES, "bench": BENCH_REQUIRES},
+    extras_require={"test": TEST_REQUIRES, "wandb": WANDB_REQUIRES, "bench": BENCH_REQUIRES,
+                    "serve": SERVE_REQUIRES},
 )

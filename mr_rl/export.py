@@ -15,12 +15,15 @@ load it, and transformers' greedy `generate` on DIR gives mr_rl's greedy samples
 `config.export.hf_at_end = True` writes the same to `W/hf/` at the end of training
 (`mr_rl.pipelines.run_train`).
 
-`--out` must be a new or empty directory: the export refuses to write into one that holds
-files unless `--overwrite` is given (it then replaces config.json, the tokenizer files and
-every `model*.safetensors*` there). `config.export.hf_at_end` always rewrites the run's own
-`W/hf/` (a resumed run re-exports its final policy there). Files are written readable by
-other users as the umask allows (like transformers), so a server running as another user
-can load them.
+`--out` must be a new or empty directory: the export refuses one that holds files unless
+`--overwrite` is given (the earlier export there is then replaced; files that no export writes,
+`EXPORT_FILES`, are kept). `config.export.hf_at_end` always rewrites the run's own `W/hf/` (a
+resumed run re-exports its final policy there). The export is atomic: everything is written
+into `DIR.incomplete-export.<host>.<pid>` beside DIR and renamed onto DIR when complete
+(`mr_rl.staged_dir`), so an export stopped midway leaves DIR as it was (absent, or the earlier
+export) and its leftover under that name, which the next export to DIR removes (and says so).
+Files are written readable by other users as the umask allows (like transformers), so a
+server running as another user can load them.
 
 The export's tokenizer carries the chat template that writes prompts the way the run wrote
 them (`mr_rl.data.templates.chat_template_of_run`): for a run without a prompt template
@@ -40,7 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
+import fnmatch
 import json
 import os
 from typing import Sequence
@@ -51,6 +54,7 @@ from etils import epath
 
 from mr_rl import metrics as metrics_lib
 from mr_rl import models
+from mr_rl import staged_dir
 from mr_rl.models import hf_io
 from mr_rl.models import lora as lora_lib
 from mr_rl.models.transformer import LAYERS, stack_layers, unstack_layers
@@ -201,33 +205,54 @@ def _check_not_base(out: str, base_dir: str) -> None:
                      "another --out (the base's weights would be replaced)")
 
 
-def write_hf(model, params, out: str, base_dir: str, settings=None) -> str:
+# What an export writes (`hf_io.save_pretrained`, `write_hf`, `lora.save_peft`): an existing
+# `out`'s entries that match none of these (a user's notes) are taken into the new `out`.
+EXPORT_FILES = ("model*.safetensors*", "config.json", "generation_config.json", "tokenizer*",
+                "special_tokens*", "added_tokens*", "vocab*", "merges*", "chat_template*",
+                lora_lib.ADAPTER_CONFIG, lora_lib.ADAPTER_WEIGHTS)
+
+
+def _not_export_file(name: str) -> bool:
+  return not any(fnmatch.fnmatch(name, pattern) for pattern in EXPORT_FILES)
+
+
+def write_hf(model, params, out: str, base_dir: str, settings=None, log=print) -> str:
   """Writes `params` as a transformers checkpoint to `out` with the base's tokenizer files.
 
   `models.save_pretrained` writes the weights and config.json and copies the tokenizer, chat
   template and generation config of `base_dir`; where the base names no BOS / EOS / PAD ids
   (in config.json or a generation_config.json) they are taken from its tokenizer, the ids
-  mr_rl's sampler stops and pads with, so `generate` and vLLM stop where mr_rl does. Weight
-  files of an earlier export in `out` are removed first: this function overwrites (it is
-  what `config.export.hf_at_end` rewrites `W/hf/` with); `export` refuses a non-empty `out`.
+  mr_rl's sampler stops and pads with, so `generate` and vLLM stop where mr_rl does.
+
+  Process 0 writes everything into `<out>.incomplete-export.<host>.<pid>` and renames it onto
+  `out` when complete (`mr_rl.staged_dir`): a stopped export leaves `out` as it was. An
+  earlier export in `out` is replaced (this is what `config.export.hf_at_end` rewrites `W/hf/`
+  with; `export` refuses a non-empty `out` without `overwrite`); files of `out` that are not
+  export files (`EXPORT_FILES`) are kept. The other processes only join the parameters'
+  gathers and write nothing.
 
   Args:
     settings: the run's `RunSettings` or its settings.json dict: the export's chat template
       then writes prompts as the run did (module docstring); None keeps the base's.
+    log: callable for the lines about leftovers of stopped exports (`staged_dir`), or None.
 
   Returns:
     `out`.
   """
   _check_not_base(out, base_dir)
   params = lora_lib.merge(params)  # a LoRA policy: the base with its adapters folded in
-  is_writer = jax.process_index() == 0  # the others only join the parameters' gathers
-  if is_writer:
-    os.makedirs(out, exist_ok=True)
-    for fn in glob.glob(os.path.join(out, "model*.safetensors*")):
-      os.remove(fn)
-  models.save_pretrained(model, params, out, source=base_dir)
-  if not is_writer:
+  if jax.process_index() != 0:  # the others only join the parameters' gathers (no files)
+    models.save_pretrained(model, params, out, source=base_dir)
     return out
+  with staged_dir.staged(out, keep=_not_export_file, log=log) as tmp:
+    models.save_pretrained(model, params, tmp, source=base_dir)
+    _write_ids_and_template(tmp, base_dir, settings)
+    hf_io.make_readable(tmp)
+  return out
+
+
+def _write_ids_and_template(out: str, base_dir: str, settings) -> None:
+  """The BOS / EOS / PAD ids, generation config and chat template of `write_hf`."""
   tok = models.load_tokenizer(base_dir)
   ids = {f"{n}_token_id": getattr(tok, f"{n}_token_id") for n in ("bos", "eos", "pad")}
   ids = {k: v for k, v in ids.items() if v is not None}
@@ -244,8 +269,6 @@ def write_hf(model, params, out: str, base_dir: str, settings=None) -> str:
     GenerationConfig(**{k: cfg[k] for k in ids}).save_pretrained(out)
   if settings is not None:
     _write_chat_template(out, settings)
-  hf_io.make_readable(out)
-  return out
 
 
 def check_out_dir(out: str, overwrite: bool) -> None:
@@ -256,8 +279,8 @@ def check_out_dir(out: str, overwrite: bool) -> None:
       raise FileExistsError(
           f"--out {out!r} is not empty ({len(present)} entries: "
           f"{', '.join(present[:8])}{', ...' if len(present) > 8 else ''}); the export would "
-          f"replace config.json, tokenizer files and every model*.safetensors* there. Choose a "
-          f"new directory or pass --overwrite")
+          f"replace the export files there (config.json, tokenizer files, model*.safetensors*, "
+          f"...). Choose a new directory or pass --overwrite")
   elif os.path.exists(out):
     raise FileExistsError(f"--out {out!r} exists and is not a directory")
 
@@ -280,7 +303,8 @@ def export(workdir: str, out: str, *, step: int | None = None, base: str | None 
     base: the base checkpoint directory (default: the run's `model.path`).
     mesh: optional mesh to restore the params onto (sharded), see `restore_params`.
     log: callable for a one-line summary, or None.
-    overwrite: write into a non-empty `out` (replacing an earlier export's files).
+    overwrite: replace the export in a non-empty `out` (files that are not export files,
+      `EXPORT_FILES`, are kept).
 
   Raises:
     FileExistsError: `out` holds files and not `overwrite`.
@@ -306,10 +330,10 @@ def export(workdir: str, out: str, *, step: int | None = None, base: str | None 
   model = _model_for(base_dir, dtype)
   params = restore_params(workdir, step, model, mesh, lora)
   if format == "peft":
-    os.makedirs(out, exist_ok=True)
-    if jax.process_index() == 0:
-      lora_lib.save_peft(out, params, model.config, lora, base_model=base_dir)
-      hf_io.make_readable(out)
+    if jax.process_index() == 0:  # (the adapters are small: no gathers to join)
+      with staged_dir.staged(out, keep=_not_export_file, log=log) as tmp:
+        lora_lib.save_peft(tmp, params, model.config, lora, base_model=base_dir)
+        hf_io.make_readable(tmp)
     if log:
       log(f"exported the adapters of step {step} of {workdir} to {out} (PEFT; base {base_dir})")
     return out
@@ -318,7 +342,7 @@ def export(workdir: str, out: str, *, step: int | None = None, base: str | None 
     params = lora_lib.Adapted(base_params, params, lora.scale)
   has_settings = os.path.exists(os.path.join(workdir, metrics_lib.SETTINGS_FILE))
   write_hf(model, params, out, base_dir, settings=saved_settings(workdir) if has_settings
-           else None)
+           else None, log=log)
   if log:
     log(f"exported step {step} of {workdir} to {out} (base {base_dir})"
         + ("" if has_settings else f"; no {metrics_lib.SETTINGS_FILE} in the workdir: the "
@@ -337,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> str:
   p.add_argument("--format", default="merged", choices=FORMATS,
                  help="a LoRA run: 'merged' weights (default) or a 'peft' adapter directory")
   p.add_argument("--overwrite", action="store_true",
-                 help="write into a non-empty --out (replaces an earlier export's files)")
+                 help="replace the export in a non-empty --out (other files there are kept)")
   a = p.parse_args(argv)
   try:
     return export(a.workdir, a.out, step=a.step, base=a.base, overwrite=a.overwrite,

@@ -164,16 +164,19 @@ def run(scenario: str, base_policy: str, out: str) -> dict:
 
 
 def _watch_writes(directory: str):
-  """Starts recording the files this process creates, changes or removes under `directory`
-  (Python's audit events, and the safetensors writer, whose file I/O is native code); returns
-  a function that stops recording and gives the paths (relative to `directory`)."""
+  """Starts recording the files this process creates, changes or removes under `directory` or
+  a sibling `directory.*` (where an export is staged, `mr_rl.staged_dir`), with Python's audit
+  events and the safetensors writer, whose file I/O is native code; returns a function that
+  stops recording and gives the paths (relative to `directory` or that sibling)."""
   from mr_rl.models import hf_io
   root, seen, active = os.path.realpath(directory), [], [True]
+  parent, name = os.path.split(root)
 
   def note(path):
     path = os.path.realpath(os.fsdecode(path))
-    if active[0] and (path == root or path.startswith(root + os.sep)):
-      seen.append(os.path.relpath(path, root))
+    head, _, rest = os.path.relpath(path, parent).partition(os.sep)
+    if active[0] and (head == name or head.startswith(name + ".")):
+      seen.append(rest or head)
 
   def hook(event, args):
     paths = ()

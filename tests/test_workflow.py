@@ -261,6 +261,25 @@ def test_export_refuses_a_non_empty_out_unless_overwrite(dense_run, tmp_path, ca
   export_lib.export(wd, str(tmp_path / "empty"), log=None)
 
 
+def test_an_overwrite_export_failing_midway_keeps_the_earlier_one(dense_run, tmp_path,
+                                                                    monkeypatch):
+  """`--overwrite` with step 2 over step 1's export, failing at the tokenizer step (after the
+  weights and config.json are written): the step-1 export stays whole, nothing else is left."""
+  wd, out = dense_run["wd"], str(tmp_path / "policy")
+  export_lib.main(["--workdir", wd, "--step", "1", "--out", out])
+  before = {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)}
+
+  def fails(path):
+    raise RuntimeError("stopped at the tokenizer step")
+
+  monkeypatch.setattr(models, "load_tokenizer", fails)
+  with pytest.raises(RuntimeError, match="stopped at the tokenizer step"):
+    export_lib.main(["--workdir", wd, "--out", out, "--overwrite"])
+  assert {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)} == before
+  assert sorted(os.listdir(tmp_path)) == ["policy"]  # no incomplete export left beside it
+  _assert_same_tree(models.load_pretrained(out)[1], dense_run["step1"])
+
+
 def _readme_serving_snippet() -> str:
   readme = open(os.path.join(REPO, "README.md")).read()
   step = readme[readme.index("5. **Serve**"):]
@@ -292,15 +311,42 @@ def test_readme_serving_snippet_on_an_export_of_the_demo_base_policy(tmp_path, c
   for fn in os.listdir(os.path.join(W, "hf")):
     assert os.stat(os.path.join(W, "hf", fn)).st_mode & 0o777 == 0o644, fn
   ns = {"W": W}
-  snippet, n = re.subn(r'(?m)^question = "[^"]*"', 'question = "Q:7+5-3="',
-                       _readme_serving_snippet())  # the demo's notation, as the comment says
-  assert n == 1, snippet
-  exec(snippet, ns)  # pylint: disable=exec-used
+  snippet = _readme_serving_snippet()
+  exec(snippet, ns)  # pylint: disable=exec-used  (as written: its default question)
+  assert ns["question"] == "Q:7+5-3="  # the demo's notation
   assert capsys.readouterr().out  # it printed the decoded answer (a newline at least)
   policy = rollout_lib.Policy(model, tok, lambda ex: ex.prompt, 64, add_bos=True)
   want = policy.prompt_ids(Example.single_turn("u", "arithmetic", "Q:7+5-3=", "9"))
   assert ns["inputs"]["input_ids"][0].tolist() == want  # the prompt as the run wrote it
   assert ns["out"].shape[1] > len(want)
+  # a question outside the demo's characters fails with the error the README names
+  other, n = re.subn(r'(?m)^question = "[^"]*"', 'question = "What is 7 * 8?"', snippet)
+  assert n == 1, snippet
+  with pytest.raises(Exception, match=r"WordLevel error: Missing \[UNK\] token") as e:
+    exec(other, {"W": W})  # pylint: disable=exec-used
+  readme = open(os.path.join(REPO, "README.md")).read()
+  assert f"fails with `{e.value}`" in " ".join(readme.split())
+
+
+def test_readme_serving_snippet_needs_only_what_the_serve_extra_installs(monkeypatch):
+  """The snippet imports transformers and runs its models on torch: `pip install -e .[serve]`
+  (which the README's step 5 names) installs both."""
+  import ast
+  import runpy
+  import setuptools
+  kw = {}
+  monkeypatch.setattr(setuptools, "setup", lambda **k: kw.update(k))
+  runpy.run_path(os.path.join(REPO, "setup.py"))
+  names = {re.split(r"[<>=!~\[; ]", r)[0].lower()
+           for r in kw["install_requires"] + kw["extras_require"]["serve"]}
+  imported = {a.name.split(".")[0] for node in ast.walk(ast.parse(_readme_serving_snippet()))
+              if isinstance(node, (ast.Import, ast.ImportFrom))
+              for a in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module)])}
+  assert imported == {"transformers"}, imported
+  assert imported | {"torch"} <= names, names
+  readme = open(os.path.join(REPO, "README.md")).read()
+  step = readme[readme.index("5. **Serve**"):]
+  assert step.index('pip install -e ".[serve]"') < step.index("```python")
 
 
 def _sharded_worker(jobs: list[dict]) -> list[dict]:

@@ -274,7 +274,8 @@ def train(settings: RunSettings, workdir: str | None, *, comp: Components | None
            "agg": jax.device_get(agg.init(K)), "key": np.asarray(root)}
   data_iter = data.ResumableIterator(list(comp.train_examples), s.data.batch_prompts,
                                      seed=s.seed)
-  rows_fp = data.fingerprint(comp.train_examples, data.describe_source(s.data, s.data.split))
+  rows_fp = None if workdir is None else data.fingerprint(  # (checked on resume, then saved)
+      comp.train_examples, data.describe_source(s.data, s.data.split))
   alarm = metrics_lib.ShortcutAlarm(s.alarm_window)
   pipe = async_rl.Pipeline.for_run(s.asynchrony, comp.model, comp.policy.mesh, comp.learner_mesh)
   start = 0

@@ -43,11 +43,11 @@ from mr_rl.models.transformer import stack_layers, unstack_layers
 
 _LOG = logging.getLogger(__name__)
 
-# Settings a resumed run may change: how long it runs, how it logs, evaluates and exports.
-# Everything else changes what the run computes (data, model, rewards, method, optimiser,
+# Settings a resumed run may change: how long it runs, how it logs, evaluates and exports, and
+# how it resumes. Everything else changes what the run computes (data, model, rewards, method, optimiser,
 # sampling, mesh, seed), so a resume with other values is refused.
 RESUMABLE = ("total_steps", "checkpoint_every", "log_every", "kl_ref_every", "alarm_window",
-             "eval", "logging", "export", "compile")
+             "eval", "logging", "export", "compile", "resume")
 
 
 # Settings added after runs were recorded without them, with the value that computes what those

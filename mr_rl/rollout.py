@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mr_rl import distributed, sampling
+from mr_rl.data import lengths
 from mr_rl.models import lora, sharding
 
 
@@ -91,10 +92,30 @@ class Policy:
     tok = self.tokenizer
     return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
+  @functools.cached_property
+  def max_prompt_chars(self) -> int:
+    """A rendered prompt with more characters has more than P tokens (`data.lengths`)."""
+    return lengths.char_bound(self.tokenizer, self.max_prompt_len)
+
+  def prompt_lengths(self, examples: Sequence[Any]) -> np.ndarray:
+    """Prompt token counts of `examples` (batch-tokenized), -1 for a prompt over
+    `max_prompt_chars` characters (too long, not tokenized)."""
+    return lengths.token_lengths([self.render(ex) for ex in examples], self.tokenizer,
+                                 self.add_bos, self.max_prompt_chars)
+
   def prompt_ids(self, ex) -> list[int]:
-    """The prompt token ids of one example (rendered; BOS added when `add_bos`)."""
+    """The prompt token ids of one example (rendered; BOS added when `add_bos`).
+
+    Raises:
+      ValueError: the prompt has more than `max_prompt_chars` characters (not tokenized).
+    """
     tok = self.tokenizer
-    ids = tok(self.render(ex), add_special_tokens=False)["input_ids"]
+    text = self.render(ex)
+    if len(text) > self.max_prompt_chars:
+      raise ValueError(f"prompt of {getattr(ex, 'uid', ex)} has {len(text)} characters, more "
+                       f"than config.data.max_prompt_len={self.max_prompt_len} tokens can hold "
+                       f"(or set config.data.skip_long_prompts)")
+    ids = tok(text, add_special_tokens=False)["input_ids"]
     if self.add_bos and tok.bos_token_id is not None:
       ids = [tok.bos_token_id] + ids
     return ids

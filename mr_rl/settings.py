@@ -361,6 +361,12 @@ class CompileSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class ResumeSettings:
+  allow_data_change: bool = False  # resume over training rows whose fingerprint differs from
+                                   # the checkpoint's (mr_rl.data.fingerprint; logged)
+
+
+@dataclasses.dataclass(frozen=True)
 class BatchSettings:
   trim_columns: bool            # update batch cut to the columns in use (rollout.update_batch)
   mask_truncated: bool          # DAPO overlong filtering: truncated responses enter no loss
@@ -401,6 +407,7 @@ class RunSettings:
   dynamic: DynamicSamplingSettings
   asynchrony: AsyncSettings = AsyncSettings()  # rollout.max_staleness / sampler_devices
   compile: CompileSettings = CompileSettings("", False)  # config.compile
+  resume: ResumeSettings = ResumeSettings()  # config.resume
 
   @property
   def num_channels(self) -> int:
@@ -481,6 +488,9 @@ def default_config():
                                   # resumed run loads its programs instead of compiling them
       warmup=False))              # compile every program the settings predict (learner widths,
                                   # prompt buckets) before step 0 (mr_rl.program_plan)
+  c.resume = ml_collections.ConfigDict(dict(
+      allow_data_change=False))   # resume although the training rows differ from the
+                                  # checkpoint's (their fingerprint; logged): else refused
   c.update_batch = ml_collections.ConfigDict(dict(
       trim_columns=True,          # update / reference / critic over the columns in use (bucketed)
       column_buckets=0,           # with trim_columns: 0 = the fine width grid (least padding,
@@ -692,6 +702,9 @@ def _from_config(cfg) -> RunSettings:
 
   mesh = _mesh(c.mesh)
   eval_sets, eval_set_options = _eval_sets(c.data)
+  if not isinstance(c.resume.allow_data_change, bool):
+    raise ValueError("config.resume.allow_data_change must be True or False, got "
+                     f"{c.resume.allow_data_change!r}")
   if not isinstance(c.data.skip_long_prompts, bool):
     raise ValueError("config.data.skip_long_prompts must be True or False, got "
                      f"{c.data.skip_long_prompts!r}")
@@ -787,7 +800,8 @@ def _from_config(cfg) -> RunSettings:
                           mask_truncated=c.update_batch.mask_truncated,
                           column_buckets=_count("update_batch.column_buckets",
                                                 c.update_batch.column_buckets, True)),
-      dynamic=dynamic, asynchrony=asynchrony)
+      dynamic=dynamic, asynchrony=asynchrony,
+      resume=ResumeSettings(allow_data_change=c.resume.allow_data_change))
   # Build the aggregator once so unknown hyperparameters fail now, not at step 1.
   aggregators.get(agg_name, **agg_hp).init(len(channels))
   return settings

@@ -166,23 +166,6 @@ def build_runner(settings: RunSettings) -> RewardRunner:
                       not_applicable_patience=r.not_applicable_patience)
 
 
-def drop_long_prompts(policy: rollout_lib.Policy, examples, what: str) -> list:
-  """`examples` without those whose prompt exceeds `data.max_prompt_len` (data.skip_long_prompts).
-
-  Logs how many were dropped; raises ValueError if none is left.
-  """
-  P = policy.max_prompt_len
-  kept = [ex for ex in examples if len(policy.prompt_ids(ex)) <= P]
-  dropped = len(examples) - len(kept)
-  if dropped:
-    _LOG.warning("data.skip_long_prompts: dropped %d of %d %s examples longer than "
-                 "data.max_prompt_len=%d tokens", dropped, len(examples), what, P)
-  if not kept:
-    raise ValueError(f"every one of the {len(examples)} {what} examples is longer than "
-                     f"config.data.max_prompt_len={P} tokens; raise it")
-  return kept
-
-
 def enable_compile_cache(settings: RunSettings) -> None:
   """jax's persistent compilation cache as `compile.cache_dir` says (`mr_rl.compilation`)."""
   if settings.compile.cache:
@@ -212,17 +195,15 @@ def build(settings: RunSettings) -> Components:
                               add_bos=not d.template, mesh=mesh)
   train_ex, eval_ex = load_examples(settings)
   eval_sets = load_eval_sets(settings)
-  if d.skip_long_prompts:
-    train_ex = drop_long_prompts(policy, train_ex, "train")
-    eval_ex = drop_long_prompts(policy, eval_ex, "eval split")
-    eval_sets = {n: drop_long_prompts(policy, ex, f"eval set {n}") for n, ex in eval_sets.items()}
-  else:  # benchmark prompts are only encoded at the end of a run: check them now
-    for name, examples in eval_sets.items():
-      n_long = sum(len(policy.prompt_ids(ex)) > d.max_prompt_len for ex in examples)
-      if n_long:
-        raise ValueError(f"{n_long} of the {len(examples)} prompts of eval set {name!r} are "
-                         f"longer than config.data.max_prompt_len={d.max_prompt_len} tokens; "
-                         "raise it or set config.data.skip_long_prompts")
+  # Every prompt's length before step 0 (mr_rl.data.lengths): over-long ones are an error
+  # naming them, or dropped with data.skip_long_prompts (before the rows are fingerprinted).
+  where, path = data.describe_source(d), d.path or None
+  check = functools.partial(data.check_prompt_lengths, policy, skip=d.skip_long_prompts)
+  train_ex = check(train_ex, f"train split {d.split!r} of {where}", path=path)
+  eval_ex = check(eval_ex, f"eval split {d.eval_split!r} of {where}", path=path)
+  eval_sets = {n: check(ex, f"eval set {n!r}",
+                        path=settings.data.eval_set_options.get(n, {}).get("path") or None)
+               for n, ex in eval_sets.items()}
   return Components(settings, policy, params, train_ex, eval_ex, build_runner(settings),
                     eval_sets, learner_mesh)
 
@@ -305,6 +286,8 @@ def _train(settings: RunSettings, workdir: str | None, *, comp: Components | Non
            "agg": jax.device_get(agg.init(K)), "key": np.asarray(root)}
   data_iter = data.ResumableIterator(list(comp.train_examples), s.data.batch_prompts,
                                      seed=s.seed)
+  rows_fp = None if workdir is None else data.fingerprint(  # (checked on resume, then saved)
+      comp.train_examples, data.describe_source(s.data, s.data.split))
   alarm = metrics_lib.ShortcutAlarm(s.alarm_window)
   pipe = async_rl.Pipeline.for_run(s.asynchrony, comp.model, comp.policy.mesh, comp.learner_mesh)
   start = 0
@@ -320,7 +303,8 @@ def _train(settings: RunSettings, workdir: str | None, *, comp: Components | Non
       check_resume(meta.get("settings"), settings_record, ckpt.directory)
       state["train"] = learner.place_state(state["train"])
       start = int(meta["step"])
-      data_iter.restore(meta["data"])
+      data.restore_position(data_iter, meta, rows_fp, s.resume.allow_data_change,
+                            ckpt.directory, log)
       alarm.restore(meta["alarm"])
       pipe.restore(workdir, start)
       if log:
@@ -335,7 +319,8 @@ def _train(settings: RunSettings, workdir: str | None, *, comp: Components | Non
 
   def meta_now(step):  # (the draws in flight finished: the data iterator is ours alone)
     pipe.settle()
-    return {"step": step + 1, "data": data_iter.state(), "alarm": alarm.state(),
+    return {"step": step + 1, "data": data_iter.state(), data.FINGERPRINT_KEY: rows_fp,
+            "alarm": alarm.state(),
             "settings": settings_record, "reward_errors": dict(comp.runner.error_counts)}
 
   if s.compile.warmup:

@@ -297,28 +297,29 @@ def test_skip_long_prompts(math_files, caplog):
   n_ok = sum(n <= cut for n in lengths)
   assert 0 < n_ok < len(lengths)
   c.data.max_prompt_len = cut
-  strict = train_lib.build(settings_lib.from_config(c))  # default: kept, and an error on use
-  assert len(strict.train_examples) == len(lengths)
-  too_long = [ex for ex in strict.train_examples if len(strict.policy.prompt_ids(ex)) > cut]
-  with pytest.raises(ValueError, match="max_prompt_len.*skip_long_prompts"):
-    strict.policy.encode(too_long[:1])
-  # Benchmark sets are checked at start-up (they are only encoded at the end of a run).
+  # Default: an error at start-up, before step 0, naming them (not when a step draws one).
+  with pytest.raises(ValueError, match=f"{len(lengths) - n_ok} of the {len(lengths)} prompts of "
+                     f"the train split 'train' .* longer than config.data.max_prompt_len={cut}"
+                     ".*skip_long_prompts=True"):
+    train_lib.build(settings_lib.from_config(c))
   c.data.eval_sets = "math500"
   c.data.eval_set_options = dict(math500=dict(path=math_files[1]["math500"]))
-  with pytest.raises(ValueError, match="prompts of eval set 'math500' are longer"):
-    train_lib.build(settings_lib.from_config(c))
   c.data.skip_long_prompts = True
-  with caplog.at_level(logging.WARNING, logger="mr_rl.train"):
+  with caplog.at_level(logging.WARNING, logger="mr_rl.data.lengths"):
     skipping = train_lib.build(settings_lib.from_config(c))
   assert len(skipping.train_examples) == n_ok
   assert 0 < len(skipping.eval_sets["math500"]) < 8
-  assert "examples longer than" in caplog.text and "eval set math500" in caplog.text
+  assert "prompts of the eval set 'math500' longer than" in caplog.text
   assert all(len(skipping.policy.prompt_ids(ex)) <= cut for ex in skipping.train_examples)
-  assert f"dropped {len(lengths) - n_ok} of {len(lengths)} train examples" in caplog.text
+  assert (f"dropped {len(lengths) - n_ok} of {len(lengths)} prompts of the train split"
+          in caplog.text)
   tok, mask = skipping.policy.encode(skipping.train_examples)
   assert tok.shape == (n_ok, cut) and mask[:, -1].all()
+  too_long = [ex for ex in comp.train_examples if len(comp.policy.prompt_ids(ex)) > cut]
+  with pytest.raises(ValueError, match="max_prompt_len.*skip_long_prompts"):
+    skipping.policy.encode(too_long[:1])  # (and on use, should one get there)
   c.data.max_prompt_len = lengths[0] - 1
-  with pytest.raises(ValueError, match="every one of the 8 train examples is longer"):
+  with pytest.raises(ValueError, match="every one of the 8 prompts of the train split"):
     train_lib.build(settings_lib.from_config(c))
 
 

@@ -76,6 +76,11 @@ class ResumableIterator(Generic[T]):
     self._order = np.zeros(0, np.int64)
 
   @property
+  def usable(self) -> int:
+    """Examples handed out per epoch (all of them, or without the last partial batch)."""
+    return self._usable
+
+  @property
   def batches_per_epoch(self) -> int:
     return -(-self._usable // self._batch_size)
 

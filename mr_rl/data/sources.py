@@ -52,7 +52,7 @@ def _load_local(path: str, split: str, config_name: str | None, cache_dir: str |
     if ext not in _FILE_BUILDERS:
       raise ValueError(f"path {path!r}: unsupported file type {ext!r}; expected one of "
                        f"{sorted(_FILE_BUILDERS)}")
-    if ext in (".json", ".jsonl", ".csv") and _blank(path):
+    if ext in (".json", ".jsonl", ".csv") and _scan_text(path):
       raise ValueError(f"data file {path!r} is empty")
     try:
       ds = datasets.load_dataset(_FILE_BUILDERS[ext], data_files=path, split="train",
@@ -75,13 +75,37 @@ def _load_local(path: str, split: str, config_name: str | None, cache_dir: str |
   return datasets.load_dataset(path, name=config_name, split=split, cache_dir=cache_dir)
 
 
-def _blank(path: str) -> bool:
-  """Whether a text file holds nothing but whitespace."""
+def _scan_text(path: str, chunk_bytes: int = 1 << 20) -> bool:
+  """Whether a text file holds nothing but whitespace, read once in chunks; bytes that are not
+  UTF-8 raise ValueError naming the file, the line and the byte offset (before `datasets`
+  reads it, which would fail only when that row is iterated, naming no file)."""
+  blank, carry, offset, line, line_start = True, b"", 0, 1, 0
   with open(path, "rb") as f:
-    for chunk in iter(lambda: f.read(1 << 16), b""):
-      if chunk.strip():
-        return False
-  return True
+    while True:
+      chunk = f.read(chunk_bytes)
+      buf = carry + chunk
+      try:
+        buf.decode("utf-8")
+        good, carry = len(buf), b""
+      except UnicodeDecodeError as e:
+        if chunk and e.reason == "unexpected end of data":  # a character cut by the chunk end
+          good, carry = e.start, buf[e.start:]
+        else:
+          at = offset + e.start
+          nl = buf.rfind(b"\n", 0, e.start)
+          col = e.start - nl if nl >= 0 else at - line_start + 1
+          bad_line = line + buf.count(b"\n", 0, e.start)
+          raise ValueError(
+              f"data file {path!r} is not UTF-8 text: line {bad_line}, byte {col} of the line (offset {at} in the file) holds "
+              f"{buf[e.start:e.end]!r} ({e.reason}); re-encode the file as UTF-8") from None
+      part = buf[:good]
+      blank = blank and not part.strip()
+      nl = part.rfind(b"\n")
+      if nl >= 0:
+        line, line_start = line + part.count(b"\n"), offset + nl + 1
+      offset += good
+      if not chunk:
+        return blank
 
 
 def _file_problem(path: str, ext: str, error: BaseException) -> str:

@@ -12,3 +12,8 @@ class ConfigError(UserError, ValueError):
   """A config field that is unknown, of the wrong type or out of range
   (`mr_rl.settings.from_config`), or a resume under other settings
   (`mr_rl.checkpointing.check_resume`)."""
+
+
+class DataError(UserError, ValueError):
+  """A data file or prompt the run cannot use: unreadable, empty, not UTF-8, a prompt over
+  `data.max_prompt_len` (`mr_rl.data`), each named with its file (and line where known)."""

@@ -22,6 +22,8 @@ import json
 import logging
 from typing import Any, Callable, Mapping, Sequence
 
+from mr_rl.errors import UserError
+
 _LOG = logging.getLogger(__name__)
 
 FINGERPRINT_KEY = "data_fingerprint"  # where a checkpoint's meta holds the fingerprint
@@ -75,7 +77,7 @@ def describe_source(data_settings, split: str | None = None) -> str:
   return f"data set {d.name!r}{where}" + (f", split {split!r}" if split is not None else "")
 
 
-class DataChangedError(ValueError):
+class DataChangedError(UserError, ValueError):
   """The rows a resumed run loaded are not the rows its checkpoint was trained on."""
 
 

@@ -24,6 +24,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from mr_rl.errors import DataError
+
 _LOG = logging.getLogger(__name__)
 
 CHUNK = 1024       # prompts per batch call of the tokenizer
@@ -113,12 +115,12 @@ def check_prompt_lengths(policy, examples: Sequence[Any], what: str, *, skip: bo
     return list(examples)
   detail = _describe(examples, lengths, bad, path, policy.max_prompt_chars)
   if not skip:
-    raise ValueError(
+    raise DataError(
         f"{len(bad)} of the {len(examples)} prompts of the {what} are longer than "
         f"config.data.max_prompt_len={P} tokens: {detail}. Raise config.data.max_prompt_len, "
         f"or drop them with config.data.skip_long_prompts=True (logged).")
   if len(bad) == len(examples):
-    raise ValueError(f"every one of the {len(examples)} prompts of the {what} is longer than "
+    raise DataError(f"every one of the {len(examples)} prompts of the {what} is longer than "
                      f"config.data.max_prompt_len={P} tokens; raise it")
   _LOG.warning("data.skip_long_prompts: dropped %d of %d prompts of the %s longer than "
                "data.max_prompt_len=%d tokens: %s", len(bad), len(examples), what, P, detail)

@@ -20,6 +20,7 @@ import os
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from mr_rl.data.example import stable_hash
+from mr_rl.errors import DataError
 
 T = TypeVar("T")
 
@@ -50,18 +51,18 @@ def _load_local(path: str, split: str, config_name: str | None, cache_dir: str |
   if os.path.isfile(path):
     ext = os.path.splitext(path)[1].lower()
     if ext not in _FILE_BUILDERS:
-      raise ValueError(f"path {path!r}: unsupported file type {ext!r}; expected one of "
+      raise DataError(f"path {path!r}: unsupported file type {ext!r}; expected one of "
                        f"{sorted(_FILE_BUILDERS)}")
     if ext in (".json", ".jsonl", ".csv") and _scan_text(path):
-      raise ValueError(f"data file {path!r} is empty")
+      raise DataError(f"data file {path!r} is empty")
     try:
       ds = datasets.load_dataset(_FILE_BUILDERS[ext], data_files=path, split="train",
                                  cache_dir=cache_dir)
     except Exception as e:  # pylint: disable=broad-except  (datasets / pyarrow errors)
-      raise ValueError(f"data file {path!r} could not be read: {_file_problem(path, ext, e)}") \
+      raise DataError(f"data file {path!r} could not be read: {_file_problem(path, ext, e)}") \
           from e
     if len(ds) == 0:
-      raise ValueError(f"data file {path!r} has no rows")
+      raise DataError(f"data file {path!r} has no rows")
     return ds
   if any(os.path.exists(os.path.join(path, f))
          for f in ("dataset_info.json", "state.json", "dataset_dict.json")):
@@ -95,9 +96,10 @@ def _scan_text(path: str, chunk_bytes: int = 1 << 20) -> bool:
           nl = buf.rfind(b"\n", 0, e.start)
           col = e.start - nl if nl >= 0 else at - line_start + 1
           bad_line = line + buf.count(b"\n", 0, e.start)
-          raise ValueError(
-              f"data file {path!r} is not UTF-8 text: line {bad_line}, byte {col} of the line (offset {at} in the file) holds "
-              f"{buf[e.start:e.end]!r} ({e.reason}); re-encode the file as UTF-8") from None
+          raise DataError(
+              f"data file {path!r} is not UTF-8 text: line {bad_line}, byte {col} of the line "
+              f"(offset {at} in the file) holds {buf[e.start:e.end]!r} ({e.reason}); "
+              f"re-encode the file as UTF-8") from None
       part = buf[:good]
       blank = blank and not part.strip()
       nl = part.rfind(b"\n")
@@ -171,7 +173,7 @@ def require_columns(ds, columns: Iterable[str], name: str) -> None:
   """Raises ValueError naming the missing columns of `ds` (a `datasets.Dataset`)."""
   missing = [c for c in columns if c not in ds.column_names]
   if missing:
-    raise ValueError(f"data set {name!r} lacks columns {missing}; found {ds.column_names}")
+    raise DataError(f"data set {name!r} lacks columns {missing}; found {ds.column_names}")
 
 
 def hash_order(items: Sequence[T], key: Callable[[T], Any], seed: int) -> list[T]:

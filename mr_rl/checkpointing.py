@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
-from mr_rl import compilation, distributed
+from mr_rl import compilation, distributed, package_paths
 from mr_rl.errors import ConfigError
 from mr_rl.models.transformer import stack_layers, unstack_layers
 
@@ -97,15 +97,25 @@ def check_resume(saved: Mapping | None, current: Mapping, directory: str) -> Non
                  directory)
     return
   a, b = {**ADDED, **flatten(saved)}, flatten(current)
+  if "model.path" in a:  # (a record of an older mr_rl named the clone it ran from)
+    a["model.path"] = package_paths.portable(a["model.path"])
   allowed = lambda k: k.split(".")[0] in RESUMABLE
   diff = sorted(k for k in set(a) | set(b) if not allowed(k) and a.get(k) != b.get(k))
+  changed = [k for k in diff if k in a]
+  added = [k for k in diff if k not in a]  # fields this mr_rl has and the checkpoint's lacks
   if diff:
-    lines = "\n".join(f"  {k}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}"
-                      for k in diff)
+    lines = "\n".join(f"  {k}: {a[k]!r} -> {b.get(k, '(unset)')!r}" for k in changed)
+    text = (f"Differing fields (checkpoint -> now):\n{lines}\nUse a new workdir, or set these "
+            f"back. " if changed else "")
+    if added:
+      text += (f"Fields this version of mr_rl has that the checkpoint's version did not record "
+               f"(now): {', '.join(f'{k}={b[k]!r}' for k in added)}; which value reproduces "
+               f"that run is not known, so resume it with the mr_rl version that wrote it, or "
+               f"start a new workdir. ")
     raise ConfigError(
         f"the checkpoint in {directory} was written with other settings; resuming with these "
-        f"would train a different run. Differing fields (checkpoint -> now):\n{lines}\n"
-        f"Use a new workdir, or set these back. Fields a resume may change: {', '.join(RESUMABLE)}")
+        f"would train a different run. {text}Fields a resume may change: "
+        f"{', '.join(RESUMABLE)}")
 
 
 class Checkpointer:

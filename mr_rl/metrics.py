@@ -22,6 +22,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from mr_rl import package_paths
+
 _LOG = logging.getLogger(__name__)
 
 
@@ -136,8 +138,13 @@ def tag(key: str) -> str:
 
 
 def settings_dict(settings) -> dict:
-  """A run's resolved settings (`mr_rl.settings.RunSettings`) as plain JSON values."""
-  return json.loads(json.dumps(dataclasses.asdict(settings), default=repr))
+  """A run's resolved settings (`mr_rl.settings.RunSettings`) as plain JSON values, a
+  `model.path` inside the mr_rl package written relative to it (`mr_rl.package_paths`), so
+  the record does not name the clone the run started from."""
+  d = json.loads(json.dumps(dataclasses.asdict(settings), default=repr))
+  if isinstance(d.get("model"), dict) and "path" in d["model"]:
+    d["model"]["path"] = package_paths.portable(d["model"]["path"])
+  return d
 
 
 SETTINGS_FILE = "settings.json"

@@ -21,7 +21,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from mr_rl import distributed
+from mr_rl import distributed, package_paths
 from mr_rl.models.config import ModelConfig, get_preset
 from mr_rl.models.transformer import LAYERS, Transformer, abstract_params
 
@@ -222,7 +222,7 @@ def resolve_path(path_or_hub_id: str, allow_patterns: list[str] | None = None,
   """
   if not isinstance(path_or_hub_id, (str, os.PathLike)):
     raise TypeError(f"path_or_hub_id must be a str path or hub id, got {type(path_or_hub_id)}")
-  p = os.fspath(path_or_hub_id)
+  p = package_paths.local(os.fspath(path_or_hub_id))  # (a settings record's <mr_rl>/...)
   if os.path.isdir(p):
     return p
   if os.path.exists(p) or p.startswith((".", "/", "~")) or p.count("/") != 1:

@@ -20,11 +20,10 @@ import subprocess
 import sys
 import textwrap
 
+from mr_rl.testing import xla_env
+
 if __name__ == "__main__":
-  os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
-                             "--xla_backend_optimization_level=0 "
-                             "--xla_llvm_disable_expensive_passes=true")
-  os.environ["JAX_PLATFORMS"] = "cpu"
+  xla_env.use_cpu_devices(8)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -338,13 +337,7 @@ def test_export_from_params_sharded_on_8_devices(dense_run, moe_run, tmp_path):
     refs.append((run, ids, out))
   spec = tmp_path / "jobs.json"
   spec.write_text(json.dumps(jobs))
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
-  env.pop("XLA_FLAGS", None)
-  r = subprocess.run([sys.executable, os.path.abspath(__file__), str(spec)], capture_output=True,
-                     text=True, env=env, cwd=REPO, timeout=600)
-  assert r.returncode == 0, r.stderr[-5000:]
-  results = json.loads(r.stdout.strip().splitlines()[-1])
+  results = xla_env.run_worker(__file__, str(spec), timeout=600)
   for res, (run, ids, out) in zip(results, refs):
     assert not res["replicated"], res["spec"]  # the params really were split over devices
     _assert_same_tree(models.load_pretrained(out)[1], run["final"])

@@ -1,19 +1,27 @@
 # Sourced (not run) by launch/gpu_node.sh and launch/run_tpu.sh: what both do on one host before
 # they start mr_rl.main. Functions only; sourcing it runs nothing.
 
-# mr_rl_check_args NARGS: exits 2 with the usage line unless CONFIG and WORKDIR were given.
-mr_rl_check_args() {
-  if [ "$1" -lt 2 ]; then
+# mr_rl_args "$@": CONFIG and WORKDIR from the script's first two arguments, MAIN_FLAGS (an
+# array) from the rest (extra mr_rl.main flags); exits 2 with the usage line when fewer than two.
+# Pass them on as ${MAIN_FLAGS[@]+"${MAIN_FLAGS[@]}"}: bash < 4.4 calls an empty array unbound
+# under `set -u`.
+mr_rl_args() {
+  if [ "$#" -lt 2 ]; then
     echo "usage: $0 CONFIG WORKDIR [extra mr_rl.main flags]" >&2
     exit 2
   fi
+  CONFIG=$1
+  WORKDIR=$2
+  MAIN_FLAGS=("${@:3}")
 }
 
-# mr_rl_venv DEFAULT_VENV PIP_ARGS...: from the repository root, creates (if missing) and
-# activates the virtual environment $MR_RL_VENV (default DEFAULT_VENV), then, unless
+# mr_rl_setup DEFAULT_VENV PIP_ARGS...: goes to the repository root; creates (if missing) and
+# activates the virtual environment $MR_RL_VENV (default DEFAULT_VENV) and, unless
 # MR_RL_SKIP_INSTALL=1, upgrades pip and installs PIP_ARGS (jax for the accelerator) and this
-# checkout (-e .) into it.
-mr_rl_venv() {
+# checkout (-e .) into it; exports the environment of a run (unbuffered logs, caches under
+# ~/.cache unless set).
+mr_rl_setup() {
+  cd "$(dirname "$0")/.."
   local venv=${MR_RL_VENV:-$1}
   shift
   if [ ! -x "$venv/bin/python" ]; then
@@ -25,10 +33,6 @@ mr_rl_venv() {
     python -m pip install --quiet --upgrade pip
     python -m pip install --quiet "$@" -e .
   fi
-}
-
-# mr_rl_export_env: the environment of a run (unbuffered logs, caches under ~/.cache unless set).
-mr_rl_export_env() {
   export PYTHONUNBUFFERED=1
   export TOKENIZERS_PARALLELISM=false
   export HF_HOME=${HF_HOME:-$HOME/.cache/huggingface}

@@ -13,14 +13,8 @@ set -euo pipefail
 # shellcheck source=launch/common.sh
 source "$(dirname "$0")/common.sh"
 
-mr_rl_check_args "$#"
-CONFIG=$1
-WORKDIR=$2
-shift 2
-
-cd "$(dirname "$0")/.."
-mr_rl_venv "$HOME/mr_rl_venv_gpu" "${MR_RL_JAX_SPEC:-jax[cuda12]}"
-mr_rl_export_env
+mr_rl_args "$@"
+mr_rl_setup "$HOME/mr_rl_venv_gpu" "${MR_RL_JAX_SPEC:-jax[cuda12]}"
 # Let XLA take most of each GPU (the KV cache of the rollout batch is large).
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
 
@@ -32,6 +26,6 @@ esac
 echo "[gpu_node] $(hostname) gpus=${CUDA_VISIBLE_DEVICES:-all} config=$CONFIG workdir=$WORKDIR" >&2
 # Status 75 = preempted (SIGTERM, e.g. a Kubernetes eviction): with_restarts.sh runs the
 # command again, which resumes from the checkpoint it saved.
-launch/with_restarts.sh python -m mr_rl.main --config="$CONFIG" --workdir="$WORKDIR" "$@" 2>&1 \
-    | tee -a "$LOG"
+launch/with_restarts.sh python -m mr_rl.main --config="$CONFIG" --workdir="$WORKDIR" \
+    ${MAIN_FLAGS[@]+"${MAIN_FLAGS[@]}"} 2>&1 | tee -a "$LOG"
 exit "${PIPESTATUS[0]}"

@@ -17,22 +17,16 @@ set -euo pipefail
 # shellcheck source=launch/common.sh
 source "$(dirname "$0")/common.sh"
 
-mr_rl_check_args "$#"
-CONFIG=$1
-WORKDIR=$2
-shift 2
-
-cd "$(dirname "$0")/.."
+mr_rl_args "$@"
 # shellcheck disable=SC2086
-mr_rl_venv "$HOME/mr_rl_venv" ${MR_RL_PIP_EXTRA:-} "${MR_RL_JAX_SPEC:-jax[tpu]}"
-mr_rl_export_env
+mr_rl_setup "$HOME/mr_rl_venv" ${MR_RL_PIP_EXTRA:-} "${MR_RL_JAX_SPEC:-jax[tpu]}"
 # Larger host<->device staging buffer: every step moves the rollout batch to the host (rewards).
 export TPU_PREMAPPED_BUFFER_SIZE=${TPU_PREMAPPED_BUFFER_SIZE:-4294967296}
 
 echo "[run_tpu] $(hostname) worker=${TPU_WORKER_ID:-?} config=$CONFIG workdir=$WORKDIR" >&2
 # Status 75 = preempted (SIGTERM): with_restarts.sh runs the command again, which resumes.
 launch/with_restarts.sh python -m mr_rl.main --multihost --config="$CONFIG" \
-    --workdir="$WORKDIR" "$@" &
+    --workdir="$WORKDIR" ${MAIN_FLAGS[@]+"${MAIN_FLAGS[@]}"} &
 PID=$!
 echo "$PID" > "$HOME/mr_rl_run.pid"
 wait "$PID"

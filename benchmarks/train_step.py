@@ -73,6 +73,7 @@ from mr_rl import models, settings as settings_lib, train as train_lib  # noqa: 
 from mr_rl.rl import update as update_lib  # noqa: E402
 from mr_rl.rl.batch import LearnerBatch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/roofline.py
+import report  # noqa: E402
 from roofline import matmul_flops_per_s  # noqa: E402
 
 QWEN3_TINY = models.ModelConfig(
@@ -82,10 +83,6 @@ DEMO_CONFIG = os.path.join(_ROOT, "configs", "demo.py")
 
 
 # ------------------------------------------------------------------------------ helpers
-def load_avg() -> list[float]:
-  return [round(x, 2) for x in os.getloadavg()]
-
-
 def analytic_train_flops(cfg: models.ModelConfig, rows: int, T: int) -> float:
   """6 * matmul params * tokens (fwd + bwd) plus full T x T attention (QK^T and AV, x3)."""
   d, h, j, hd, f, L, V = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff,
@@ -281,7 +278,7 @@ def main(argv=None):
     if getattr(a, name) < 1:
       raise ValueError(f"--{name} must be >= 1, got {getattr(a, name)}")
   res = dict(backend=jax.default_backend(), devices=str(jax.devices()), cpu_count=os.cpu_count(),
-             quick=a.quick, load_avg_start=load_avg())
+             quick=a.quick, load_avg_start=report.load_avg())
   print(f"backend {res['backend']} ({res['cpu_count']} CPUs), "
         f"load average (1/5/15 min) {res['load_avg_start']}", flush=True)
   t_start = time.perf_counter()
@@ -294,12 +291,9 @@ def main(argv=None):
       if not caps:
         raise ValueError("--only-cap-growth needs --cap-growth CAPS")
       res["cap_growth"] = cap_growth(base_policy, caps, a.task, a.method, a.steps, tmp)
-      res["load_avg_end"] = load_avg()
+      res["load_avg_end"] = report.load_avg()
       _print_cap_growth(res)
-      if a.json:
-        with open(a.json, "w") as f:
-          json.dump(res, f, indent=1)
-      return res
+      return report.write_json(res, a.json)
     settings = demo_settings(a.task, a.method, a.steps, base_policy)
     comp = train_lib.build(settings)
 
@@ -329,7 +323,7 @@ def main(argv=None):
       r["gflops_per_s"] = flops / r["median_s"] / 1e9
       r["flops_fraction"] = flops / r["median_s"] / peak
     res["update"] = upd
-    res["load_avg_after_update"] = load_avg()
+    res["load_avg_after_update"] = report.load_avg()
 
     # Part 2: the trainer's time shares.
     print(f"demo {a.task}/{a.method}: {a.steps + 1} GRPO steps through train.train ...",
@@ -339,7 +333,7 @@ def main(argv=None):
     if caps:
       print(f"cap growth {caps}: {a.steps + 1} demo steps each ...", flush=True)
       res["cap_growth"] = cap_growth(base_policy, caps, a.task, a.method, a.steps, tmp)
-  res["load_avg_end"] = load_avg()
+  res["load_avg_end"] = report.load_avg()
   res["seconds"] = time.perf_counter() - t_start
 
   t, d = upd["qwen3_tiny"], upd["demo"]
@@ -379,11 +373,7 @@ def main(argv=None):
   print()
   print(f"load average start {res['load_avg_start']}, after part 1 "
         f"{res['load_avg_after_update']}, end {res['load_avg_end']}; total {res['seconds']:.0f} s")
-  if a.json:
-    with open(a.json, "w") as f:
-      json.dump(res, f, indent=1)
-    print(f"wrote {a.json}")
-  return res
+  return report.write_json(res, a.json, announce=True)
 
 
 def _print_cap_growth(res: dict) -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -49,6 +48,7 @@ from mr_rl.rl import batch as batch_lib  # noqa: E402
 from mr_rl.rl import update  # noqa: E402
 from mr_rl.rl.losses import PolicyLossConfig, token_weights  # noqa: E402
 from mr_rl.rollout import Rollout  # noqa: E402
+import report  # noqa: E402
 from rl_step import DEMO_POLICY, forward_flops  # noqa: E402
 
 B, G, P, S = 8, 8, 16, 48
@@ -61,10 +61,6 @@ VARIANTS = {"trim": (False, 1, None, False), "trim-head": (False, 1, None, True)
             "trim-M2": (False, 2, None, False), "pack-old": (True, 1, 2, False),
             "pack": (True, 1, batch_lib.PACKED_ROWS_PER_OCTAVE, False),
             "pack-M2": (True, 2, batch_lib.PACKED_ROWS_PER_OCTAVE, False)}
-
-
-def load_avg() -> list[float]:
-  return [round(x, 2) for x in os.getloadavg()]
 
 
 def model_of(size: str):
@@ -177,7 +173,7 @@ def main(argv=None):
   ap.add_argument("--repeats", type=int, default=3, help="timed steps per variant (median)")
   ap.add_argument("--json", default=None)
   args = ap.parse_args(argv)
-  out = dict(load_avg_start=load_avg(), sizes={})
+  out = dict(load_avg_start=report.load_avg(), sizes={})
   print(f"load average {out['load_avg_start']}", flush=True)
   hdr = (f"{'size':5s} {'variant':8s} {'N x T':>8s} {'fill':>5s} {'executed':>9s} "
          f"{'per mb':>8s} {'3x fwd real':>11s} {'ratio':>6s} {'step ms':>8s} {'compile':>7s} "
@@ -202,11 +198,9 @@ def main(argv=None):
     out["sizes"][size] = dict(params=int(models.count_params(model.config)),
                               real_tokens=int(ro.prompt_mask.sum() * G + ro.lengths.sum()),
                               response_tokens=int(ro.lengths.sum()), variants=rows)
-  out["load_avg_end"] = load_avg()
+  out["load_avg_end"] = report.load_avg()
   print(f"load average at the end {out['load_avg_end']}", flush=True)
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(out, f, indent=2)
+  report.write_json(out, args.json, indent=2)
 
 
 if __name__ == "__main__":

@@ -10,32 +10,11 @@
 # MR_RL_SKIP_INSTALL=1 (reuse the venv), HF_HOME, MR_RL_CACHE. The log goes to WORKDIR/run.log
 # when WORKDIR is a local path (and to stdout).
 set -euo pipefail
+# shellcheck source=launch/common.sh
+source "$(dirname "$0")/common.sh"
 
-if [ "$#" -lt 2 ]; then
-  echo "usage: $0 CONFIG WORKDIR [extra mr_rl.main flags]" >&2
-  exit 2
-fi
-CONFIG=$1
-WORKDIR=$2
-shift 2
-
-cd "$(dirname "$0")/.."
-VENV=${MR_RL_VENV:-$HOME/mr_rl_venv_gpu}
-if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
-fi
-# shellcheck disable=SC1091
-source "$VENV/bin/activate"
-if [ "${MR_RL_SKIP_INSTALL:-0}" != "1" ]; then
-  python -m pip install --quiet --upgrade pip
-  python -m pip install --quiet "${MR_RL_JAX_SPEC:-jax[cuda12]}" -e .
-fi
-
-export PYTHONUNBUFFERED=1
-export TOKENIZERS_PARALLELISM=false
-export HF_HOME=${HF_HOME:-$HOME/.cache/huggingface}
-export MR_RL_CACHE=${MR_RL_CACHE:-$HOME/.cache/mr_rl}
-export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$HOME/.cache/jax_compilation}
+mr_rl_args "$@"
+mr_rl_setup "$HOME/mr_rl_venv_gpu" "${MR_RL_JAX_SPEC:-jax[cuda12]}"
 # Let XLA take most of each GPU (the KV cache of the rollout batch is large).
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
 
@@ -47,6 +26,6 @@ esac
 echo "[gpu_node] $(hostname) gpus=${CUDA_VISIBLE_DEVICES:-all} config=$CONFIG workdir=$WORKDIR" >&2
 # Status 75 = preempted (SIGTERM, e.g. a Kubernetes eviction): with_restarts.sh runs the
 # command again, which resumes from the checkpoint it saved.
-launch/with_restarts.sh python -m mr_rl.main --config="$CONFIG" --workdir="$WORKDIR" "$@" 2>&1 \
-    | tee -a "$LOG"
+launch/with_restarts.sh python -m mr_rl.main --config="$CONFIG" --workdir="$WORKDIR" \
+    ${MAIN_FLAGS[@]+"${MAIN_FLAGS[@]}"} 2>&1 | tee -a "$LOG"
 exit "${PIPESTATUS[0]}"

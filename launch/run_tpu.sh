@@ -14,41 +14,19 @@
 #   MR_RL_SKIP_INSTALL=1  reuse the venv as it is (faster restarts)
 # The process id goes to ~/mr_rl_run.pid so pod.sh can stop this worker's run precisely.
 set -euo pipefail
+# shellcheck source=launch/common.sh
+source "$(dirname "$0")/common.sh"
 
-if [ "$#" -lt 2 ]; then
-  echo "usage: $0 CONFIG WORKDIR [extra mr_rl.main flags]" >&2
-  exit 2
-fi
-CONFIG=$1
-WORKDIR=$2
-shift 2
-
-cd "$(dirname "$0")/.."
-VENV=${MR_RL_VENV:-$HOME/mr_rl_venv}
-if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
-fi
-# shellcheck disable=SC1091
-source "$VENV/bin/activate"
-if [ "${MR_RL_SKIP_INSTALL:-0}" != "1" ]; then
-  python -m pip install --quiet --upgrade pip
-  # shellcheck disable=SC2086
-  python -m pip install --quiet ${MR_RL_PIP_EXTRA:-} "${MR_RL_JAX_SPEC:-jax[tpu]}" -e .
-fi
-
-export PYTHONUNBUFFERED=1
-export TOKENIZERS_PARALLELISM=false
-export HF_HOME=${HF_HOME:-$HOME/.cache/huggingface}
-export MR_RL_CACHE=${MR_RL_CACHE:-$HOME/.cache/mr_rl}
-# Persistent XLA compilation cache: restarts of the same config skip compilation.
-export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$HOME/.cache/jax_compilation}
+mr_rl_args "$@"
+# shellcheck disable=SC2086
+mr_rl_setup "$HOME/mr_rl_venv" ${MR_RL_PIP_EXTRA:-} "${MR_RL_JAX_SPEC:-jax[tpu]}"
 # Larger host<->device staging buffer: every step moves the rollout batch to the host (rewards).
 export TPU_PREMAPPED_BUFFER_SIZE=${TPU_PREMAPPED_BUFFER_SIZE:-4294967296}
 
 echo "[run_tpu] $(hostname) worker=${TPU_WORKER_ID:-?} config=$CONFIG workdir=$WORKDIR" >&2
 # Status 75 = preempted (SIGTERM): with_restarts.sh runs the command again, which resumes.
 launch/with_restarts.sh python -m mr_rl.main --multihost --config="$CONFIG" \
-    --workdir="$WORKDIR" "$@" &
+    --workdir="$WORKDIR" ${MAIN_FLAGS[@]+"${MAIN_FLAGS[@]}"} &
 PID=$!
 echo "$PID" > "$HOME/mr_rl_run.pid"
 wait "$PID"

@@ -1,12 +1,11 @@
 """Fixtures shared by the test modules."""
 
-import os
+from mr_rl.testing import xla_env
 
 # The tests compile many tiny programs: XLA:CPU at optimisation level 0 compiles them about 2x
-# faster and runs them as fast at this size (BUILD_NOTES.md "CI measurements"). Set before any
-# JAX backend starts; subprocesses inherit it; a caller's own XLA_FLAGS come after, so they win.
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-os.environ["XLA_FLAGS"] = f"{FAST_COMPILE} {os.environ.get('XLA_FLAGS', '')}".strip()
+# faster and runs them as fast at this size (`xla_env.FAST_COMPILE`). Set before any JAX backend
+# starts; subprocesses inherit it; a caller's own XLA_FLAGS come after, so they win.
+xla_env.use_fast_compile()
 
 import pytest  # noqa: E402
 

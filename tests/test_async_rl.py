@@ -7,14 +7,12 @@ before jax is imported); the pod timeline model against hand-computed periods.
 import collections
 import json
 import os
-import subprocess
 import sys
 
+from mr_rl.testing import xla_env
+
 if __name__ == "__main__":
-  os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
-                             "--xla_backend_optimization_level=0 "
-                             "--xla_llvm_disable_expensive_passes=true")
-  os.environ["JAX_PLATFORMS"] = "cpu"
+  xla_env.use_cpu_devices(8)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -30,8 +28,6 @@ from mr_rl.rewards.runner import RewardFailureError  # noqa: E402
 from mr_rl.rl import signal as signal_lib  # noqa: E402
 from mr_rl.rl import update as update_lib  # noqa: E402
 from mr_rl.testing import runs  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ------------------------------------------------------------------ the queue and schedule
@@ -277,13 +273,7 @@ def _split_worker(policy_path: str) -> dict:
 
 
 def test_sampler_and_learner_on_disjoint_devices(policy):
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
-  env.pop("XLA_FLAGS", None)
-  out = subprocess.run([sys.executable, os.path.abspath(__file__), policy], capture_output=True,
-                       text=True, env=env, cwd=REPO, timeout=900)
-  assert out.returncode == 0, out.stderr[-5000:]
-  res = json.loads(out.stdout.strip().splitlines()[-1])
+  res = xla_env.run_worker(__file__, policy, timeout=900)
   assert res["disjoint"] and res["base_on_learner"] and res["result_on_sampler"]
   assert res["pushed_on_sampler"] and res["pushed_equal"]
   shared, split, split1 = res["shared"], res["split"], res["split_s1"]

@@ -31,6 +31,26 @@ def _config(base, steps, init_from="", dropout=0.0):
   return c
 
 
+def _resumed_equals_straight(s_half, s_full, comp, tmp_path):
+  """Trains `s_half` and resumes it to `s_full` in one work directory, `s_full` straight in
+  another; both must agree bit for bit (metrics, adapters), and the last checkpoint must hold
+  the adapters, not the base. Returns the straight run's result and work directory."""
+  resumed, straight = str(tmp_path / "resumed"), str(tmp_path / "straight")
+  train_lib.train(s_half, resumed, comp=comp, log=None)
+  res = train_lib.train(s_full, resumed, comp=comp, log=None)
+  assert [h["step"] for h in res.history] == list(range(s_half.total_steps, s_full.total_steps))
+  full = train_lib.train(s_full, straight, comp=comp, log=None)
+  assert_same_metrics(metrics_lib.read_jsonl(os.path.join(resumed, "metrics.jsonl")),
+                      metrics_lib.read_jsonl(os.path.join(straight, "metrics.jsonl")))
+  for a, b in zip(jax.tree.leaves(res.params.lora), jax.tree.leaves(full.params.lora)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  saved = export_lib.params_metadata(straight, s_full.total_steps)
+  expected = lora_lib.abstract_adapters(comp.model.config, s_full.update.lora)
+  assert jax.tree.map(lambda x: tuple(x.shape), saved) == \
+      jax.tree.map(lambda x: tuple(x.shape), expected)
+  return full, straight
+
+
 def test_lora_resume_is_bit_exact_and_exports_both_formats(base_policy, tmp_path):
   comp = train_lib.build(settings_lib.from_config(_config(base_policy, 6)))
   # Start from a PEFT adapter with b != 0 (model.lora.init_from): the tiny task's rewards may
@@ -45,20 +65,7 @@ def test_lora_resume_is_bit_exact_and_exports_both_formats(base_policy, tmp_path
   assert s6.update.lora == lora_lib.LoraConfig(rank=4, alpha=8.0, init_from=init_from,
                                                dropout=0.1)
   comp = train_lib.build(s6)
-  resumed, straight = str(tmp_path / "resumed"), str(tmp_path / "straight")
-  train_lib.train(s3, resumed, comp=comp, log=None)
-  res = train_lib.train(s6, resumed, comp=comp, log=None)
-  assert [h["step"] for h in res.history] == [3, 4, 5]
-  full = train_lib.train(s6, straight, comp=comp, log=None)
-  assert_same_metrics(metrics_lib.read_jsonl(os.path.join(resumed, "metrics.jsonl")),
-                      metrics_lib.read_jsonl(os.path.join(straight, "metrics.jsonl")))
-  for a, b in zip(jax.tree.leaves(res.params.lora), jax.tree.leaves(full.params.lora)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  # the checkpoint holds the adapters, not the base
-  saved = export_lib.params_metadata(straight, 6)
-  expected = lora_lib.abstract_adapters(comp.model.config, s6.update.lora)
-  assert jax.tree.map(lambda x: tuple(x.shape), saved) == \
-      jax.tree.map(lambda x: tuple(x.shape), expected)
+  full, straight = _resumed_equals_straight(s3, s6, comp, tmp_path)
   # the policy is not the base, and training moved the adapters
   assert any(np.abs(np.asarray(a) - np.asarray(b)).max() > 0
              for a, b in zip(jax.tree.leaves(full.params.lora), jax.tree.leaves(start)))
@@ -130,17 +137,6 @@ def test_ppo_with_lora_resumes_bit_exact(base_policy, tmp_path):
 
   s2, s4 = (settings_lib.from_config(config(n)) for n in (2, 4))
   comp = train_lib.build(s4)
-  resumed, straight = str(tmp_path / "resumed"), str(tmp_path / "straight")
-  train_lib.train(s2, resumed, comp=comp, log=None)
-  res = train_lib.train(s4, resumed, comp=comp, log=None)
-  assert [h["step"] for h in res.history] == [2, 3]
-  full = train_lib.train(s4, straight, comp=comp, log=None)
+  _, straight = _resumed_equals_straight(s2, s4, comp, tmp_path)
   rec = metrics_lib.read_jsonl(os.path.join(straight, "metrics.jsonl"))
-  assert_same_metrics(metrics_lib.read_jsonl(os.path.join(resumed, "metrics.jsonl")), rec)
   assert all(r["update/value_grad_norm"] > 0 for r in rec)
-  for a, b in zip(jax.tree.leaves(res.params.lora), jax.tree.leaves(full.params.lora)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  saved = export_lib.params_metadata(straight, 4)
-  expected = lora_lib.abstract_adapters(comp.model.config, s4.update.lora)
-  assert jax.tree.map(lambda x: tuple(x.shape), saved) == \
-      jax.tree.map(lambda x: tuple(x.shape), expected)

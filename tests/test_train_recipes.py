@@ -137,34 +137,25 @@ def test_bf16_sampler_turns_recomputation_on_and_logs_the_mismatch(base_policy):
   assert settings_lib.from_config(c).update.loss.recompute_old_logp is False
 
 
-@pytest.mark.parametrize("field,value,needle", [
-    ("loss.tis_cap", 0.5, "config.loss.tis_cap must be 0 \\(off\\) or >= 1"),
-    ("loss.recompute_old_logp", "maybe", "loss.recompute_old_logp='maybe' is not valid"),
-    ("rollout.dtype", "float16", "rollout.dtype='float16' is not valid"),
-    ("dynamic_sampling.mode", "always", "dynamic_sampling.mode='always' is not valid"),
-    ("dynamic_sampling.signal", "any", "dynamic_sampling.signal='any' is not valid"),
-    ("dynamic_sampling.max_rounds", -1, "dynamic_sampling.max_rounds must be >= 0"),
+@pytest.mark.parametrize("fields,needle", [
+    ({"loss.tis_cap": 0.5}, "config.loss.tis_cap must be 0 \\(off\\) or >= 1"),
+    ({"loss.recompute_old_logp": "maybe"}, "loss.recompute_old_logp='maybe' is not valid"),
+    ({"rollout.dtype": "float16"}, "rollout.dtype='float16' is not valid"),
+    ({"dynamic_sampling.mode": "always"}, "dynamic_sampling.mode='always' is not valid"),
+    ({"dynamic_sampling.signal": "any"}, "dynamic_sampling.signal='any' is not valid"),
+    ({"dynamic_sampling.max_rounds": -1}, "dynamic_sampling.max_rounds must be >= 0"),
+    # settings that contradict each other
+    ({"loss.tis_cap": 2.0, "loss.recompute_old_logp": "off"},
+     "tis_cap needs config.loss.recompute_old_logp"),
+    ({"advantage.name": "ppo", "dynamic_sampling.mode": "refill"},
+     "dynamic_sampling needs a group-relative advantage"),
+    ({"advantage.name": "ppo", "dynamic_sampling.mode": "off", "update_batch.pack": True},
+     "update_batch.pack is for the GRPO family"),
 ])
-def test_bad_recipe_settings_fail_at_start_up(base_policy, field, value, needle):
+def test_bad_recipe_settings_fail_at_start_up(base_policy, fields, needle):
   c = _config(base_policy, 1)
-  section, name = field.split(".")
-  c[section][name] = value
+  for field, value in fields.items():
+    section, name = field.split(".")
+    c[section][name] = value
   with pytest.raises(ValueError, match=needle):
-    settings_lib.from_config(c)
-
-
-def test_recipe_settings_that_contradict_fail(base_policy):
-  c = _config(base_policy, 1)
-  c.loss.tis_cap = 2.0
-  c.loss.recompute_old_logp = "off"
-  with pytest.raises(ValueError, match="tis_cap needs config.loss.recompute_old_logp"):
-    settings_lib.from_config(c)
-  c = _config(base_policy, 1)
-  c.advantage.name = "ppo"
-  c.dynamic_sampling.mode = "refill"
-  with pytest.raises(ValueError, match="dynamic_sampling needs a group-relative advantage"):
-    settings_lib.from_config(c)
-  c.dynamic_sampling.mode = "off"
-  c.update_batch.pack = True
-  with pytest.raises(ValueError, match="update_batch.pack is for the GRPO family"):
     settings_lib.from_config(c)

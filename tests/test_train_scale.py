@@ -11,16 +11,13 @@ settings in that process.
 import dataclasses
 import json
 import logging
-import os
-import subprocess
 import sys
 import warnings
 
+from mr_rl.testing import xla_env
+
 if __name__ == "__main__":
-  os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
-                             "--xla_backend_optimization_level=0 "
-                             "--xla_llvm_disable_expensive_passes=true")
-  os.environ["JAX_PLATFORMS"] = "cpu"
+  xla_env.use_cpu_devices(8)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -35,9 +32,6 @@ from mr_rl import train as train_lib  # noqa: E402
 from mr_rl.rl import anchor as anchor_lib  # noqa: E402
 from mr_rl.rl import critic  # noqa: E402
 from mr_rl.rl import update as update_lib  # noqa: E402
-
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ------------------------------------------------------------------------------ fixtures
@@ -178,13 +172,7 @@ def _mesh_worker(policy_path: str) -> dict:
 
 
 def test_sharded_training_matches_one_device(policy):
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
-  env.pop("XLA_FLAGS", None)
-  out = subprocess.run([sys.executable, os.path.abspath(__file__), policy], capture_output=True,
-                       text=True, env=env, cwd=REPO, timeout=600)
-  assert out.returncode == 0, out.stderr[-5000:]
-  res = json.loads(out.stdout.strip().splitlines()[-1])
+  res = xla_env.run_worker(__file__, policy, timeout=600)
   assert res["param_devices"] == 8
   assert "tensor" in res["base_spec"] or "fsdp" in res["base_spec"], res["base_spec"]
   a, b = res["sharded"], res["single"]
@@ -223,19 +211,9 @@ def math_files(tmp_path_factory):
 
 def math_config(math_files):
   ckpt, files = math_files
-  c = settings_lib.default_config()
-  c.model.path = ckpt
-  c.data.name = "numina_math"
-  c.data.path = files["numina_math"]
-  c.data.eval_split = "train"
+  c = runs.numina_config(ckpt, files["numina_math"], 0)
   c.data.options.num_examples = 8
-  c.data.template = "amrp_math"
   c.data.max_prompt_len = 512
-  c.data.batch_prompts = 2
-  c.rollout.group_size = 2
-  c.rollout.max_new_tokens = 8
-  c.rewards.channels = "accuracy,format"
-  c.total_steps = 0
   c.checkpoint_every = 0
   c.eval.num_prompts = 3
   c.eval.samples_per_prompt = 1

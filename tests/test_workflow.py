@@ -20,11 +20,10 @@ import subprocess
 import sys
 import textwrap
 
+from mr_rl.testing import xla_env
+
 if __name__ == "__main__":
-  os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
-                             "--xla_backend_optimization_level=0 "
-                             "--xla_llvm_disable_expensive_passes=true")
-  os.environ["JAX_PLATFORMS"] = "cpu"
+  xla_env.use_cpu_devices(8)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -141,17 +140,7 @@ def moe_run(tmp_path_factory):
   tok = models.load_tokenizer(ckpt)
   GenerationConfig(do_sample=True, temperature=0.7, top_p=0.8, eos_token_id=tok.eos_token_id,
                    pad_token_id=tok.pad_token_id).save_pretrained(ckpt)  # as Qwen3's hub copy
-  c = settings_lib.default_config()
-  c.model.path = ckpt
-  c.data.name = "numina_math"
-  c.data.path = testing.make_tiny_data("numina_math", str(root / "data"))
-  c.data.eval_split = "train"
-  c.data.template = "amrp_math"
-  c.data.batch_prompts = 2
-  c.rollout.group_size = 2
-  c.rollout.max_new_tokens = 8
-  c.rewards.channels = "accuracy,format"
-  c.total_steps = 1
+  c = runs.numina_config(ckpt, testing.make_tiny_data("numina_math", str(root / "data")), 1)
   c.checkpoint_every = 1
   c.optim.lr = 1e-2
   s = settings_lib.from_config(c)
@@ -384,13 +373,7 @@ def test_export_from_params_sharded_on_8_devices(dense_run, moe_run, tmp_path):
     refs.append((run, ids, out))
   spec = tmp_path / "jobs.json"
   spec.write_text(json.dumps(jobs))
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
-  env.pop("XLA_FLAGS", None)
-  r = subprocess.run([sys.executable, os.path.abspath(__file__), str(spec)], capture_output=True,
-                     text=True, env=env, cwd=REPO, timeout=600)
-  assert r.returncode == 0, r.stderr[-5000:]
-  results = json.loads(r.stdout.strip().splitlines()[-1])
+  results = xla_env.run_worker(__file__, str(spec), timeout=600)
   for res, (run, ids, out) in zip(results, refs):
     assert not res["replicated"], res["spec"]  # the params really were split over devices
     _assert_same_tree(models.load_pretrained(out)[1], run["final"])

@@ -12,7 +12,8 @@ CPU (`runlocal`). Not part of the core: only tests, benchmarks, the demo and
     testing.runlocal_data("alce_asqa")
 
 Modules: `assets` (cache directory, atomic builds), `tokenizer`, `checkpoints`,
-`reward_model`, `datasets`; everything public is exported here.
+`reward_model`, `datasets`; everything public is exported here. `xla_env` (XLA_FLAGS for test
+processes: fast compiles, fake CPU devices, worker scripts) is imported on its own.
 
 `make_tiny_checkpoint` writes a randomly initialised decoder (`mr_rl.models.save_pretrained`:
 safetensors + config.json, loadable by transformers) and a real byte-level BPE tokenizer

@@ -1,5 +1,6 @@
-"""Small trainer runs for tests: the arithmetic-task config and comparisons of two runs'
-metrics (resume equals an uninterrupted run, one device equals a mesh, ...)."""
+"""Small trainer runs for tests: the arithmetic-task and tiny NuminaMath configs and
+comparisons of two runs' metrics (resume equals an uninterrupted run, one device equals a
+mesh, ...)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,24 @@ def arith_config(base_policy: str, total_steps: int, aggregator: str = "amrp"):
   c.total_steps = total_steps
   c.checkpoint_every = 3
   c.optim.lr = 1e-3
+  return c
+
+
+def numina_config(checkpoint: str, data_path: str, total_steps: int):
+  """A tiny run on NuminaMath rows (`make_tiny_data("numina_math", ...)`, its train split also
+  the eval split) from a `make_tiny_checkpoint` checkpoint: 2 prompts x 2 responses of <= 8
+  tokens, the accuracy and format channels."""
+  c = settings_lib.default_config()
+  c.model.path = checkpoint
+  c.data.name = "numina_math"
+  c.data.path = data_path
+  c.data.eval_split = "train"
+  c.data.template = "amrp_math"
+  c.data.batch_prompts = 2
+  c.rollout.group_size = 2
+  c.rollout.max_new_tokens = 8
+  c.rewards.channels = "accuracy,format"
+  c.total_steps = total_steps
   return c
 
 

@@ -4,26 +4,11 @@ timeline model is fed by the measured s=0 components."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import pathlib
-import sys
 
 import pytest
 
-_BENCH = os.path.join(str(pathlib.Path(__file__).resolve().parents[2]), "benchmarks")
-
-
-@pytest.fixture(scope="module")
-def bench():
-  sys.path.insert(0, _BENCH)  # the reward channel's import path is async_step:...
-  spec = importlib.util.spec_from_file_location("async_step", os.path.join(_BENCH,
-                                                                          "async_step.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  yield mod
-  sys.path.remove(_BENCH)
+BENCH = "async_step"  # the `bench` fixture (tests/benchmarks/conftest.py)
 
 
 def test_async_step_benchmark_runs_both_modes(bench, base_policy, tmp_path):

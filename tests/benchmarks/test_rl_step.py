@@ -3,26 +3,15 @@ FLOP count against torch's FlopCounterMode, and the checkpoint writer / position
 
 from __future__ import annotations
 
-import pathlib
-import importlib.util
 import json
 import os
 
 import numpy as np
 import pytest
 
-_PATH = os.path.join(str(pathlib.Path(__file__).resolve().parents[2]), "benchmarks",
-                     "rl_step.py")
+BENCH = "rl_step"  # the `bench` fixture (tests/benchmarks/conftest.py)
 _TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              head_dim=16, intermediate_size=96)
-
-
-@pytest.fixture(scope="module")
-def bench():
-  spec = importlib.util.spec_from_file_location("rl_step_bench", _PATH)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
 
 
 @pytest.fixture(scope="module")

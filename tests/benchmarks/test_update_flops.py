@@ -3,25 +3,12 @@ forward on real tokens, trimmed vs packed rows (issue 25 item 5)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import pathlib
-
 import jax
 import pytest
 
 from mr_rl import models
 
-_PATH = os.path.join(str(pathlib.Path(__file__).resolve().parents[2]), "benchmarks",
-                     "update_flops.py")
-
-
-@pytest.fixture(scope="module")
-def bench():
-  spec = importlib.util.spec_from_file_location("update_flops_bench", _PATH)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+BENCH = "update_flops"  # the `bench` fixture (tests/benchmarks/conftest.py)
 
 
 def test_packed_step_executes_what_real_tokens_need(bench):

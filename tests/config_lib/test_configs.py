@@ -383,14 +383,15 @@ def test_check_py_on_eight_fake_devices():
 
 
 def test_launch_scripts_parse():
-  for script in ("run_tpu.sh", "pod.sh", "gpu_node.sh"):
+  for script in ("run_tpu.sh", "pod.sh", "gpu_node.sh", "common.sh"):
     path = os.path.join(REPO, "launch", script)
     out = subprocess.run(["bash", "-n", path], capture_output=True, text=True)
     assert out.returncode == 0, (script, out.stderr)
-    assert os.access(path, os.X_OK), script
-  usage = subprocess.run(["bash", os.path.join(REPO, "launch", "pod.sh")], capture_output=True,
-                         text=True)
-  assert usage.returncode == 2 and "usage:" in usage.stderr
+    assert script == "common.sh" or os.access(path, os.X_OK), script  # common.sh is sourced
+  for script in ("pod.sh", "gpu_node.sh", "run_tpu.sh"):
+    usage = subprocess.run(["bash", os.path.join(REPO, "launch", script)], capture_output=True,
+                           text=True)
+    assert usage.returncode == 2 and "usage:" in usage.stderr, script
 
 
 _FAKE_GCLOUD = r"""#!/usr/bin/env bash
@@ -463,6 +464,11 @@ def test_gpu_node_and_run_tpu_scripts_run_main_and_propagate_its_status(tmp_path
                        timeout=300)
   assert tpu.returncode != 0 and "unknown argument 'bogus'" in tpu.stderr
   assert (tmp_path / "mr_rl_run.pid").read_text().strip().isdigit()
+  # Flags after WORKDIR reach mr_rl.main.
+  extra = subprocess.run(["bash", os.path.join(REPO, "launch", "gpu_node.sh"), "configs/demo.py",
+                          str(tmp_path / "wd3"), "--no_such_flag=1"], env=env,
+                         capture_output=True, text=True, timeout=300)
+  assert extra.returncode != 0 and "no_such_flag" in extra.stdout, extra.stdout[-2000:]
 
 
 _FLAGS_SCRIPT = """

@@ -4,16 +4,13 @@ The worker (this file run as a script) computes every check and prints one JSON 
 pytest functions below assert on it. Single-device results are the reference.
 """
 
-import pathlib
 import json
-import os
-import subprocess
 import sys
 
+from mr_rl.testing import xla_env
+
 if __name__ == "__main__":
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " --xla_force_host_platform_device_count=8")
-  os.environ["JAX_PLATFORMS"] = "cpu"
+  xla_env.use_cpu_devices(8)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -208,15 +205,7 @@ def _worker(tmpdir):
 
 @pytest.fixture(scope="module")
 def worker_results(tmp_path_factory):
-  env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
-      + " --xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, os.path.abspath(__file__),
-                        str(tmp_path_factory.mktemp("ckpt"))],
-                       capture_output=True, text=True, env=env, timeout=600,
-                       cwd=str(pathlib.Path(__file__).resolve().parents[2]))
-  assert out.returncode == 0, out.stderr[-4000:]
-  return json.loads(out.stdout.strip().splitlines()[-1])
+  return xla_env.run_worker(__file__, str(tmp_path_factory.mktemp("ckpt")), timeout=600)
 
 
 def test_params_created_sharded(worker_results):

@@ -3,16 +3,12 @@ CPU devices equals the single-device result, for the static sampler and the cont
 (its slots and caches split over the batch axes, sampled draws too). The worker (this file run as a script, with
 XLA_FLAGS set before jax is imported) prints one JSON dict; pytest asserts on it."""
 
-import pathlib
 import json
-import os
-import subprocess
-import sys
+
+from mr_rl.testing import xla_env
 
 if __name__ == "__main__":
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " --xla_force_host_platform_device_count=8")
-  os.environ["JAX_PLATFORMS"] = "cpu"
+  xla_env.use_cpu_devices(8)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -69,14 +65,7 @@ def _worker():
 
 @pytest.fixture(scope="module")
 def worker_results():
-  env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
-      + " --xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, os.path.abspath(__file__)], capture_output=True,
-                       text=True, env=env, timeout=600,
-                       cwd=str(pathlib.Path(__file__).resolve().parents[2]))
-  assert out.returncode == 0, out.stderr[-4000:]
-  return json.loads(out.stdout.strip().splitlines()[-1])
+  return xla_env.run_worker(__file__, timeout=600)
 
 
 def test_sharded_greedy_matches_single_device(worker_results):

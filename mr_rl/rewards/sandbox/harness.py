@@ -281,6 +281,23 @@ def _read_all(fd):
     chunks.append(chunk)
 
 
+def _from_child(fn) -> bytes:
+  """Forks a child that calls fn(w), w the write end of a pipe, and exits (status 0 whatever
+  fn does); returns all the child wrote there, once it has exited."""
+  r, w = os.pipe()
+  pid = os.fork()
+  if pid == 0:
+    try:
+      os.close(r)
+      fn(w)
+    finally:
+      os._exit(0)
+  os.close(w)
+  got = _read_all(r)
+  os.waitpid(pid, 0)
+  return got
+
+
 def _writable_mounts():
   """Mount points of this mount namespace that are not read-only."""
   out = []
@@ -337,20 +354,15 @@ def _probe_namespaces(cfg, w):
     report["namespaces"] = cfg["namespaces"]
   except OSError as e:
     report["error"] = str(e)
-  r, cw = os.pipe()
-  pid = os.fork()
-  if pid == 0:
+
+  def child(cw):
     try:
-      os.close(r)
       out = _probe_child(cfg, report)
-    except BaseException as e:
+    except BaseException as e:  # reported to the parent, which reads one JSON object
       out = {"child_error": repr(e)}
     os.write(cw, json.dumps(out).encode())
-    os._exit(0)
-  os.close(cw)
-  child = _read_all(r)
-  os.waitpid(pid, 0)
-  report.update(json.loads(child or b"{}"))
+
+  report.update(json.loads(_from_child(child) or b"{}"))
   os.write(w, json.dumps(report).encode())
 
 
@@ -372,17 +384,7 @@ def probe(cfg):
           report[key.lstrip("?").split(".")[0] + "_cgroup"] = version
     except OSError as e:
       report["cgroup_error"] = str(e)
-  r, w = os.pipe()
-  pid = os.fork()
-  if pid == 0:
-    try:
-      os.close(r)
-      _probe_namespaces(cfg, w)
-    finally:
-      os._exit(0)
-  os.close(w)
-  got = _read_all(r)
-  os.waitpid(pid, 0)
+  got = _from_child(lambda w: _probe_namespaces(cfg, w))
   report.update(json.loads(got or b'{"error": "namespace probe died"}'))
   for path, origin in cgroups:
     try:

@@ -51,31 +51,9 @@ def _stdio(expected):
   return sandbox.CodeTests.stdio([("", expected)])
 
 
-def _host_dir():
-  """A fresh world-writable host directory that the sandbox sees (not under its private /tmp,
-  /var/tmp, /dev/shm, nor the hidden /root and /home; the checkout may be under either)."""
-  private = ("/tmp", "/var/tmp", "/dev/shm", "/root", "/home")
-  for base in ("/var/lib", "/srv", "/opt", "/mnt", os.path.dirname(os.path.abspath(__file__))):
-    real = os.path.realpath(base)
-    if any(real == h or real.startswith(h + "/") for h in private):
-      continue
-    if os.path.isdir(real) and os.access(real, os.W_OK):
-      d = tempfile.mkdtemp(prefix=".mr_rl_sandbox_test_", dir=real)
-      os.chmod(d, 0o1777)
-      return d
-  pytest.skip("no host directory outside the sandbox's private and hidden mounts is writable here")
-
-
 def _showing(d):
   """SandboxConfig arguments under which a run sees host directory ``d`` (read-only)."""
   return {"visible_paths": sandbox.SandboxConfig().visible_paths + (d,)}
-
-
-@pytest.fixture
-def host_dir():
-  d = _host_dir()
-  yield d
-  shutil.rmtree(d)
 
 
 # ----------------------------------------------------------------------------- state across runs

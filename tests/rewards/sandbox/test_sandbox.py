@@ -251,7 +251,8 @@ def _tagged(tag):
 
 
 class _Watch(threading.Thread):
-  """Counts ``tag``'s processes on the host while a run goes on (the most seen at once)."""
+  """Counts ``tag``'s processes on the host while a run goes on (the most seen at once):
+  ``with _Watch(tag) as watch:`` around the run, then ``watch.most``."""
 
   def __init__(self, tag):
     super().__init__(daemon=True)
@@ -261,6 +262,14 @@ class _Watch(threading.Thread):
     while not self.stop.is_set():
       self.most = max(self.most, len(_tagged(self.tag)))
       time.sleep(0.02)
+
+  def __enter__(self):
+    self.start()
+    return self
+
+  def __exit__(self, *exc):
+    self.stop.set()
+    self.join()
 
 
 _NAME_SELF = "import ctypes\nctypes.CDLL(None).prctl(15, %r, 0, 0, 0)\n"  # PR_SET_NAME
@@ -283,14 +292,9 @@ def test_fork_bomb_is_contained_and_killed():
           "    except OSError:\n"
           "      pass\n"
           "    time.sleep(0.01)\n")
-  watch = _Watch(tag)
-  watch.start()
-  t0 = time.perf_counter()
-  try:
+  with _Watch(tag) as watch:
+    t0 = time.perf_counter()
     r = sandbox.run(bomb, _adder_call(), timeout_s=QUICK)
-  finally:
-    watch.stop.set()
-    watch.join()
   _assert_contained(r, t0=t0, limit_s=QUICK + 10)
   assert watch.most >= 10, watch.most  # the bomb really ran and spread
   _assert_none_left(tag)
@@ -306,13 +310,8 @@ def test_setsid_escapee_dies_with_the_run():
          "    time.sleep(0.02)\n"
          "time.sleep(0.3)\n"
          "def f(a, b): return a + b\n")
-  watch = _Watch(tag)
-  watch.start()
-  try:
+  with _Watch(tag) as watch:
     assert sandbox.run(src, _adder_call()).passed  # legitimate result; the child must still die
-  finally:
-    watch.stop.set()
-    watch.join()
   assert watch.most >= 2, watch.most  # the worker and its escapee both ran
   _assert_none_left(tag)
 

@@ -56,22 +56,6 @@ def test_a_program_that_starts_python_passes_when_the_trainer_runs_from_a_venv(v
     assert r.passed, (python, r.error)
 
 
-def _host_dir():
-  """A fresh world-writable host directory a run can see (outside its private and hidden
-  mounts), or skip."""
-  import tempfile  # pylint: disable=import-outside-toplevel
-  private = ("/tmp", "/var/tmp", "/dev/shm", "/root", "/home")
-  for base in ("/var/lib", "/srv", "/opt", "/mnt", os.path.dirname(os.path.abspath(__file__))):
-    real = os.path.realpath(base)
-    if any(real == h or real.startswith(h + "/") for h in private):
-      continue
-    if os.path.isdir(real) and os.access(real, os.W_OK):
-      d = tempfile.mkdtemp(prefix=".mr_rl_sandbox_test_", dir=real)
-      os.chmod(d, 0o1777)
-      return d
-  pytest.skip("no host directory outside the sandbox's private and hidden mounts is writable")
-
-
 def _run_both(a, b, tests_a, tests_b, config, timeout_s=10.0):
   """Runs programs a and b at once (two slots); returns both results."""
   import concurrent.futures as cf  # pylint: disable=import-outside-toplevel
@@ -284,15 +268,12 @@ def _cached_pages(path):
 
 
 @pytest.fixture
-def shared_file():
-  d = _host_dir()
-  path = os.path.join(d, "shared.bin")
+def shared_file(host_dir):  # tests/rewards/sandbox/conftest.py
+  path = os.path.join(host_dir, "shared.bin")
   with open(path, "wb") as f:
     f.write(os.urandom(PAGES * 4096))
   os.chmod(path, 0o644)
-  yield d, path
-  import shutil  # pylint: disable=import-outside-toplevel
-  shutil.rmtree(d)
+  return host_dir, path
 
 
 @pytest.mark.parametrize("how", ["pagemap", "statm"])

@@ -55,6 +55,7 @@ from etils import epath
 from mr_rl import metrics as metrics_lib
 from mr_rl import models
 from mr_rl import staged_dir
+from mr_rl import workdir as workdir_lib
 from mr_rl.models import hf_io
 from mr_rl.models import lora as lora_lib
 from mr_rl.models.transformer import LAYERS, stack_layers, unstack_layers
@@ -74,8 +75,10 @@ def saved_settings(workdir: str) -> dict:
   """The run's resolved settings (`WORKDIR/settings.json`, written by the trainer)."""
   path = os.path.join(workdir, metrics_lib.SETTINGS_FILE)
   if not os.path.exists(path):
-    raise FileNotFoundError(f"no {metrics_lib.SETTINGS_FILE} in {workdir!r} (not a training "
-                            "run's workdir?); give the base checkpoint with --base=DIR")
+    where = workdir_lib.where_the_runs_are(workdir)
+    raise FileNotFoundError(f"no {metrics_lib.SETTINGS_FILE} in {workdir!r}" + (
+        where if where else " (not a training run's workdir?); give the base checkpoint with "
+        "--base=DIR"))
   with open(path) as f:
     return json.load(f)
 
@@ -318,8 +321,8 @@ def export(workdir: str, out: str, *, step: int | None = None, base: str | None 
                      "trained every weight: export it merged")
   steps = checkpoint_steps(workdir)
   if not steps:
-    raise FileNotFoundError(f"no checkpoints under {os.path.join(workdir, 'checkpoints')!r} "
-                            "(config.checkpoint_every = 0 saves none)")
+    raise FileNotFoundError(f"no checkpoints under {os.path.join(workdir, 'checkpoints')!r}"
+                            f"{workdir_lib.where_the_runs_are(workdir)}")
   step = steps[-1] if step is None else int(step)
   if step not in steps:
     raise FileNotFoundError(f"no checkpoint step {step} in {workdir!r}; saved steps: {steps}")

@@ -28,6 +28,7 @@ import re
 from typing import Callable, Mapping, Sequence
 
 from mr_rl import metrics as metrics_lib
+from mr_rl import workdir as workdir_lib
 
 History = Sequence[Mapping[str, object]]
 ALARM_COLOR = "tab:red"
@@ -40,7 +41,8 @@ def load_history(workdir: str) -> list[dict]:
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     raise FileNotFoundError(f"no metrics.jsonl in {workdir!r}: give the workdir of a training "
-                            "run (python -m mr_rl.main ... --workdir=WORKDIR)")
+                            f"run (python -m mr_rl.main ... --workdir=WORKDIR)"
+                            f"{workdir_lib.where_the_runs_are(workdir)}")
   history = metrics_lib.read_jsonl(path)
   if not history:
     raise ValueError(f"{path} has no steps yet")

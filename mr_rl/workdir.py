@@ -209,3 +209,26 @@ def claim(workdir: str, *, break_lock: bool = False,
     del _held[real]
     if fd is not None:
       os.close(fd)  # (the lock file stays: its record says who held it last)
+
+
+def runs_under(path: str, max_depth: int = 3) -> list[str]:
+  """The training runs (directories with a metrics.jsonl) below `path`, sorted: the runs of
+  a demo workdir (`W/<task>/<method>`) or a TAG workdir's probes."""
+  found = []
+  base = path.rstrip(os.sep).count(os.sep)
+  for d, subdirs, files in os.walk(path):
+    if d.count(os.sep) - base >= max_depth:
+      subdirs[:] = []
+    if d != path and "metrics.jsonl" in files:
+      found.append(d)
+  return sorted(found)
+
+
+def where_the_runs_are(path: str) -> str:
+  """For an error about a directory that is not one run: where its runs are, if it holds any."""
+  runs = runs_under(path) if os.path.isdir(path) else []
+  if not runs:
+    return ""
+  shown = ", ".join(runs[:6]) + (f", ... ({len(runs)} in all)" if len(runs) > 6 else "")
+  return (f"; {path} holds {len(runs)} runs in its subdirectories (a demo workdir has one per "
+          f"task and method, W/<task>/<method>): {shown}. Give one of them")

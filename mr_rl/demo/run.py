@@ -36,6 +36,7 @@ from mr_rl import distributed, evaluation, pipelines, plots
 from mr_rl import settings as settings_lib
 from mr_rl import train as train_lib
 from mr_rl import metrics as metrics_lib
+from mr_rl.errors import ConfigError
 from mr_rl.registry import PIPELINES
 
 TASKS = {
@@ -200,11 +201,38 @@ def task_methods(demo_cfg, task: str) -> list[str]:
   return methods
 
 
+# What configs/demo.py leaves in the fields the demo sets per task and method: a user's other
+# value there would be replaced without a word, so it is refused.
+_REPLACED = {"rewards.channels": "arith_acc", "rewards.primary": 0, "rewards.params": {},
+             "aggregator.name": "additive", "aggregator.hp": {}, "advantage.name": "grpo"}
+
+
+def refuse_replaced_fields(config) -> None:
+  """ConfigError naming the fields the demo sets itself (each task's channels, each method's
+  aggregator and advantage) where the config holds a value of the user's."""
+  own = []
+  for path, default in _REPLACED.items():
+    section, field = path.split(".")
+    value = config[section].get(field)
+    value = value.to_dict() if hasattr(value, "to_dict") else value
+    if value != default:
+      own.append(f"config.{path}={value!r}")
+  if own:
+    tasks = "; ".join(f"{t}: {','.join(TASKS[t][0])}" for t in TASKS)
+    raise ConfigError(
+        f"the demo pipeline sets the reward channels per task ({tasks}) and the aggregator and "
+        f"advantage per method (config.demo.methods, config.demo.methods_for), so "
+        f"{', '.join(own)} would be replaced. To train your own channels on the demo's model "
+        f"and data, add --config.pipeline=train; to choose the demo's tasks and methods, "
+        f"--config.demo.tasks / --config.demo.methods")
+
+
 @PIPELINES.register
 def demo(config, workdir: str, log=print) -> dict:
   """The `demo` pipeline (`config.pipeline = "demo"`): every task x method, then the report."""
   log = log if distributed.is_primary() else (lambda *_: None)
   from mr_rl.demo import summary
+  refuse_replaced_fields(config)
   base = settings_lib.from_config(config)
   demo_cfg = config.demo
   tasks = [t.strip() for t in demo_cfg.tasks.split(",") if t.strip()]

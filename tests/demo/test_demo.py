@@ -488,3 +488,33 @@ def test_demo_smoke_writes_report(tmp_path):
   drift = json.load(open(os.path.join(wd, "negative", "tag", "drift.json")))
   assert [c["channel"] for c in drift["channels"]] == ["arith_acc", "arith_negative"]
   assert os.path.exists(os.path.join(wd, "negative", "additive", "metrics.jsonl"))
+
+
+@pytest.mark.parametrize("field,value", [("rewards.channels", "arith_acc,my_rewards:concise"),
+                                         ("aggregator.name", "amrp"),
+                                         ("advantage.name", "ppo")])
+def test_the_demo_refuses_fields_it_would_replace(tmp_path, field, value):
+  """The demo sets each task's channels and each method's aggregator and advantage: a value of
+  the user's there is refused before any training, naming it and the way out."""
+  from mr_rl.errors import ConfigError
+  c = _demo_config("smoke")
+  section, name = field.split(".")
+  c[section][name] = value
+  with pytest.raises(ConfigError, match=rf"config.{field}='{value}' would be replaced\. .*"
+                                        r"--config.pipeline=train"):
+    pipelines.PIPELINES.get("demo")(c, str(tmp_path / "wd"))
+  assert not (tmp_path / "wd").exists()
+
+
+def test_plots_and_export_of_a_demo_workdir_name_the_runs_inside(tmp_path):
+  """`python -m mr_rl.plots W` / `mr_rl.export --workdir=W` on a demo workdir (its runs are in
+  W/<task>/<method>) say where the runs are."""
+  from mr_rl import export, plots
+  for run_dir in ("brief/tag", "brief/additive", "negative/tag"):
+    (tmp_path / run_dir).mkdir(parents=True)
+    (tmp_path / run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0}) + "\n")
+  with pytest.raises(FileNotFoundError, match=rf"holds 3 runs .*W/<task>/<method>\): "
+                                              rf"{tmp_path}/brief/additive, {tmp_path}/brief/tag"):
+    plots.load_history(str(tmp_path))
+  with pytest.raises(FileNotFoundError, match=r"no checkpoints under .*holds 3 runs"):
+    export.export(str(tmp_path), out=str(tmp_path / "out"))

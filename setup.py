@@ -34,7 +34,7 @@ TEST_REQUIRES = [
     "peft==0.21.2",
     "accelerate==1.15.0",
     # The W&B writer's tests run it in offline mode (no network, no account); it installs in
-    # ~15 s from wheels (BUILD_NOTES "Researcher's workflow").
+    # ~15 s from wheels (measured).
     "wandb>=0.19",
 ]
 

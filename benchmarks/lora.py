@@ -3,7 +3,7 @@
 Model: a random ~22M-parameter Qwen3 (6 layers, d=512, 8 heads / 4 KV heads, head_dim 64,
 d_ff 1408, vocab 8192, tied), fp32. Adapters on all seven kernels of every layer.
 
-Part 1, sampling (BUILD_NOTES.md "LoRA": the sampler runs merged weights). One jitted decode
+Part 1, sampling (docs/architecture.md "Models": the sampler runs merged weights). One jitted decode
 step (one token per row, KV cache of `--cache` slots) timed with
   * merged: plain params from `lora.merge` (cost: one merge per rollout, timed separately);
   * unmerged: the `Adapted` variables, the adapters applied as (x a) b in every step.

@@ -290,7 +290,7 @@ class MrRlSide:
     c.rewards.channels = f"bench_{reward[0]}"
     c.rewards.params = {f"bench_{reward[0]}": dict(reward[1])} if reward[1] else {}
     c.aggregator.name, c.advantage.name = "additive", "grpo"
-    c.update_batch.pack = pack  # packed update rows (BUILD_NOTES "The update pays for ...")
+    c.update_batch.pack = pack  # packed update rows (docs/architecture.md "The learner batch")
     self.name, self.max_new_tokens, self.baton = name, max_new_tokens, Baton(name)
     self.settings = settings_lib.from_config(c)
     comp = train_lib.build(self.settings)

@@ -1,6 +1,6 @@
 """Sampler throughput: mr_rl's jitted KV-cache sampler vs transformers `generate`.
 
-Default (CPU, the calibration setting of BUILD_NOTES.md, "Sampler"): a random Qwen3 written by
+Default (CPU, the calibration setting of docs/benchmarks.md, "Sampler"): a random Qwen3 written by
 transformers (4 layers, d=256, 8 heads / 4 KV heads, head_dim 32, vocab 1024, tied), batch 64, prompt
 32, 256 new tokens, plain sampling at temperature 1 on both sides, same weights. Reports tokens/s of
 each, their ratio, achieved FLOP/s as a fraction of a large fp32 matmul measured in the same

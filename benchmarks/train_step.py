@@ -7,7 +7,7 @@ length, old log-probs from the model itself (ratio 1), group-normal advantages. 
 
   * demo:       the demo's base policy (configs/demo.py), on its real batch shape
                 B*G = 16*8 = 128 rows x (16 prompt + 48 response) = 64 tokens;
-  * qwen3_tiny: a random Qwen3 of the sampler calibration's shape (BUILD_NOTES.md, "Sampler":
+  * qwen3_tiny: a random Qwen3 of the sampler calibration's shape (docs/benchmarks.md, "Sampler":
                 4 layers, d=256, 8 heads / 4 KV heads, head_dim 32, d_ff 768, vocab 1024,
                 tied; 3.4M params),
                 on `--rows` x `--seq` (default 128 x 64).
@@ -32,7 +32,7 @@ the step computes one forward and a backward of twice its cost, nothing more).
 
 Part 3, cost growth (`--cap-growth 48,96,192`): part 2's demo steps at each `max_new_tokens`
 cap on the same prompts, with the base policy's `max_position_embeddings` raised in a copy
-of its config.json (RoPE: outputs below the old limit unchanged; BUILD_NOTES.md, "Benchmarks"),
+of its config.json (RoPE: outputs below the old limit unchanged; docs/benchmarks.md, "Update step"),
 so the responses are identical (checked) and only the cap changes. The goal: doubling the
 cap changes the step time by less than 15%.
 
@@ -208,7 +208,7 @@ def cap_growth(base_policy: str, caps, task: str, method: str, steps: int, tmp: 
   """The issue-16 cost-growth check: the demo step at several `max_new_tokens` caps on the
   same prompts. The base policy is copied with config.json's `max_position_embeddings` raised
   to fit the largest cap (RoPE: outputs below the old limit are unchanged;
-  BUILD_NOTES.md, "Benchmarks"), so the
+  docs/benchmarks.md, "Update step"), so the
   responses are the same and only the cap changes (checked: equal mean lengths per step)."""
   import shutil
   path = os.path.join(tmp, "base_policy_long")

@@ -19,8 +19,8 @@ MT-Bench prompts: configs/README.md).
 TPU slice: v5p-8 (Qwen3-4B), v5p-16 (Llama-3.1-8B); the 8B scorer adds 16 GB (bf16) to the mesh.
 launch/check.py: the static sampler does NOT fit (the prefill of 256 x 4,096-token prompts at
 once: 213 GB per chip for Llama-3.1-8B on v5p-16), so both models sample with the continuous
-engine: Llama-3.1-8B 192 slots (80.5 GB per chip), Qwen3-4B 96 slots (72.3 GB); see BUILD_NOTES
-"Pod check" and "Continuous engine".
+engine: Llama-3.1-8B 192 slots (80.5 GB per chip), Qwen3-4B 96 slots (72.3 GB); see
+docs/benchmarks.md "Paper configs on a pod".
 Estimate: 97 v5p chip-hours for the default point (model=qwen3_4b,method=amrp), policy only;
 whole table 966 (configs/README.md).
 """

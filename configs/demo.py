@@ -3,14 +3,14 @@ r"""The embedded CPU demo: multi-reward GRPO on synthetic arithmetic (runs on 2 
     python -m mr_rl.main --config=configs/demo.py --workdir=/tmp/mr_rl_demo
 
 Starts from the shipped base policy (mr_rl/demo/assets/base_policy, made by
-`python -m mr_rl.demo.warmstart`, command in BUILD_NOTES.md "The CPU demo"), then trains each
+`python -m mr_rl.demo.warmstart`, docs/demo.md "Design"), then trains each
 task's methods (`DEFAULT_METHODS`: RP-only, additive, 0.9/0.1 weighting, the AND rule, AMRP and
 TAG with its anchor elected by single-channel probes) for 80 GRPO steps on three tasks:
 `brief` (correct & brief: compatible), `negative` (correct & negative answer: incompatible)
 and `acc_fmt_len` (AMRP's accuracy, format and length), each on its own chain lengths. Writes
 WORKDIR/report.json, WORKDIR/report.md (every target with yes / no and its value) and
 WORKDIR/<task>_{profiles,weights}.png.
-Expected runtime: see BUILD_NOTES.md "The CPU demo" (at most 15 minutes on 2 idle cores).
+Expected runtime: docs/demo.md "Results, seeds 0-4" (at most 15 minutes on 2 idle cores).
 
 Variants (`configs/demo.py:ARG[,ARG]`):
   seed=N  another seed (it also draws the arithmetic problems);
@@ -54,7 +54,7 @@ FULL_METHODS = {
 # stay on the shortcut); `brief` draws 4-6 terms, where
 # the base's long answers (restated on 4-5 terms, steps on 6) are never brief, its chained
 # ones are on 4 terms mostly, and on 5-6 terms only a guess is (3/4 of the prompts have no
-# brief correct answer: additive gives up accuracy for the guess, BUILD_NOTES.md "Issue 21").
+# brief correct answer: additive gives up accuracy for the guess, docs/demo.md "Design").
 PROBLEMS_FOR = {"brief": {"min_terms": 4, "max_terms": 6}, "negative": {"min_terms": 4},
                 "acc_fmt_len": {"min_terms": 6}}
 
@@ -116,7 +116,7 @@ def get_config(arg=None):
       # AMRP's length rule at toy scale (paper: full to 2,800 tokens, 0 at 3,000), acc_fmt_len
       # only: full to 32, 0 at 40 tokens. On its 6-7 terms a correct chained answer earns full
       # credit mostly on 6 terms, sometimes on 7 (partial otherwise); the base's step-by-step
-      # answers, most of its correct reasoning, earn little or none (BUILD_NOTES.md "Issue 21").
+      # answers, most of its correct reasoning, earn little or none (docs/demo.md "Design").
       len_full_until=32,
       len_zero_at=40,
       ppo_value_lr=1e-3))           # PPO critic learning rate (full variant)

@@ -8,7 +8,7 @@ r"""TAG Table 10: Qwen3-30B-A3B-Instruct-2507 (MoE, 3.3B active) under 4,096-tok
 Arguments: task = brief (< 512 tokens) | negative; method = rp_only | additive | tag; runlocal
 (a tiny 4-expert MoE). Otherwise the tag_math set-up (Big-Math hard split).
 TPU slice: v5p-32 (16 chips, mesh tensor 4 x expert 4; run launch/check.py first).
-launch/check.py (grouped-matmul stand-in, BUILD_NOTES "Pod check"): with `model.remat` (set
+launch/check.py (grouped-matmul stand-in, docs/benchmarks.md "Paper configs on a pod"): with `model.remat` (set
 here: each decoder block recomputed in the backward) the policy step needs 57 GB per chip; the
 sampler (72 GB) and the reference pass (40 GB) fit. Without remat the policy step keeps every
 layer's fp32 attention scores ([8 heads, 4,608, 4,608]) and routed rows: 280 GB, no fit.

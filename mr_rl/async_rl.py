@@ -1,5 +1,5 @@
 """Asynchronous RL with bounded staleness: the sampler runs up to `s` policy versions ahead of
-the learner (issue 26; BUILD_NOTES "Asynchronous RL with bounded staleness").
+the learner (issue 26; docs/architecture.md "Asynchronous RL").
 
 The schedule is fixed, so a resumed run equals an uninterrupted one. A policy's *version* is
 the number of updates applied to it (the learner is at version t when step t starts). At
@@ -29,7 +29,7 @@ Where the work runs (`Pipeline`):
   (`push_params`). Programs of a multi-process job must start in the same order on every
   process, which two threads dispatching at will do not guarantee (on XLA:CPU with gloo,
   two threads running cross-process programs on disjoint device sets hang within a few
-  hundred steps; BUILD_NOTES "Asynchronous RL"). So every device program is dispatched from
+  hundred steps; docs/architecture.md "Asynchronous RL"). So every device program is dispatched from
   the main thread: the draws of later steps are deferred (`fill`) and started right after
   the step's update is dispatched (`draw_deferred`), and since jax dispatches
   asynchronously the learner's devices run the update while the main thread drives the

@@ -1,7 +1,7 @@
 """Multi-process runs: one process per host over one global mesh (Cloud TPU slices beyond one
 host, multi-node GPU clusters, or several processes on one machine for debugging).
 
-What every process does (BUILD_NOTES.md "Multi-host"):
+What every process does (docs/runs.md "Multi-process runs"):
 - it runs the same program on the same data: every process iterates the same global batches
   (the iterator and all randomness are seeded, so they agree), encodes all B prompts and
   places them on the global mesh (a `device_put` of identical host values), so the sampler,

@@ -199,7 +199,7 @@ def rollout(policy: Policy, params, examples: Sequence[Any], key: jax.Array,
   static engine after the batch, in row order. `StreamingScore` is such a callback.
   """
   s = sampling_settings
-  params = lora.merge(params)  # a LoRA policy samples merged weights (BUILD_NOTES "LoRA")
+  params = lora.merge(params)  # a LoRA policy samples merged weights (docs/architecture.md "Models")
   p_tok, p_mask = policy.encode(examples)
   tok = policy.tokenizer
   B, G = len(examples), s.group_size

@@ -1,8 +1,11 @@
 """The package's shape: no import circles among mr_rl's modules (function-level imports
-included), no private name imported from another module, small modules where they must be."""
+included), no private name imported from another module, small modules where they must be;
+the design docs name only paths that exist and stay within their line budget."""
 
 import ast
+import glob
 import os
+import re
 
 import pytest
 
@@ -125,3 +128,46 @@ def test_core_does_not_import_the_test_helpers():
          and any(t == "mr_rl.testing" or t.startswith("mr_rl.testing.")
                  for t, _, _ in _imports(m, path, modules))]
   assert not bad, bad
+
+
+# The design docs: BUILD_NOTES.md is the index, docs/<area>.md the current design per area.
+_DOC_PATH = re.compile(r"(?<![\w/.])(?:mr_rl|configs|launch|benchmarks|tests|docs|notebooks)/"
+                       r"[\w./*<>{}-]*")
+# Design text, in lines: BUILD_NOTES.md and docs/*.md, except the dated benchmark log and the
+# reference pages (formulas, shape glossary, house style). A new area's text replaces a log, it
+# does not grow the total: move measurements to docs/benchmarks.md, history to git.
+DESIGN_TEXT_EXCLUDED = ("benchmarks.md", "methods.md", "shapes.md", "style.md")
+DESIGN_TEXT_BUDGET = 950
+
+
+def _design_docs():
+  docs = sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))
+  return [os.path.join(REPO, "BUILD_NOTES.md")] + docs
+
+
+def test_paths_named_in_the_design_docs_exist():
+  """Every repository path in backticks in BUILD_NOTES.md or docs/*.md (`mr_rl/rl/batch.py`,
+  `configs/demo.py:seed=1`, `python benchmarks/sampler.py --long-tail`) exists, so a doc
+  cannot keep citing a module that moved."""
+  missing = []
+  for path in _design_docs():
+    text = open(path, encoding="utf-8").read()
+    for span in re.findall(r"`([^`]+)`", text):
+      for ref in _DOC_PATH.findall(span):
+        if any(c in ref for c in "<>{}*"):
+          continue  # a pattern such as configs/<file>
+        ref = ref.rstrip(".,")
+        if not os.path.exists(os.path.join(REPO, ref)):
+          missing.append(f"{os.path.relpath(path, REPO)}: {ref}")
+  assert not missing, missing
+
+
+def test_the_path_check_finds_a_missing_path():
+  assert _DOC_PATH.findall("python mr_rl/rl/packing.py:x --out DIR") == ["mr_rl/rl/packing.py"]
+  assert not os.path.exists(os.path.join(REPO, "mr_rl/rl/packing.py"))
+
+
+def test_design_text_stays_within_its_budget():
+  counted = {os.path.relpath(p, REPO): sum(1 for _ in open(p, encoding="utf-8"))
+             for p in _design_docs() if os.path.basename(p) not in DESIGN_TEXT_EXCLUDED}
+  assert sum(counted.values()) <= DESIGN_TEXT_BUDGET, counted

@@ -65,7 +65,7 @@ def runs(base_policy, tmp_path_factory):
 
 # Keys that follow a reward model's scores: equal to float rounding only. The scorer batches
 # the rows a process owns as they arrive, and XLA:CPU's results for a row move by an ulp or
-# two with the batch and mesh shape (1.2e-6 to 2.4e-6 measured, BUILD_NOTES.md "Multi-host").
+# two with the batch and mesh shape (1.2e-6 to 2.4e-6 measured, docs/runs.md "Multi-process runs").
 RM_KEYS = ("reward/reward_model/", "reward_runner/reward_model/mean", "reward/scalar/",
            "profile/", "weights/", "alarm/")
 

@@ -6,7 +6,7 @@ Samples `--samples` responses at temperature 1 under the demo's 48-token cap on 
 problems and prints, per chain length and style (`response_style`), the share of responses,
 their accuracy and their mean length in tokens (EOS included). The `brief` task needs
 the base policy to answer the same problems both long (restated) and short (chained), mostly
-long, with both styles about equally accurate (BUILD_NOTES.md "Issue 21").
+long, with both styles about equally accurate (docs/demo.md "Design").
 """
 
 from __future__ import annotations

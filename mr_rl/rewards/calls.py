@@ -4,7 +4,7 @@ A `Call` is one reward evaluation (one response and channel, or one batched call
 `ThreadWorkers` pool runs calls as they are submitted, so a caller may submit the calls of a
 batch at different times (rows scored as the rollout finishes them) and wait once at the end.
 
-Timeouts (BUILD_NOTES "Rewards as rows finish"): a call's `timeout_s` counts from the moment a
+Timeouts (docs/rewards.md "Scoring as rows finish"): a call's `timeout_s` counts from the moment a
 worker thread starts it, not from its submission, so time spent queued behind other calls or
 waiting for the rest of a rollout never counts against it. A "thread" call that ran longer than
 `timeout_s` is a timeout even when it returned before anyone looked (the verdict does not depend

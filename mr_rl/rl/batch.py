@@ -14,8 +14,8 @@ The LM head only where a loss needs it: an unpacked batch records `response_star
 column (part of the compiled program, not an array) at or before its first response column,
 rounded down to `response_start_bucket` (the `size_bucket` grid or P itself), and the policy
 step runs the head over columns [response_start - 1, T - 1) only. A run compiles one step
-per (width, response start) pair met (BUILD_NOTES.md, "The LM head only where a loss needs
-it"). Packed rows keep the head on every column (`response_start` None): their sequences'
+per (width, response start) pair met (docs/architecture.md, "The learner
+batch"). Packed rows keep the head on every column (`response_start` None): their sequences'
 responses start at data-dependent columns.
 
 Packing (`pack=PackSpec(...)`): every sequence that carries a loss token is written, without
@@ -68,8 +68,8 @@ def fine_bucket(n: int, per_octave: int = 8) -> int:
   """Smallest size >= n on a grid of `per_octave` sizes per octave: every integer up to
   2 x `per_octave`, then 2^k + j 2^k / per_octave (j = 0 .. per_octave - 1); `per_octave` a
   power of two. At most 1 + 1 / per_octave times n: the packed row counts, where a row of
-  padding costs as much as a row of tokens (BUILD_NOTES.md, "The update pays for what it
-  computes")."""
+  padding costs as much as a row of tokens (docs/architecture.md, "The learner
+  batch"; figures in docs/benchmarks.md)."""
   if per_octave < 1 or per_octave & (per_octave - 1):
     raise ValueError(f"per_octave must be a power of two, got {per_octave}")
   n = max(int(n), 1)

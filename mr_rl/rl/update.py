@@ -189,7 +189,7 @@ def _step_impl(state, batch, rng, base=None, *, logits_fn, tx, config, value_fn=
   if base is not None:  # LoRA: state.params are the adapters on the frozen base
     from mr_rl.models import lora as lora_lib  # local import: rl math does not need models
     lc = config.lora
-    if lc.dropout > 0:  # per-row masks (BUILD_NOTES.md "LoRA": dropout)
+    if lc.dropout > 0:  # per-row masks (docs/architecture.md "Models": LoRA dropout)
       row_keys = lora_lib.dropout_row_keys(rng, batch.tokens.shape[0])
     logits_fn = lambda ad, keys, *rows, **kw: full_logits_fn(
         lora_lib.Adapted(base, ad, lc.scale, lc.dropout, keys), *rows, **kw)

@@ -27,7 +27,8 @@ step s is drawn from `fold_in(fold_in(key, n), s)`, so a row's tokens depend on 
 not on the slot count, its slot or when it was inserted; `Sampler(key_schedule="row")` /
 `generate_groups(..., key_schedule="row")` draw the same tokens. Greedy decoding equals the
 static sampler's default. Log-probs are the temperature-1 policy log-probs, as the sampler's.
-Design notes and measurements: BUILD_NOTES.md, "Continuous engine".
+Design notes and measurements: docs/architecture.md, "Sampling";
+docs/benchmarks.md, "Continuous engine".
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ Layout of one call (all inside a single `jax.jit`):
     segment is its own `lax.while_loop` over a cache whose length is a static bucket just
     large enough for that segment (`P + end_of_segment`). Between segments the cache is
     padded once. Attention therefore never scans far past the filled slots, which is
-    where a fixed-length loop loses most of its time on CPU (BUILD_NOTES.md, "Sampler":
-    the first decode loop's calibration).
+    where a fixed-length loop loses most of its time on CPU (docs/architecture.md,
+    "Sampling").
   * The loop stops when every row has produced EOS or after `max_new_tokens` tokens. The
     PRNG key travels in the loop state, as in gemma's `text/_sampler_loop.py` (which splits
     it every step); here the base key is carried unchanged from step to step and segment to

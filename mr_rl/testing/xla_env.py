@@ -28,7 +28,7 @@ import sys
 import mr_rl
 
 # XLA:CPU at optimisation level 0 compiles the tests' many tiny programs about 2x faster and runs
-# them as fast at this size (BUILD_NOTES.md "CI measurements").
+# them as fast at this size (docs/testing.md "Keeping CI fast").
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 # The checkout this mr_rl was imported from: a worker imports the same one.
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(mr_rl.__file__)))

@@ -77,7 +77,7 @@ def test_solution_styles_and_their_lengths():
   # answer can earn full length credit (mostly on 6 terms, sometimes on 7, else partial
   # credit); the base's long correct reasoning (steps on 6-7 terms) mostly earns none, so
   # under static weights reasoning pays less than the shortcut; 5-term chained answers, all
-  # at full credit, would be static's way out (BUILD_NOTES.md "Issue 21").
+  # at full credit, would be static's way out (docs/demo.md "Design").
   zero = cfg.demo.len_zero_at
   assert (full, zero) == (32, 40)
   assert lens[5, "chained"].max() <= full
@@ -191,7 +191,7 @@ def test_warmstart_targets_follow_the_mixture():
 
 def test_shipped_base_policy_is_the_documented_recipe():
   """The asset is a loadable HF checkpoint made by `warmstart.RECIPE` (the command in
-  BUILD_NOTES.md), so it can be regenerated."""
+  docs/demo.md), so it can be regenerated."""
   cfg = _demo_config("smoke")
   from transformers import AutoConfig, AutoTokenizer
   hf = AutoConfig.from_pretrained(cfg.model.path)

@@ -22,7 +22,7 @@ code objects in the order of ``host.HARNESS_FILES``: ``wire`` (value codec, fram
 ``kernel`` (namespaces, mounts, credentials, seccomp), ``cgroups`` (memory cgroups),
 ``check`` (the supervisor's checker) and ``harness`` (process roles).
 
-Isolation (each run; see ``harness.py`` for the process layout and BUILD_NOTES.md
+Isolation (each run; see ``harness.py`` for the process layout and docs/rewards.md
 "Code sandbox: threat model" for what is promised and how each promise is tested):
   * a fresh process tree in its own session, killed as a process group after the verdict
     or at the wall-clock deadline (the tests' time budget plus ``startup_grace_s``). Its
@@ -73,8 +73,7 @@ Isolation (each run; see ``harness.py`` for the process layout and BUILD_NOTES.m
   ``memory_limit="per-process"``). Not handled in any mode: the candidate can READ
   world-readable files (including installed data sets), and concurrent runs share the
   machine (timing and load are observable), and which pages of a visible file are cached
-  can still be told by timing a read (BUILD_NOTES.md "Machine-wide pools the sandbox
-  shares").
+  can still be told by timing a read (docs/rewards.md "Not promised").
 
 Evidence of success: the verdict is computed by the supervisor, which never runs
 candidate code and reads the tests only after the candidate's process was

@@ -3,7 +3,7 @@
 Stdlib only (ctypes). Part of the harness that runs inside the sandbox (the files of
 ``host.HARNESS_FILES``, run in order in one namespace; the syscall filter is ``seccomp.py``).
 
-What each piece closes (BUILD_NOTES.md "Code sandbox: threat model"):
+What each piece closes (docs/rewards.md "Code sandbox: threat model"):
   * ``make_user_namespace`` (one per fork server) and ``setup_namespaces`` (per run: network,
     pid, mount, IPC and UTS namespaces; a root of its own that shows only the system
     directories, read-only, with home directories and site-packages hidden; a minimal

@@ -1,6 +1,6 @@
 """Adversarial tests of the code sandbox against a policy that remembers.
 
-Each class of attack from BUILD_NOTES.md "Code sandbox: threat model" runs for real:
+Each class of attack from docs/rewards.md "Code sandbox: threat model" runs for real:
 state kept across runs (files, SysV / POSIX IPC, keyrings), concurrent runs talking to
 each other, the trainer's session keyring, whole-run memory, a fork bomb starving a
 concurrent run, a stall in the supervisor, setuid binaries and the syscall filter. After

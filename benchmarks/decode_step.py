@@ -4,7 +4,7 @@
     python benchmarks/decode_step.py --profile      # + the per-op table (benchmarks/op_profile)
 
 A 100-step `fori_loop` of `Transformer.apply` with a KV cache of 160 slots (the decode step of
-the sampler without sampling), best of 3. Figures: docs/accelerators.md, "Layer stack".
+the sampler without sampling), best of 3. Figures: docs/benchmarks.md, "Layer scan on XLA:CPU".
 """
 
 from __future__ import annotations

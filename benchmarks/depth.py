@@ -1,5 +1,6 @@
 """Compile cost against depth on XLA:CPU: the same trainer run on 2- and 28-layer checkpoints of
-equal width (docs/accelerators.md, "Compile model").
+equal width (design: docs/accelerators.md, "Layer stack: compiled once"; figures:
+docs/benchmarks.md, "Layer scan on XLA:CPU").
 
     python benchmarks/depth.py            # 2 vs 28 layers, d 32, 3 steps, compile cache off
     python benchmarks/depth.py --steps 1 --layers 2,8,28

@@ -11,8 +11,8 @@ reports `compile/seconds`, `compile/programs` and `compile/cache_hits` per step.
 `enable_cache` turns on jax's persistent compilation cache (every executable, however quick to
 compile, is written), so a restarted or resumed run, or a second run of the same shapes, loads
 its programs instead of compiling them. `mr_rl.program_plan.expected_programs(settings)` bounds
-how many programs of each name a run compiles. Design and measurements: docs/accelerators.md,
-"Compile model".
+how many programs of each name a run compiles. Design: docs/accelerators.md,
+"Compile model"; figures: docs/benchmarks.md, "Layer scan on XLA:CPU".
 """
 
 from __future__ import annotations

@@ -34,7 +34,8 @@ The Pallas kernels run per (row, head) inside a `shard_map` over the ambient mes
 head axes (XLA cannot partition a kernel call); cuDNN's call carries its own partitioning rule.
 The Pallas kernels also run in Pallas' interpreter on CPU (`interpret=True` for the GPU kernel,
 `pltpu.force_tpu_interpret_mode()` around the TPU one), which is how the tests check them
-against 'reference'. Design and measurements: docs/accelerators.md.
+against 'reference'. Design: docs/accelerators.md, "Attention"; memory figures:
+docs/benchmarks.md, "Layer scan on XLA:CPU".
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 test's paths), or listed in `NOT_RUN` with the reason and where it is covered instead; a
 command the README gains fails `test_every_readme_command_is_run_or_accounted_for` until it
 is one or the other. The two set-up commands are run from a fresh clone before every stop
-(docs/runs.md)."""
+(docs/testing.md)."""
 
 import os
 import re

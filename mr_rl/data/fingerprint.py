@@ -17,6 +17,7 @@ and the fingerprint").
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -31,7 +32,8 @@ _SHOWN = 12  # hex digits of a fingerprint shown in messages
 
 
 def _plain(value: Any) -> Any:
-  """JSON-ready value: mappings with str keys, tuples as lists, numpy scalars as Python ones."""
+  """JSON-ready value: mappings with str keys, tuples as lists, numpy scalars as Python ones,
+  dataclasses (a code problem's `CodeTestSpec`) as their type name and fields."""
   if isinstance(value, Mapping):
     return {str(k): _plain(v) for k, v in value.items()}
   if isinstance(value, (list, tuple)):
@@ -40,6 +42,13 @@ def _plain(value: Any) -> Any:
     return _plain(value.tolist())
   if value is None or isinstance(value, (str, bool, int, float)):
     return value
+  if dataclasses.is_dataclass(value) and not isinstance(value, type):  # e.g. a CodeTestSpec
+    return {"__type__": type(value).__name__,
+            **{f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+  if isinstance(value, (bytes, bytearray)):
+    return {"__bytes__": bytes(value).hex()}
+  if isinstance(value, (set, frozenset)):
+    return sorted((_plain(v) for v in value), key=repr)
   raise TypeError(f"cannot fingerprint a value of type {type(value).__name__}: {value!r}")
 
 

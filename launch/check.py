@@ -292,7 +292,7 @@ def main(argv=None) -> int:
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from mr_rl import config_lib, models
+  from mr_rl import config_lib, models, rollout_engines
   from mr_rl.models import sharding as shd
   from mr_rl.models.transformer import layer_of
   from mr_rl.rl import update as update_lib
@@ -526,7 +526,7 @@ def main(argv=None) -> int:
     return engine_progs.get(name)
 
   lowerings = {"policy_step": lower_step, "ref_logprob": lower_ref, "sampler": lower_sampler}
-  samplers = ["sampler"] if c.rollout.engine == "static" else list(engine_names)
+  samplers = list(rollout_engines.ENGINES.get(c.rollout.engine).check_programs)  # its own
   wanted = [p.strip() for p in a.programs.split(",") if p.strip()] or (
       ["policy_step", "ref_logprob"] + samplers + (["moe_block"] if grouped else []))
   wanted = [n for p in wanted for n in (engine_names if p == "engine" else (p,))]

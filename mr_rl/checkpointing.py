@@ -53,6 +53,8 @@ RESUMABLE = ("total_steps", "checkpoint_every", "log_every", "kl_ref_every", "al
 # Settings added after runs were recorded without them, with the value that computes what those
 # runs computed: a checkpoint that lacks one of them resumes under that value.
 ADDED = {"model.compute_dtype": "", "model.attention_impl": "auto", "batch.column_buckets": 0}
+# Settings recorded under another name by older runs: {old name: current name}.
+MOVED = {"rollout.slots": "rollout.engine_options.slots"}  # (engine options: mr_rl.rollout_engines)
 
 
 def flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:
@@ -97,6 +99,9 @@ def check_resume(saved: Mapping | None, current: Mapping, directory: str) -> Non
                  directory)
     return
   a, b = {**ADDED, **flatten(saved)}, flatten(current)
+  for old, new in MOVED.items():
+    if old in a and new not in a:
+      a[new] = a.pop(old)
   if "model.path" in a:  # (a record of an older mr_rl named the clone it ran from)
     a["model.path"] = package_paths.portable(a["model.path"])
   allowed = lambda k: k.split(".")[0] in RESUMABLE

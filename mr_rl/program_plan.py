@@ -14,10 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mr_rl import checkpointing
+from mr_rl import checkpointing, rollout_engines
 from mr_rl.models import sharding
 from mr_rl.rl import batch as batch_lib
-from mr_rl.sampling.engine import Engine
 from mr_rl.sampling.sampler import prompt_bucket
 
 # Evaluation during training (`eval.every`) samples its own batches: at most this many more
@@ -49,7 +48,8 @@ def learner_widths(settings) -> int:
 def expected_programs(settings) -> dict[str, int]:
   """Upper bounds on the programs of each name a training run with `settings` compiles: the
   learner's one per batch shape, the rollout's one per prompt bucket and row count (rollout
-  rows, evaluation's) or per prompt bucket and engine pool, the signal's one per group count."""
+  rows, evaluation's) or per prompt bucket and engine pool (the engine's
+  `EngineSpec.expected_programs`), the signal's one per group count."""
   s = settings
   widths = learner_widths(s)
   buckets = len(prompt_buckets(s.data.max_prompt_len))
@@ -60,14 +60,8 @@ def expected_programs(settings) -> dict[str, int]:
   out = {"policy_step": widths, "ppo_step": widths, "value_forward": widths,
          "logprob_forward": widths, "signal": groups, "lora_merge": 1,
          "finite_check": 1}
-  if s.rollout.engine == "continuous":
-    pools = len(Engine(None, slots=s.rollout.slots or rollout_rows,
-                       max_new_tokens=s.rollout.max_new_tokens).pool_sizes())
-    out.update(engine_init=buckets, engine_prefill=buckets, engine_step=buckets * pools,
-               engine_gather=buckets * pools, engine_shrink=buckets * pools,
-               sampler=buckets * eval_rows)
-  else:
-    out["sampler"] = buckets * (1 + eval_rows)
+  engine = rollout_engines.ENGINES.get(s.rollout.engine)
+  out.update(engine.expected_programs(s.rollout, buckets, rollout_rows, eval_rows))
   return out
 
 
@@ -99,7 +93,8 @@ def _lengths_for(shape, P: int, S: int, column_buckets: int) -> tuple[int, int]:
 def warm_up(comp, settings, learner, train_state) -> int:
   """Compiles, before step 0, the programs a run's settings predict (`expected_programs`): the
   policy step and the reference / critic forwards at every learner shape, and the rollout
-  (static sampler, or the engine's programs at every pool size) at every prompt bucket, with
+  (the engine's `EngineSpec.warm_up`: the static sampler, or the continuous engine's programs
+  at every pool size) at every prompt bucket, with
   the arguments and shardings the steps will pass. Each executable lands in the persistent
   cache (`mr_rl.compilation.enable_cache`), where the steps find it. Returns the number of
   programs compiled. Packed batches (data-dependent row counts) are not warmed up."""
@@ -162,14 +157,11 @@ def _warm_learner(comp, s, learner, train_state) -> int:
 def _warm_rollout(comp, s, policy_params) -> int:
   from mr_rl.models import lora
   from mr_rl.rollout import sampling_model
-  from mr_rl.sampling import engine as engine_lib
-  from mr_rl.sampling import sampler as sampler_lib
   r, policy = s.rollout, comp.policy
+  engine = rollout_engines.ENGINES.get(r.engine)
   params = lora.merge(policy_params)
   model = sampling_model(policy.model, r.dtype)
-  P, B, G = policy.max_prompt_len, s.data.batch_prompts, r.group_size
-  eos = sampler_lib.normalize_eos(policy.tokenizer.eos_token_id)
-  cache_dtype = r.cache_dtype or None
+  P, B = policy.max_prompt_len, s.data.batch_prompts
   key = jax.random.PRNGKey(0)
   n, previous = 0, 0
   for bucket in prompt_buckets(P):
@@ -180,15 +172,7 @@ def _warm_rollout(comp, s, policy_params) -> int:
     tokens = np.full((B, P), policy.pad_id, np.int32)
     mask = np.zeros((B, P), np.int32)
     mask[:, P - length:] = 1
-    if r.engine == "static":
-      smp = sampler_lib.cached_sampler(model, r.max_new_tokens, r.temperature, r.top_k, r.top_p,
-                                        eos, policy.pad_id, None, policy.mesh, cache_dtype)
-      t, m = sampler_lib.repeat_groups(tokens, mask, G)
-      smp.lower(params, t, m, key=key).compile()
-      n += 1
-      continue
-    eng = engine_lib.cached_engine(model, r.slots or B * G, r.max_new_tokens, r.temperature,
-                                    r.top_k, r.top_p, eos, policy.pad_id, None, policy.mesh,
-                                    cache_dtype)
-    n += eng.warm_up(params, tokens, mask, group_size=G)
+    n += engine.warm_up(model, params, tokens, mask, s=r, key=key,
+                        eos_id=policy.tokenizer.eos_token_id, pad_id=policy.pad_id,
+                        mesh=policy.mesh)
   return n

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mr_rl import distributed, sampling
+from mr_rl import distributed, rollout_engines
 from mr_rl.data import lengths
 from mr_rl.models import lora, sharding
 
@@ -43,10 +43,13 @@ class SamplingSettings:
     dtype: the sampler's compute dtype ('' = the model's; e.g. 'bfloat16' samples a
       float32-trained policy in bfloat16, parameters cast per layer as the model does).
     cache_dtype: the sampler's KV-cache dtype ('' = its compute dtype).
-    engine: "static" (`sampling.generate_groups`: all B * G rows decoded as one batch) or
-      "continuous" (`sampling.Engine`: a pool of `slots` decode slots kept full; sampled
-      draws follow its per-row key schedule, greedy tokens are the same).
-    slots: the continuous engine's slot count (0: one slot per row, B * G).
+    engine: a `mr_rl.rollout_engines` name: "static" (`sampling.generate_groups`: all
+      B * G rows decoded as one batch) or "continuous" (`sampling.Engine`: a pool of `slots`
+      decode slots kept full; sampled draws follow its per-row key schedule, greedy tokens
+      are the same).
+    engine_options: the engines' own options by name (`EngineSpec.options`; the trainer's
+      hold every registered engine's, from `config.rollout`); one left out takes its
+      default (`rollout_engines.option`), e.g. {"slots": 4} for the continuous engine.
   """
   group_size: int
   max_new_tokens: int
@@ -55,8 +58,8 @@ class SamplingSettings:
   top_p: float
   dtype: str = ""
   cache_dtype: str = ""
-  engine: str = "static"
-  slots: int = 0
+  engine: str = rollout_engines.DEFAULT
+  engine_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @functools.lru_cache(maxsize=16)
@@ -194,9 +197,11 @@ def rollout(policy: Policy, params, examples: Sequence[Any], key: jax.Array,
             on_row: Callable[[int, int, str, int], None] | None = None) -> Rollout:
   """Samples `sampling_settings.group_size` responses per example with `params`.
 
+  The engine is `sampling_settings.engine`'s (`mr_rl.rollout_engines.ENGINES`).
   `on_row(b, g, text, num_tokens)` is called once for each row (every row, on every process):
-  with the continuous engine as soon as the row finishes, while the others decode; with the
-  static engine after the batch, in row order. `StreamingScore` is such a callback.
+  with an engine that finishes rows one at a time (continuous) as soon as the row finishes,
+  while the others decode; otherwise (static) after the batch, in row order.
+  `StreamingScore` is such a callback.
   """
   s = sampling_settings
   params = lora.merge(params)  # a LoRA policy samples merged weights (docs/architecture.md "Models")
@@ -205,27 +210,21 @@ def rollout(policy: Policy, params, examples: Sequence[Any], key: jax.Array,
   B, G = len(examples), s.group_size
   texts = {}  # row n = b * G + g -> decoded response (EOS dropped)
 
-  def finished(row):  # the continuous engine's rows, as they complete
+  def finished(row):  # a streaming engine's rows, as they complete
     texts[row.row] = _response_text(tok, row.tokens, row.length, row.truncated)
     if on_row is not None:
       on_row(row.row // G, row.row % G, texts[row.row], int(row.length))
 
-  engines = {"static": sampling.generate_groups, "continuous": functools.partial(
-      sampling.generate_continuous, slots=s.slots, on_finished=finished)}
-  if s.engine not in engines:
-    raise ValueError(f"rollout engine must be one of {sorted(engines)}, got {s.engine!r}")
-  out = engines[s.engine](
-      sampling_model(policy.model, s.dtype), params, p_tok, p_mask, group_size=s.group_size,
-      key=key,
-      max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-      eos_id=tok.eos_token_id, pad_id=policy.pad_id, mesh=policy.mesh,
-      cache_dtype=s.cache_dtype or None)
+  engine = rollout_engines.ENGINES.get(s.engine)  # (an unknown name lists the valid ones)
+  out = engine.generate(sampling_model(policy.model, s.dtype), params, p_tok, p_mask, s=s,
+                        key=key, eos_id=tok.eos_token_id, pad_id=policy.pad_id,
+                        mesh=policy.mesh, on_finished=finished)
   owned = rows_owned(policy, B, G)
   tokens, logprobs, mask, lengths, truncated = (
       distributed.to_host(x) for x in (out.tokens, out.logprobs, out.mask, out.lengths,
                                        out.truncated))
   for n in range(B * G):
-    if n not in texts:  # the static engine: every row now
+    if n not in texts:  # rows the engine did not hand on (static: every row) now
       b, g = divmod(n, G)
       texts[n] = _response_text(tok, tokens[b, g], lengths[b, g], truncated[b, g])
       if on_row is not None:

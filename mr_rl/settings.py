@@ -20,7 +20,7 @@ import numbers
 import os
 from typing import Any, Mapping
 
-from mr_rl import aggregators
+from mr_rl import aggregators, rollout_engines
 from mr_rl.errors import ConfigError
 from mr_rl.registry import PIPELINES, import_plugins, setup_hooks
 from mr_rl.rl import advantages as adv_lib
@@ -478,8 +478,10 @@ def default_config():
       dtype="",                   # sampler compute dtype ('' = the learner's, model.compute_dtype
                                   # or model.dtype; e.g. 'bfloat16')
       cache_dtype="",             # sampler KV-cache dtype ('' = the sampler's compute dtype)
-      engine="static",            # 'static' (one batch of B*G rows) | 'continuous' (slot pool)
-      slots=0,                    # continuous engine's decode slots (0 = one per row)
+      engine=rollout_engines.DEFAULT,  # a mr_rl.rollout_engines name: 'static' (one batch of
+                                  # B*G rows) | 'continuous' (slot pool)
+      **rollout_engines.config_defaults(),  # the engines' own options (EngineSpec.options):
+                                  # continuous: slots, its decode slots (0 = one per row)
       max_staleness=0,            # s: groups sampled up to s updates ago (0 = synchronous)
       sampler_devices=0))         # devices for the sampler, the rest learn (0 = share all)
   c.compile = ml_collections.ConfigDict(dict(
@@ -732,8 +734,8 @@ def _from_config(cfg) -> RunSettings:
       top_k=_count("rollout.top_k", c.rollout.top_k, True),
       top_p=_in("rollout.top_p", c.rollout.top_p, 0.0, 1.0, lo_open=True), dtype=sample_dtype,
       cache_dtype=cache_dtype,
-      engine=_choice("rollout.engine", c.rollout.engine, ("static", "continuous")),
-      slots=_count("rollout.slots", c.rollout.slots, True))
+      engine=_choice("rollout.engine", c.rollout.engine, _registered(rollout_engines.ENGINES)),
+      engine_options=rollout_engines.options_from_config(c.rollout))
   asynchrony = AsyncSettings(
       max_staleness=_count("rollout.max_staleness", c.rollout.max_staleness, True),
       sampler_devices=_count("rollout.sampler_devices", c.rollout.sampler_devices, True))

@@ -171,3 +171,51 @@ def test_design_text_stays_within_its_budget():
   counted = {os.path.relpath(p, REPO): sum(1 for _ in open(p, encoding="utf-8"))
              for p in _design_docs() if os.path.basename(p) not in DESIGN_TEXT_EXCLUDED}
   assert sum(counted.values()) <= DESIGN_TEXT_BUDGET, counted
+
+
+# Where a model family's or a rollout engine's own code lives (their registries' modules).
+_EXTENSION_MODULES = ("mr_rl/models/families/", "mr_rl/rollout_engines/")
+
+
+def _name_comparisons(path: str, words=("family", "engine")) -> list[str]:
+  """`x.family == "llama"`, `engine != "static"`, `family in ("qwen3", ...)`: a variable named
+  after one of `words` compared with string constants."""
+  def named(node):
+    name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+    return any(name == w or name.endswith("_" + w) for w in words)
+
+  def strings(node):
+    if isinstance(node, ast.Constant):
+      return isinstance(node.value, str)
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts and all(
+        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
+
+  out = []
+  for node in ast.walk(ast.parse(open(path).read(), path)):
+    if isinstance(node, ast.Compare):
+      sides = [node.left, *node.comparators]
+      if any(named(s) for s in sides) and any(strings(s) for s in sides):
+        out.append(f"{os.path.relpath(path, REPO)}:{node.lineno}")
+  return out
+
+
+def test_families_and_engines_are_looked_up_not_named():
+  """Outside their own modules no code branches on a model family's or a rollout engine's
+  name: it asks the registry (`mr_rl.models.families.FAMILIES`,
+  `mr_rl.rollout_engines.ENGINES`), so adding one touches its own module only."""
+  bad = []
+  for top in ("mr_rl", "launch"):
+    for dirpath, _, files in os.walk(os.path.join(REPO, top)):
+      for f in files:
+        path = os.path.join(dirpath, f)
+        rel = os.path.relpath(path, REPO).replace(os.sep, "/")
+        if f.endswith(".py") and not rel.startswith(_EXTENSION_MODULES):
+          bad += _name_comparisons(path)
+  assert not bad, bad
+
+
+def test_the_name_comparison_finder_finds_them(tmp_path):
+  src = tmp_path / "m.py"
+  src.write_text('if cfg.family == "llama": pass\nif engine in ("static", "x"): pass\n'
+                 'if rollout_engine != "static": pass\nif family == other: pass\n')
+  assert [x.rsplit(":", 1)[1] for x in _name_comparisons(str(src))] == ["1", "2", "3"]

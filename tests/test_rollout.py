@@ -64,7 +64,7 @@ def test_streaming_scores_equal_scoring_after_the_rollout(policy_params, engine)
   process (math-verify) and a batched channel, failures and per-prompt applicability."""
   policy, params = policy_params
   settings = SamplingSettings(group_size=3, max_new_tokens=10, temperature=1.0, top_k=0,
-                              top_p=1.0, engine=engine, slots=4)
+                              top_p=1.0, engine=engine, engine_options={"slots": 4})
   key = jax.random.PRNGKey(3)
   ro_a = rollout(policy, params, _examples(), key, settings)
   r_a, m_a = score(_runner(), ro_a, _examples())
@@ -106,7 +106,7 @@ def test_continuous_engine_scores_rows_before_the_last_one_finishes(policy_param
   EVENTS.clear()
   SCORED.clear()
   settings = SamplingSettings(group_size=3, max_new_tokens=10, temperature=1.0, top_k=0,
-                              top_p=1.0, engine="continuous", slots=4)
+                              top_p=1.0, engine="continuous", engine_options={"slots": 4})
   runner = rr.RewardRunner([rr.RewardChannel("record", _record)], timeout_s=60)
   scoring = StreamingScore(runner, policy, _examples(), settings.group_size)
   started_in_time = []

@@ -6,6 +6,7 @@ import os
 
 import ml_collections
 
+from mr_rl import rollout_engines
 from mr_rl.config_lib.paper import MODELS
 
 
@@ -44,7 +45,8 @@ def runlocal(c, model_key: str):
   c.data.max_prompt_len = RUNLOCAL["max_prompt_len"]  # one padded length for every config
   c.rollout.group_size = RUNLOCAL["group_size"]      # G = 2
   c.rollout.max_new_tokens = RUNLOCAL["max_new_tokens"]  # 8 new tokens
-  c.rollout.engine, c.rollout.slots = "static", 0      # slot counts are sized for a chip
+  c.rollout.engine = rollout_engines.DEFAULT          # the engines' options (slot counts)
+  c.rollout.update(rollout_engines.config_defaults())  # are sized for a chip
   c.rollout.temperature = 1.0
   c.total_steps = min(int(c.total_steps), 1)         # one step (0 stays 0: eval / election only)
   c.checkpoint_every = 0                             # no orbax checkpoints

@@ -27,7 +27,6 @@ class PaperModel:
   Attributes:
     hub: Hugging Face hub id (config.model.path).
     preset: mr_rl.models preset with the same architecture (for launch/check.py, estimates).
-    family: tiny stand-in family for runlocal.
     slice: TPU slice the configs target (validate with launch/check.py before booking).
     mesh: config.mesh (tensor parallel over the slice; the MoE adds an expert axis).
     micro_batches: config.optim.num_micro_batches for B*G = 256 rows (one row per
@@ -35,10 +34,15 @@ class PaperModel:
   """
   hub: str
   preset: str
-  family: str
   slice: str
   mesh: Mapping[str, int]
   micro_batches: int
+
+  @property
+  def family(self) -> str:
+    """The preset's model family (`mr_rl.models.families`; runlocal's tiny stand-in)."""
+    from mr_rl.models import get_preset
+    return get_preset(self.preset).family
 
 
 def _tp(chips: int, expert: int = 1) -> dict:
@@ -51,22 +55,19 @@ def _tp(chips: int, expert: int = 1) -> dict:
 # T = 4,608 on v5p-8 needs 136 GB/chip with FSDP and 4 rows per micro-batch, 42 GB with this).
 MODELS: dict[str, PaperModel] = {
     # TAG (base / instruct as the summary names them)
-    "qwen3_1_7b": PaperModel("Qwen/Qwen3-1.7B", "qwen3_1_7b", "qwen3", "v5p-8", _tp(4), 256),
-    "qwen3_4b": PaperModel("Qwen/Qwen3-4B-Instruct-2507", "qwen3_4b", "qwen3", "v5p-8", _tp(4),
-                           256),
-    "llama3_2_3b": PaperModel("meta-llama/Llama-3.2-3B", "llama3_2_3b", "llama", "v5p-8", _tp(4),
-                              256),
-    "llama3_1_8b": PaperModel("meta-llama/Llama-3.1-8B", "llama3_1_8b", "llama", "v5p-16", _tp(8),
-                              256),
+    "qwen3_1_7b": PaperModel("Qwen/Qwen3-1.7B", "qwen3_1_7b", "v5p-8", _tp(4), 256),
+    "qwen3_4b": PaperModel("Qwen/Qwen3-4B-Instruct-2507", "qwen3_4b", "v5p-8", _tp(4), 256),
+    "llama3_2_3b": PaperModel("meta-llama/Llama-3.2-3B", "llama3_2_3b", "v5p-8", _tp(4), 256),
+    "llama3_1_8b": PaperModel("meta-llama/Llama-3.1-8B", "llama3_1_8b", "v5p-16", _tp(8), 256),
     # 4 KV heads: tensor <= 4; experts split 4 ways (the expert axis also splits the batch).
-    "qwen3_30b_a3b": PaperModel("Qwen/Qwen3-30B-A3B-Instruct-2507", "qwen3_30b_a3b", "qwen3_moe",
-                                "v5p-32", _tp(16, expert=4), 64),
+    "qwen3_30b_a3b": PaperModel("Qwen/Qwen3-30B-A3B-Instruct-2507", "qwen3_30b_a3b", "v5p-32",
+                                _tp(16, expert=4), 64),
     # AMRP
-    "llama3_1_8b_instruct": PaperModel("meta-llama/Llama-3.1-8B-Instruct", "llama3_1_8b", "llama",
+    "llama3_1_8b_instruct": PaperModel("meta-llama/Llama-3.1-8B-Instruct", "llama3_1_8b",
                                        "v5p-16", _tp(8), 256),
     # MHA (32 KV heads): its fp32 KV cache for 256 x 4K tokens is ~1 TB, hence 16 chips.
     "deepseek_math_7b": PaperModel("deepseek-ai/deepseek-math-7b-base", "deepseek_math_7b",
-                                   "llama", "v5p-32", _tp(16), 256),
+                                   "v5p-32", _tp(16), 256),
 }
 MODELS_BY_HUB = {m.hub: m.slice for m in MODELS.values()}
 

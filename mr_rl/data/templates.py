@@ -7,6 +7,7 @@ Two styles:
     template is an error, never a silent switch to plain text.
   * `plain` (base models: DeepSeek-Math-7B-Base, Qwen3-1.7B-Base, Llama-3.2-3B,
     Llama-3.1-8B): `<system>\\n\\nUser: <turn>\\nAssistant: <turn>\\n...User: <turn>\\nAssistant:`.
+Each model's style is listed by its family (`FamilySpec.model_styles`, mr_rl/models/families).
 
 Task instructions:
   * AMRP math (`amrp_math`): a system instruction asking for
@@ -145,19 +146,6 @@ TASK_INSTRUCTIONS = {
     "helpsteer2": {},
 }
 
-# Models of the two papers -> template style.
-MODEL_STYLES = {
-    "qwen3_4b_instruct_2507": "chat",
-    "qwen3_30b_a3b_instruct_2507": "chat",
-    "llama_3_1_8b_instruct": "chat",
-    "deepseek_math_7b_base": "plain",
-    "qwen3_1_7b_base": "plain",
-    "qwen3_1_7b": "plain",
-    "llama_3_2_3b": "plain",
-    "llama_3_1_8b": "plain",
-}
-
-
 def _model_key(name: str) -> str:
   return re.sub(r"[^a-z0-9]+", "_", name.lower().split("/")[-1]).strip("_")
 
@@ -168,11 +156,12 @@ def style_for_model(model: str) -> str:
   Raises:
     ValueError: the model is not one of the papers' models; set the style explicitly.
   """
-  key = _model_key(model)
-  if key not in MODEL_STYLES:
+  from mr_rl.models import families  # each family lists its models' styles
+  key, styles = _model_key(model), families.model_styles()
+  if key not in styles:
     raise ValueError(f"model {model!r} has no known template style; pass style='chat' or "
-                     f"'plain' explicitly (known: {sorted(MODEL_STYLES)})")
-  return MODEL_STYLES[key]
+                     f"'plain' explicitly (known: {sorted(styles)})")
+  return styles[key]
 
 
 def make_template(task: str, *, style: str | None = None, model: str | None = None) -> PromptTemplate:

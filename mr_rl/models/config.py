@@ -12,7 +12,8 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-FAMILIES = ("qwen3", "llama", "qwen3_moe")
+from mr_rl.models.families import FAMILIES
+
 MOE_IMPLS = ("ragged", "dense", "ep")
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -57,7 +58,8 @@ class ModelConfig:
   The capital letters are shape letters (docs/shapes.md).
 
   Attributes:
-    family: 'qwen3' | 'llama' | 'qwen3_moe' (HF model_type; DeepSeek-Math uses 'llama').
+    family: a `mr_rl.models.families` name: 'qwen3' | 'llama' | 'qwen3_moe' (HF model_type;
+      DeepSeek-Math uses 'llama').
     vocab_size: V (vocab_size).
     d_model: D (hidden_size).
     n_layers: L (num_hidden_layers).
@@ -121,7 +123,8 @@ class ModelConfig:
 
   def __post_init__(self):
     if self.family not in FAMILIES:
-      raise ValueError(f"ModelConfig.family must be one of {FAMILIES}, got {self.family!r}")
+      raise ValueError(f"ModelConfig.family must be one of {FAMILIES.names()}, got "
+                       f"{self.family!r}")
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
                  "max_seq_len"):
       v = getattr(self, name)
@@ -145,12 +148,12 @@ class ModelConfig:
       if not jnp.issubdtype(dt, jnp.floating):
         raise TypeError(f"ModelConfig.{name} must be a floating dtype, got {dt}")
       object.__setattr__(self, name, dt)
-    if self.family == "qwen3_moe":
+    if self.is_moe:
       if self.num_experts <= 0 or not 0 < self.num_experts_per_tok <= self.num_experts:
-        raise ValueError("qwen3_moe needs num_experts > 0 and 0 < num_experts_per_tok <= "
+        raise ValueError(f"{self.family} needs num_experts > 0 and 0 < num_experts_per_tok <= "
                          f"num_experts, got {self.num_experts}, {self.num_experts_per_tok}")
       if self.moe_d_ff <= 0:
-        raise ValueError(f"ModelConfig.moe_d_ff must be positive for qwen3_moe, got "
+        raise ValueError(f"ModelConfig.moe_d_ff must be positive for {self.family}, got "
                          f"{self.moe_d_ff}")
     else:
       if self.num_experts:
@@ -169,7 +172,8 @@ class ModelConfig:
 
   @property
   def is_moe(self) -> bool:
-    return self.family == "qwen3_moe"
+    """Every layer's MLP is a routed mixture of experts (the family's `FamilySpec.moe`)."""
+    return FAMILIES.get(self.family).moe
 
   def replace(self, **kw) -> "ModelConfig":
     """Returns a copy with fields replaced (validated again)."""

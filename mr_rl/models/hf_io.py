@@ -22,12 +22,10 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from mr_rl import distributed, package_paths
+from mr_rl.models import families
 from mr_rl.models.config import ModelConfig, get_preset
 from mr_rl.models.transformer import LAYERS, Transformer, abstract_params
 
-_FAMILY_OF_MODEL_TYPE = {"qwen3": "qwen3", "llama": "llama", "qwen3_moe": "qwen3_moe"}
-_ARCH = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM",
-         "qwen3_moe": "Qwen3MoeForCausalLM"}
 _DTYPE_NAMES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 # Architecture fields a preset fixes (dtype / impl fields may differ).
 _ARCH_FIELDS = ("family", "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
@@ -48,11 +46,7 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
     ValueError: unsupported model_type or features (biases, sliding window, non-SiLU MLP,
       dense layers inside a MoE model).
   """
-  mt = hf.get("model_type")
-  if mt not in _FAMILY_OF_MODEL_TYPE:
-    raise ValueError(f"config.json model_type {mt!r} is not supported; expected one of "
-                     f"{sorted(_FAMILY_OF_MODEL_TYPE)}")
-  family = _FAMILY_OF_MODEL_TYPE[mt]
+  spec = families.for_model_type(hf.get("model_type"))
   if hf.get("hidden_act", "silu") != "silu":
     raise ValueError(f"config.json hidden_act {hf['hidden_act']!r} unsupported (only 'silu')")
   for flag in ("attention_bias", "mlp_bias"):
@@ -60,10 +54,7 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
       raise ValueError(f"config.json {flag}=true is not supported")
   if hf.get("use_sliding_window", False):
     raise ValueError("config.json use_sliding_window=true is not supported")
-  if family == "qwen3_moe":
-    if hf.get("mlp_only_layers") or hf.get("decoder_sparse_step", 1) != 1:
-      raise ValueError("qwen3_moe with dense layers (mlp_only_layers / decoder_sparse_step != 1)"
-                       " is not supported")
+  own = spec.config_from_hf(hf)
   rp = hf.get("rope_parameters") or {}
   if isinstance(rp, dict) and "rope_theta" in rp:
     theta, scaling = rp["rope_theta"], rp
@@ -71,19 +62,15 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
     theta, scaling = hf.get("rope_theta", 10000.0), hf.get("rope_scaling")
   heads = hf["num_attention_heads"]
   kw: dict[str, Any] = dict(
-      family=family, vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
+      family=spec.name, vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
       n_layers=hf["num_hidden_layers"], n_heads=heads,
       n_kv_heads=hf.get("num_key_value_heads") or heads,
       head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
       d_ff=hf.get("intermediate_size", 0), rope_theta=float(theta), rope_scaling=scaling,
-      norm_eps=float(hf.get("rms_norm_eps", 1e-6)), qk_norm=family != "llama",
+      norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
       max_seq_len=int(hf.get("max_position_embeddings", 4096)))
-  if family == "qwen3_moe":
-    kw.update(num_experts=hf.get("num_experts", hf.get("num_local_experts")),
-              num_experts_per_tok=hf["num_experts_per_tok"],
-              moe_d_ff=hf["moe_intermediate_size"],
-              norm_topk_prob=bool(hf.get("norm_topk_prob", False)))
+  kw.update(own)
   kw.update(overrides)
   return ModelConfig(**kw)
 
@@ -91,8 +78,9 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
 def hf_config_from(config: ModelConfig, extra: dict | None = None) -> dict:
   """The transformers config.json dict for a ModelConfig (hub-style rope_theta/rope_scaling)."""
   dtype_name = jnp.dtype(config.param_dtype).name
+  spec = families.FAMILIES.get(config.family)
   hf: dict[str, Any] = {
-      "architectures": [_ARCH[config.family]], "model_type": config.family,
+      "architectures": [spec.architecture], "model_type": spec.model_types[0],
       "vocab_size": config.vocab_size, "hidden_size": config.d_model,
       "intermediate_size": config.d_ff, "num_hidden_layers": config.n_layers,
       "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads,
@@ -104,15 +92,7 @@ def hf_config_from(config: ModelConfig, extra: dict | None = None) -> dict:
       "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
       "dtype": dtype_name, "torch_dtype": dtype_name,
   }
-  if config.family == "llama":
-    hf.update(mlp_bias=False, pretraining_tp=1)
-  else:
-    hf.update(use_sliding_window=False, sliding_window=None, max_window_layers=config.n_layers)
-  if config.family == "qwen3_moe":
-    hf.update(num_experts=config.num_experts, num_experts_per_tok=config.num_experts_per_tok,
-              moe_intermediate_size=config.moe_d_ff, norm_topk_prob=config.norm_topk_prob,
-              decoder_sparse_step=1, mlp_only_layers=[], output_router_logits=False,
-              router_aux_loss_coef=0.001)
+  hf.update(spec.hf_config_extra(config))
   for k, v in (extra or {}).items():
     hf.setdefault(k, v)
   return hf
@@ -151,56 +131,29 @@ class Mapped(NamedTuple):
     return [n for ns in self.names for n in ns] if self.per_layer else list(self.names)
 
 
-def _lin(shape_out: tuple) -> tuple[Callable, Callable]:
-  """HF Linear [out, in] <-> ours [in, *shape_out]."""
-  def to_ours(ts):
-    t = ts[0].T
-    return t.reshape(t.shape[0], *shape_out) if shape_out else t
-  return to_ours, lambda a: [np.ascontiguousarray(a.reshape(a.shape[0], -1).T)]
-
-
-def _lin_in(shape_in: tuple) -> tuple[Callable, Callable]:
-  """HF Linear [out, in] <-> ours [*shape_in, out] (o_proj)."""
-  return (lambda ts: ts[0].T.reshape(*shape_in, -1),
-          lambda a: [np.ascontiguousarray(a.reshape(-1, a.shape[-1]).T)])
-
-
-_SAME = (lambda ts: ts[0], lambda a: [a])
-_STACK_T = (lambda ts: np.stack([t.T for t in ts]),
-            lambda a: [np.ascontiguousarray(x.T) for x in a])
-
-
 def param_mapping(config: ModelConfig) -> list[Mapped]:
   """Every parameter of a config with its transformers tensors (`Mapped`); the decoder
   blocks' params are stacked over layers (`per_layer`), each layer i read from
-  `model.layers.{i}.*`."""
+  `model.layers.{i}.*`. The MLP's entries are the family's (`FamilySpec.mlp_mapping`)."""
   c = config
-  out = [Mapped(("embedding",), ("model.embed_tokens.weight",), *_SAME),
-         Mapped(("final_norm", "scale"), ("model.norm.weight",), *_SAME)]
+  same, lin, lin_in = families.SAME, families.linear, families.linear_in
+  out = [Mapped(("embedding",), ("model.embed_tokens.weight",), *same),
+         Mapped(("final_norm", "scale"), ("model.norm.weight",), *same)]
   if not c.tie_embeddings:
     out.append(Mapped(("lm_head",), ("lm_head.weight",), lambda ts: ts[0].T,
                       lambda a: [np.ascontiguousarray(a.T)]))
   block = [  # (our path inside the block, HF names inside model.layers.{i}, to_ours, to_hf)
-      (("attn_norm", "scale"), ["input_layernorm.weight"], *_SAME),
-      (("mlp_norm", "scale"), ["post_attention_layernorm.weight"], *_SAME),
-      (("attn", "q_proj"), ["self_attn.q_proj.weight"], *_lin((c.n_heads, c.head_dim))),
-      (("attn", "k_proj"), ["self_attn.k_proj.weight"], *_lin((c.n_kv_heads, c.head_dim))),
-      (("attn", "v_proj"), ["self_attn.v_proj.weight"], *_lin((c.n_kv_heads, c.head_dim))),
-      (("attn", "o_proj"), ["self_attn.o_proj.weight"], *_lin_in((c.n_heads, c.head_dim))),
+      (("attn_norm", "scale"), ["input_layernorm.weight"], *same),
+      (("mlp_norm", "scale"), ["post_attention_layernorm.weight"], *same),
+      (("attn", "q_proj"), ["self_attn.q_proj.weight"], *lin((c.n_heads, c.head_dim))),
+      (("attn", "k_proj"), ["self_attn.k_proj.weight"], *lin((c.n_kv_heads, c.head_dim))),
+      (("attn", "v_proj"), ["self_attn.v_proj.weight"], *lin((c.n_kv_heads, c.head_dim))),
+      (("attn", "o_proj"), ["self_attn.o_proj.weight"], *lin_in((c.n_heads, c.head_dim))),
   ]
   if c.qk_norm:
-    block += [(("attn", "q_norm", "scale"), ["self_attn.q_norm.weight"], *_SAME),
-              (("attn", "k_norm", "scale"), ["self_attn.k_norm.weight"], *_SAME)]
-  if c.is_moe:
-    ex = range(c.num_experts)
-    block += [(("mlp", "router"), ["mlp.gate.weight"], *_lin(())),
-              (("mlp", "gate_proj"), [f"mlp.experts.{e}.gate_proj.weight" for e in ex], *_STACK_T),
-              (("mlp", "up_proj"), [f"mlp.experts.{e}.up_proj.weight" for e in ex], *_STACK_T),
-              (("mlp", "down_proj"), [f"mlp.experts.{e}.down_proj.weight" for e in ex],
-               *_STACK_T)]
-  else:
-    block += [(("mlp", n), [f"mlp.{n}.weight"], *_lin(())) for n in ("gate_proj", "up_proj",
-                                                                      "down_proj")]
+    block += [(("attn", "q_norm", "scale"), ["self_attn.q_norm.weight"], *same),
+              (("attn", "k_norm", "scale"), ["self_attn.k_norm.weight"], *same)]
+  block += families.FAMILIES.get(c.family).mlp_mapping(c)
   for path, names, to_ours, to_hf in block:
     per_layer = tuple(tuple(f"model.layers.{i}.{n}" for n in names) for i in range(c.n_layers))
     out.append(Mapped((LAYERS,) + path, per_layer, to_ours, to_hf, True))

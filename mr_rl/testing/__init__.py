@@ -19,8 +19,8 @@ processes: fast compiles, fake CPU devices, worker scripts) is imported on its o
 safetensors + config.json, loadable by transformers) and a real byte-level BPE tokenizer
 trained with the `tokenizers` library on a small built-in corpus (the papers' prompt
 instructions plus the tiny data below), saved as a transformers fast tokenizer with a chat
-template (ChatML for the Qwen families, Llama-3 headers for Llama), pad/eos (and bos for
-Llama) set. `make_tiny_data` writes a few records of each data set in its hub schema (the
+template and pad/eos (and bos for Llama) set as each family's spec says
+(`mr_rl.models.families`: ChatML for the Qwen families, Llama-3 headers for Llama). `make_tiny_data` writes a few records of each data set in its hub schema (the
 columns the loaders in `mr_rl.data` read), so `load_dataset(name, path=...)` runs the same
 parsing, filtering and splitting code as on the real data. `make_tiny_reward_model` adds a
 3-objective `score` head (LlamaForSequenceClassification layout) to a tiny Llama.
@@ -33,7 +33,7 @@ configurations, so the trainer's compiled functions, cached per model, are share
 config's `runlocal` run in one process.
 """
 
-from mr_rl.testing.assets import FAMILIES, VERSION, asset_dir, build_once, cache_root
+from mr_rl.testing.assets import VERSION, asset_dir, build_once, cache_root, family_spec
 from mr_rl.testing.checkpoints import (host_params, make_tiny_checkpoint, numpy_init,
                                        tiny_checkpoint_for, tiny_checkpoint_path,
                                        tiny_model_config)
@@ -41,10 +41,9 @@ from mr_rl.testing.datasets import (RUNLOCAL_DATA_OPTIONS, make_tiny_data, runlo
                                     runlocal_data_path)
 from mr_rl.testing.reward_model import (REWARD_OBJECTIVES, make_tiny_reward_model,
                                         tiny_reward_model, tiny_reward_model_path)
-from mr_rl.testing.tokenizer import (CHATML_TEMPLATE, LLAMA3_TEMPLATE, SPECIAL_TOKENS, corpus,
-                                     make_tokenizer)
+from mr_rl.testing.tokenizer import SPECIAL_TOKENS, corpus, make_tokenizer
 
-__all__ = ["CHATML_TEMPLATE", "host_params", "FAMILIES", "LLAMA3_TEMPLATE", "REWARD_OBJECTIVES",
+__all__ = ["host_params", "family_spec", "REWARD_OBJECTIVES",
            "RUNLOCAL_DATA_OPTIONS", "SPECIAL_TOKENS", "VERSION", "asset_dir", "build_once",
            "cache_root", "corpus", "make_tiny_checkpoint", "make_tiny_data",
            "make_tiny_reward_model", "make_tokenizer", "numpy_init", "runlocal_data",

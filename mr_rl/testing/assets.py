@@ -9,7 +9,6 @@ import shutil
 import tempfile
 from typing import Callable
 
-FAMILIES = ("qwen3", "llama", "qwen3_moe")
 VERSION = "v1"  # bump when the files written here change (cache directories are keyed on it)
 
 
@@ -18,13 +17,33 @@ def cache_root() -> str:
   return os.path.expanduser(os.environ.get("MR_RL_CACHE") or os.path.join("~", ".cache", "mr_rl"))
 
 
+def family_spec(family: str):
+  """The `mr_rl.models.families` spec of `family` (imported here, not when mr_rl.testing is:
+  `xla_env` must come before jax).
+
+  Raises:
+    ValueError: `family` is not registered (the message lists the registered ones).
+  """
+  from mr_rl.models import families
+  return families.FAMILIES.get(family)
+
+
+def _fixture_sources() -> list[str]:
+  """This package's files and the model families' (their tiny fixtures are built here)."""
+  here = os.path.dirname(os.path.abspath(__file__))
+  families_dir = os.path.join(os.path.dirname(here), "models", "families")
+  return sorted(glob.glob(os.path.join(here, "*.py"))) + \
+      sorted(glob.glob(os.path.join(families_dir, "*.py")))
+
+
 def asset_dir(root: str | None = None) -> str:
-  """`<root>/tiny-<VERSION>-<hash of this package's files>`: any change to them invalidates
-  cached assets."""
+  """`<root>/tiny-<VERSION>-<hash of the fixture sources>` (this package's files and the
+  model families', `_fixture_sources`): any change to them invalidates cached assets."""
   digest = hashlib.sha256()
-  for path in sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "*.py"))):
+  package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  for path in _fixture_sources():
     with open(path, "rb") as f:
-      digest.update(os.path.basename(path).encode() + b"\0" + f.read())
+      digest.update(os.path.relpath(path, package).encode() + b"\0" + f.read())
   return os.path.join(root or cache_root(), f"tiny-{VERSION}-{digest.hexdigest()[:10]}")
 
 

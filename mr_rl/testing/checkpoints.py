@@ -8,31 +8,19 @@ import shutil
 
 import numpy as np
 
-from mr_rl.testing.assets import FAMILIES, asset_dir, build_once
+from mr_rl.testing.assets import asset_dir, build_once, family_spec
 from mr_rl.testing.tokenizer import make_tokenizer
 
 
 def tiny_model_config(family: str, vocab_size: int, *, d_model: int = 32, n_layers: int = 1,
                       max_seq_len: int = 4096):
-  """A `ModelConfig` of the family's layout at toy size (1 layer, d=32 by default)."""
+  """A `ModelConfig` of the family's layout at toy size (1 layer, d=32 by default): shared toy
+  sizes and the family's own fields (`FamilySpec.tiny_config`)."""
   from mr_rl import models
-  if family not in FAMILIES:
-    raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+  spec = family_spec(family)
   common = dict(family=family, vocab_size=vocab_size, d_model=d_model, n_layers=n_layers,
                 n_heads=2, n_kv_heads=1, head_dim=16, d_ff=2 * d_model, max_seq_len=max_seq_len)
-  if family == "llama":
-    from mr_rl.models.config import freeze_rope_scaling
-    return models.ModelConfig(
-        rope_theta=500_000.0, norm_eps=1e-5, qk_norm=False, tie_embeddings=False,
-        rope_scaling=freeze_rope_scaling(dict(rope_type="llama3", factor=8.0,
-                                              low_freq_factor=1.0, high_freq_factor=4.0,
-                                              original_max_position_embeddings=256)),
-        **common)
-  if family == "qwen3_moe":
-    return models.ModelConfig(rope_theta=1_000_000.0, qk_norm=True, tie_embeddings=False,
-                              num_experts=4, num_experts_per_tok=2, moe_d_ff=d_model,
-                              norm_topk_prob=True, **common)
-  return models.ModelConfig(rope_theta=1_000_000.0, qk_norm=True, tie_embeddings=True, **common)
+  return models.ModelConfig(**common, **spec.tiny_config(d_model))
 
 
 def numpy_init(model, seed: int = 0, std: float = 0.02):
@@ -63,7 +51,7 @@ def make_tiny_checkpoint(directory: str, family: str = "qwen3", *, d_model: int 
 
   Args:
     directory: output directory (reused if it already holds a finished checkpoint).
-    family: 'qwen3' | 'llama' | 'qwen3_moe'.
+    family: a `mr_rl.models.families` name ('qwen3' | 'llama' | 'qwen3_moe').
     d_model, n_layers: model size (defaults: 1 layer, d=32).
     vocab_size: BPE vocabulary cap; the built-in corpus yields ~1,300 tokens, enough for
       whole-word tokens of the prompt instructions (the tiny ALCE prompts stay under 512).
@@ -73,8 +61,7 @@ def make_tiny_checkpoint(directory: str, family: str = "qwen3", *, d_model: int 
   Returns:
     The absolute directory path.
   """
-  if family not in FAMILIES:
-    raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+  family_spec(family)
 
   def build(tmp):
     from mr_rl import models
@@ -106,8 +93,7 @@ def tiny_checkpoint_for(model_name: str, family: str, root: str | None = None) -
 
 def tiny_checkpoint_path(model_name: str, family: str, root: str | None = None) -> str:
   """Where `tiny_checkpoint_for(model_name, family, root)` puts its checkpoint; writes nothing."""
-  if family not in FAMILIES:
-    raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+  family_spec(family)
   return os.path.join(asset_dir(root), "models", family, model_name)
 
 

@@ -2,30 +2,11 @@
 
 from __future__ import annotations
 
-from mr_rl.testing.assets import FAMILIES
+from mr_rl.testing.assets import family_spec
 from mr_rl.testing.datasets import ALCE_QUESTIONS, CODE_PROBLEMS, HELPSTEER_PAIRS, MATH_PROBLEMS
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>",
                   "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
-# family -> (bos, eos, pad) special tokens, as in the real tokenizers.
-_FAMILY_TOKENS = {
-    "qwen3": (None, "<|im_end|>", "<|endoftext|>"),
-    "qwen3_moe": (None, "<|im_end|>", "<|endoftext|>"),
-    "llama": ("<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>"),
-}
-CHATML_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
-LLAMA3_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- for message in messages %}"
-    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content']"
-    " + '<|eot_id|>' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
-    "{%- endif %}")
 
 
 def corpus() -> list[str]:
@@ -50,29 +31,32 @@ def corpus() -> list[str]:
 
 
 def make_tokenizer(directory: str, family: str = "qwen3", vocab_size: int = 2048):
-  """Trains a byte-level BPE tokenizer on `corpus()` and saves it as a fast tokenizer.
+  """Trains a byte-level BPE tokenizer on `corpus()` and saves it as a fast tokenizer, with
+  the family's special tokens and chat template (`FamilySpec.tiny_tokens`,
+  `tiny_chat_template`); a family token not in `SPECIAL_TOKENS` is added after them.
 
   Returns:
     The transformers tokenizer (reloadable with `AutoTokenizer.from_pretrained(directory)`).
   """
-  if family not in FAMILIES:
-    raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
-  if vocab_size < 256 + len(SPECIAL_TOKENS) + 8:
-    raise ValueError(f"vocab_size must be >= {256 + len(SPECIAL_TOKENS) + 8} (bytes + special "
+  spec = family_spec(family)
+  bos, eos, pad = spec.tiny_tokens
+  special = list(SPECIAL_TOKENS) + [t for t in dict.fromkeys(spec.tiny_tokens)
+                                    if t is not None and t not in SPECIAL_TOKENS]
+  if vocab_size < 256 + len(special) + 8:
+    raise ValueError(f"vocab_size must be >= {256 + len(special) + 8} (bytes + special "
                      f"tokens), got {vocab_size}")
   from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, trainers
   from transformers import PreTrainedTokenizerFast
   tok = Tokenizer(tok_models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special,
                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                 show_progress=False)
   tok.train_from_iterator(corpus(), trainer)
-  bos, eos, pad = _FAMILY_TOKENS[family]
   fast = PreTrainedTokenizerFast(
       tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad,
-      chat_template=LLAMA3_TEMPLATE if family == "llama" else CHATML_TEMPLATE,
+      chat_template=spec.tiny_chat_template,
       model_max_length=4096)
   fast.save_pretrained(directory)
   return fast

@@ -238,11 +238,11 @@ def test_rollout_dispatches_to_the_continuous_engine(tmp_path):
   base = dict(group_size=2, max_new_tokens=6, temperature=0.0, top_k=0, top_p=1.0)
   static = rollout(policy, params, examples, jax.random.PRNGKey(0), SamplingSettings(**base))
   cont = rollout(policy, params, examples, jax.random.PRNGKey(0),
-                 SamplingSettings(**base, engine="continuous", slots=4))
+                 SamplingSettings(**base, engine="continuous", engine_options={"slots": 4}))
   for name in ("prompt_tokens", "prompt_mask", "tokens", "mask", "lengths", "truncated"):
     np.testing.assert_array_equal(getattr(cont, name), getattr(static, name), err_msg=name)
   np.testing.assert_allclose(cont.logprobs, static.logprobs, atol=1e-5)
   assert cont.texts == static.texts
-  with pytest.raises(ValueError, match="engine"):
+  with pytest.raises(ValueError, match="unknown rollout engine 'paged'; valid: continuous, "):
     rollout(policy, params, examples, jax.random.PRNGKey(0),
             SamplingSettings(**base, engine="paged"))

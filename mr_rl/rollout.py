@@ -19,44 +19,45 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mr_rl import distributed, sampling
+from mr_rl import distributed, fields, sampling
 from mr_rl.data import lengths
 from mr_rl.models import lora, sharding
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingSettings:
-  """How responses are drawn (the trainer's come from `config.rollout`).
+  """How responses are drawn (the trainer's come from `config.rollout`; each field declared
+  with `mr_rl.fields.setting` and checked here).
 
-  Attributes:
-    group_size: G, responses per prompt.
-    max_new_tokens: response budget S (EOS included).
-    temperature: 0 = greedy.
-    top_k: 0 = off.
-    top_p: 1.0 = off.
-    dtype: the sampler's compute dtype ('' = the model's; e.g. 'bfloat16' samples a
-      float32-trained policy in bfloat16, parameters cast per layer as the model does).
-    cache_dtype: the sampler's KV-cache dtype ('' = its compute dtype).
-    engine: "static" (`sampling.generate_groups`: all B * G rows decoded as one batch) or
-      "continuous" (`sampling.Engine`: a pool of `slots` decode slots kept full; sampled
-      draws follow its per-row key schedule, greedy tokens are the same).
-    slots: the continuous engine's slot count (0: one slot per row, B * G).
+  `engine`: "static" (`sampling.generate_groups`: all B * G rows decoded as one batch) or
+  "continuous" (`sampling.Engine`: a pool of `slots` decode slots kept full; sampled draws
+  follow its per-row key schedule, greedy tokens are the same).
   """
-  group_size: int
-  max_new_tokens: int
-  temperature: float
-  top_k: int
-  top_p: float
-  dtype: str = ""
-  cache_dtype: str = ""
-  engine: str = "static"
-  slots: int = 0
+  SECTION: ClassVar[str] = "rollout"
+  group_size: int = fields.setting(8, "G, responses per prompt (papers: 8)", fields.Int(lo=1))
+  max_new_tokens: int = fields.setting(3000, "response budget S (EOS included)",
+                                       fields.Int(lo=1))
+  temperature: float = fields.setting(1.0, "0 = greedy", fields.Float(lo=0.0))
+  top_k: int = fields.setting(0, "0 = off", fields.Int(lo=0))
+  top_p: float = fields.setting(1.0, "1.0 = off", fields.Float(0.0, 1.0, lo_open=True))
+  dtype: str = fields.setting(
+      "", "sampler compute dtype ('' = the learner's, model.compute_dtype or model.dtype; "
+      "parameters cast per layer)", fields.Choice(("",) + fields.DTYPES))
+  cache_dtype: str = fields.setting("", "sampler KV-cache dtype ('' = its compute dtype)",
+                                    fields.Choice(("",) + fields.DTYPES))
+  engine: str = fields.setting("static", "'static' (one batch of B*G rows) | 'continuous' "
+                               "(slot pool)", fields.Choice(("static", "continuous")))
+  slots: int = fields.setting(0, "continuous engine's decode slots (0 = one per row, B * G)",
+                              fields.Int(lo=0))
+
+  def __post_init__(self):
+    fields.validate(self)
 
 
 @functools.lru_cache(maxsize=16)

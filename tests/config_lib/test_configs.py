@@ -227,7 +227,7 @@ def test_paper_values():
   assert g("tag_math", "model=qwen3_4b,task=brief,method=min").rewards.params.brief.threshold == 200
   assert g("tag_moe", "task=brief,method=tag").rewards.params.brief.threshold == 512
   c = g("tag_math", "method=dr_grpo")
-  assert c.advantage.name == "dr_grpo" and c.loss.loss_agg == "seq-mean-token-sum-norm"
+  assert c.advantage.name == "dr_grpo" and c.optim.loss.loss_agg == "seq-mean-token-sum-norm"
   assert g("tag_math", "method=mo_grpo").advantage.name == "mo_grpo"
   assert g("tag_math", "method=additive_kl").loss.kl_coef == 0.1
   c = g("tag_math", "method=tag")

@@ -6,8 +6,8 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
 import dataclasses
+from typing import Any, ClassVar, Mapping
 
 from mr_rl import fields as F
 from mr_rl.registry import PIPELINES

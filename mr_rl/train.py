@@ -29,8 +29,9 @@ Recipes: `batch.trim_columns` / `optim.pack` (length-aware learner batches,
 `mr_rl.rl.dynamic_sampling`); `batch.mask_truncated` (truncated responses enter no
 loss); the sampler/trainer mismatch is logged every step (`mismatch/*`) and, with
 `optim.loss.recompute_old_logp` / `optim.loss.tis_cap`, corrected in the step;
-`asynchrony.max_staleness` / `asynchrony.sampler_devices` (groups sampled up to s updates ahead of the learner, host scoring
-overlapped or the sampler on devices of its own: `mr_rl.async_rl`). Shape letters:
+`asynchrony.max_staleness` / `asynchrony.sampler_devices` (groups sampled up to s updates
+ahead of the learner, host scoring overlapped or the sampler on devices of its own:
+`mr_rl.async_rl`). Shape letters:
 docs/shapes.md.
 """
 

@@ -157,7 +157,8 @@ def test_an_unknown_field_names_the_fields_of_its_section():
   c = _demo_config()
   c.optim.loss.cliprange = 0.2
   with pytest.raises(ValueError, match=r"^config.optim.loss.cliprange is not a field: "
-                                       r"config.optim.loss has the fields \['entropy_coef', 'eps_high', 'eps_low', "):
+                                       r"config.optim.loss has the fields \['entropy_coef', "
+                                       r"'eps_high', 'eps_low', "):
     settings_lib.from_config(c)
   c = _demo_config()
   c.total_step = 5

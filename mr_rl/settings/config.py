@@ -21,7 +21,7 @@ import logging
 from mr_rl import fields as F
 from mr_rl.errors import ConfigError
 from mr_rl.registry import import_plugins, setup_hooks
-from mr_rl.settings.run import RunSettings
+from mr_rl.settings.run import RunSettings, advantage_names
 from mr_rl.settings.sections import ModelSettings
 
 _LOG = logging.getLogger(__name__)
@@ -249,24 +249,23 @@ def _from_config(cfg) -> RunSettings:
   loss = _kwargs(loss_cls, c.optim.loss)
   recompute = F.Choice(RECOMPUTE)("optim.loss.recompute_old_logp",
                                   loss.get("recompute_old_logp", "auto"))
-  tis_cap = _field("tis_cap", loss_cls).metadata["check"]("optim.loss.tis_cap",
-                                                          loss.get("tis_cap", 0.0))
   if recompute == "auto":  # on when the sampler computes differently from the training forward
-    sampler = rollout.dtype or model.compute
+    sampler = rollout.dtype or model.compute  # (or with tis_cap, which PolicyLossConfig checks)
     differs = sampler != model.compute or (rollout.cache_dtype or sampler) != model.compute
-    recompute = "on" if differs or tis_cap is not None else "off"
+    recompute = "on" if differs or loss.get("tis_cap") not in (None, 0) else "off"
   loss["recompute_old_logp"] = recompute == "on"
   if loss.get("loss_agg") == "seq-mean-token-sum-norm":
     loss["norm_len"] = rollout.max_new_tokens
   update = _kwargs(update_cls, c.optim, skip=("loss",))
   update.update(loss=loss_cls(**loss), lora=model.lora)
   advantage = F.as_dict(c.advantage)
-  name = _field("advantage").metadata["check"]("advantage.name", advantage.pop("name", None))
+  name = advantage.pop("name", None)
   dynamic = _kwargs(F.section_class(_field("dynamic")), c.dynamic)
-  from mr_rl.rl import advantages as adv_lib, dynamic_sampling
-  signal = F.Choice(dynamic_sampling.SIGNALS)("dynamic.signal", dynamic.get("signal", "auto"))
-  dynamic["signal"] = dynamic_sampling.resolve_signal(
-      signal, name != "ppo" and adv_lib.uses_channels(name))
+  dynamic.setdefault("signal", "auto")
+  if name in advantage_names():  # (else RunSettings names the bad advantage.name)
+    from mr_rl.rl import advantages as adv_lib, dynamic_sampling
+    dynamic["signal"] = dynamic_sampling.resolve_signal(
+        dynamic["signal"], name != "ppo" and adv_lib.uses_channels(name))
   return RunSettings(
       **kw, model=model, rollout=rollout, update=update_cls(**update), advantage=name,
       advantage_hp=advantage, dynamic=F.section_class(_field("dynamic"))(**dynamic))

@@ -45,7 +45,8 @@ def _mesh(path, value) -> dict[str, int]:
   return mesh
 
 
-def _advantages():
+def advantage_names() -> tuple[str, ...]:
+  """The registered advantage estimators (and aliases), and 'ppo'."""
   from mr_rl.rl import advantages as adv_lib
   return F.registered(adv_lib.ESTIMATORS)() + ("ppo",)
 
@@ -79,7 +80,7 @@ class RunSettings:
   # The config's `advantage` section: `name` (this field) and the estimator's
   # hyperparameters (`advantage_hp`; PPO's GAE gamma / lam, value lr: optim.value_lr).
   advantage: str = F.setting("grpo", "grpo | dr_grpo | gdpo | mo_grpo | rloo | ppo",
-                             F.Choice(_advantages), config={"name": "grpo"}, free=True)
+                             F.Choice(advantage_names), config={"name": "grpo"}, free=True)
   advantage_hp: Mapping[str, Any] = F.setting(help="the advantage section's other keys",
                                               factory=dict, derived=True)
   update: Any = F.setting(help="the learner step (mr_rl.rl.update.UpdateConfig)",

@@ -224,7 +224,7 @@ def part_e2e(shape) -> dict:
   c.rollout.max_new_tokens = shape["e2e_cap"]
   c.rollout.engine = "continuous"
   c.model.compute_dtype, c.rollout.cache_dtype = "bfloat16", "bfloat16"
-  c.update_batch.column_buckets = 2
+  c.batch.column_buckets = 2
   c.optim.lr, c.checkpoint_every = 1e-6, 0
   c.compile.cache_dir = os.environ["MR_RL_BENCH_CACHE"]
   del jnp

@@ -1,4 +1,4 @@
-"""The RL step with a code-sandbox reward: steps/s at rollout.max_staleness = 0 and 1 (issue 26).
+"""The RL step with a code-sandbox reward: steps/s at asynchrony.max_staleness = 0 and 1 (issue 26).
 
 The trainer (`mr_rl.train.train`, continuous engine, one device set) on the demo's arithmetic
 task with the demo policy (`mr_rl/demo/assets/base_policy`, or `--policy`), two reward
@@ -81,8 +81,8 @@ def config(policy: str, steps: int, staleness: int, prompts: int, group: int, to
   c.rollout.max_new_tokens = tokens
   c.rollout.engine = "continuous"
   c.rollout.slots = prompts * group
-  c.rollout.max_staleness = staleness
-  c.loss.tis_cap = 2.0  # the lag correction (required at s > 0; the same objective at s = 0)
+  c.asynchrony.max_staleness = staleness
+  c.optim.loss.tis_cap = 2.0  # the lag correction (required at s > 0; the same objective at s = 0)
   c.rewards.channels = "arith_acc,async_step:humaneval_canonical"
   if latency_s is not None:
     c.rewards.channels = "arith_acc,async_step:latency"

@@ -286,11 +286,12 @@ class MrRlSide:
     c.rollout.group_size, c.rollout.max_new_tokens = GROUP, max_new_tokens
     c.optim.lr, c.optim.weight_decay, c.optim.warmup_steps = LR, 0.0, 0
     c.optim.max_grad_norm, c.optim.num_micro_batches = 1.0, 1
-    c.loss.eps_low, c.loss.eps_high, c.loss.loss_agg, c.loss.kl_coef = 0.2, 0.28, "token-mean", 0.
+    loss = c.optim.loss
+    loss.eps_low, loss.eps_high, loss.loss_agg, loss.kl_coef = 0.2, 0.28, "token-mean", 0.
     c.rewards.channels = f"bench_{reward[0]}"
     c.rewards.params = {f"bench_{reward[0]}": dict(reward[1])} if reward[1] else {}
     c.aggregator.name, c.advantage.name = "additive", "grpo"
-    c.update_batch.pack = pack  # packed update rows (docs/architecture.md "The learner batch")
+    c.optim.pack = pack  # packed update rows (docs/architecture.md "The learner batch")
     self.name, self.max_new_tokens, self.baton = name, max_new_tokens, Baton(name)
     self.settings = settings_lib.from_config(c)
     comp = train_lib.build(self.settings)
@@ -501,7 +502,7 @@ def main(argv=None):
                  help="also run the doubled-cap pair at 20m (the demo size always runs it; at "
                       "20m training moves the lengths, so the two caps see different ones)")
   p.add_argument("--pack", action="store_true",
-                 help="also run mr_rl with packed update rows (config.update_batch.pack)")
+                 help="also run mr_rl with packed update rows (config.optim.pack)")
   p.add_argument("--json", default=None, help="write the results here")
   a = p.parse_args(argv)
   sizes = [x.strip() for x in a.sizes.split(",") if x.strip()]

@@ -23,7 +23,7 @@ and dual lr 0.1, LSC tau 0.1, Rubric Dropout p 0.5, Additive+KL beta 0.1 (k3), T
 tag_lambda, tag_moe, tag_downweight) and of the math rows of Table 4 (tag_drift).
 TPU slice: v5p-8 (1.7B, 4B, 3B), v5p-16 (Llama-3.1-8B, with a bfloat16 KV cache in the sampler so
 it fits: 75 of 95 GB per chip, launch/check.py; old log-probs then come from the fp32 training
-forward, `loss.recompute_old_logp` auto).
+forward, `optim.loss.recompute_old_logp` auto).
 Estimate: 74 v5p chip-hours for the default point (model=qwen3_1_7b,task=negative,method=tag,
 probes included); whole table 9302.
 """

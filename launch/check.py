@@ -339,11 +339,12 @@ def main(argv=None) -> int:
   micro = a.micro_batches or int(c.optim.num_micro_batches)
   if rows % micro:
     raise ValueError(f"micro-batches {micro} must divide rows {rows}; pass --micro_batches")
-  norm_len = resp_cols if c.loss.loss_agg == "seq-mean-token-sum-norm" else None
-  loss = PolicyLossConfig(eps_low=float(c.loss.eps_low), eps_high=float(c.loss.eps_high),
-                          loss_agg=c.loss.loss_agg, norm_len=norm_len,
-                          kl_coef=float(c.loss.kl_coef), kl_estimator=c.loss.kl_estimator,
-                          entropy_coef=float(c.loss.entropy_coef))
+  norm_len = resp_cols if c.optim.loss.loss_agg == "seq-mean-token-sum-norm" else None
+  cl = c.optim.loss
+  loss = PolicyLossConfig(eps_low=float(cl.eps_low), eps_high=float(cl.eps_high),
+                          loss_agg=cl.loss_agg, norm_len=norm_len,
+                          kl_coef=float(cl.kl_coef), kl_estimator=cl.kl_estimator,
+                          entropy_coef=float(cl.entropy_coef))
   lora_cfg = None
   if int(c.model.lora.rank):  # as mr_rl.settings reads config.model.lora
     from mr_rl.models import lora as lora_lib

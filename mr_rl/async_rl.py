@@ -13,14 +13,14 @@ on the main thread, with nothing else in flight.
 
 Where the work runs (`Pipeline`):
 
-* one device set (`rollout.sampler_devices = 0`): sampling and updates alternate on the
+* one device set (`asynchrony.sampler_devices = 0`): sampling and updates alternate on the
   devices as before, and the reward scoring of the draw just sampled (host threads and
   process pools) runs on a worker thread while the main thread signals and updates the
   previous draw (`Pipeline.score_later`). The batch-level rules of the rewards (the rows
   gathered over processes, applicability per prompt, the failure guards:
   `mr_rl.rollout.StreamingScore.finish`) run on the main thread when the draw is taken, in
   submission order, so the guards count the same consecutive batches as without overlap.
-* disjoint device sets (`rollout.sampler_devices = n > 0`): the first n devices sample, the
+* disjoint device sets (`asynchrony.sampler_devices = n > 0`): the first n devices sample, the
   rest learn (`split_devices`); each draw (sampling and scoring) runs on the worker thread
   with the sampler's own copy of the weights, which the trainer refreshes after every
   update (`Pipeline.push`, timed as `time/weight_push`).
@@ -58,32 +58,27 @@ import glob
 import os
 import pickle
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Sequence
 
 import jax
 
-from mr_rl import rollout as rollout_lib
+from mr_rl import fields, rollout as rollout_lib
 from mr_rl.models import lora as lora_lib, sharding
 
 
 @dataclasses.dataclass(frozen=True)
 class AsyncSettings:
-  """How far the sampler may run ahead of the learner (from `config.rollout`).
-
-  Attributes:
-    max_staleness: s, the most updates between the policy that sampled a group and the one
-      that learns from it (0 = the synchronous loop).
-    sampler_devices: devices given to the sampler, the rest to the learner (0 = both share
-      all devices and alternate on them).
-  """
-  max_staleness: int = 0
-  sampler_devices: int = 0
+  """How far the sampler may run ahead of the learner, `config.asynchrony` (fields declared
+  with `mr_rl.fields.setting` and checked here)."""
+  SECTION: ClassVar[str] = "asynchrony"
+  max_staleness: int = fields.setting(
+      0, "s: groups sampled up to s updates ago (0 = the synchronous loop)", fields.Int(lo=0))
+  sampler_devices: int = fields.setting(
+      0, "devices for the sampler, the rest learn (0 = both share all devices, alternating)",
+      fields.Int(lo=0))
 
   def __post_init__(self):
-    for name in ("max_staleness", "sampler_devices"):
-      v = getattr(self, name)
-      if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"config.rollout.{name} must be an int >= 0, got {v!r}")
+    fields.validate(self)
 
   @property
   def active(self) -> bool:
@@ -106,12 +101,12 @@ def split_devices(devices: Sequence[Any], sampler_devices: int) -> tuple[list, l
   processes = sorted({process_of(d) for d in devices}) or [0]
   per = {p: [d for d in devices if process_of(d) == p] for p in processes}
   if sampler_devices % len(processes):
-    raise ValueError(f"config.rollout.sampler_devices={sampler_devices} must be a multiple of "
+    raise ValueError(f"config.asynchrony.sampler_devices={sampler_devices} must be a multiple of "
                      f"the process count {len(processes)} (each process gives the sampler the "
                      "same number of its devices)")
   k = sampler_devices // len(processes)
   if not 0 < k < min(len(v) for v in per.values()):
-    raise ValueError(f"config.rollout.sampler_devices={sampler_devices} must leave devices to "
+    raise ValueError(f"config.asynchrony.sampler_devices={sampler_devices} must leave devices to "
                      f"both the sampler and the learner; this run has {len(devices)}"
                      + (f" ({len(devices) // len(processes)} per process)"
                         if len(processes) > 1 else ""))
@@ -321,7 +316,7 @@ class Pipeline:
     n = settings.sampler_devices
     have = 0 if learner_mesh is None else sampler_mesh.devices.size
     if n != have:
-      raise ValueError(f"config.rollout.sampler_devices={n}, but the components were built "
+      raise ValueError(f"config.asynchrony.sampler_devices={n}, but the components were built "
                        f"with {have} sampler devices (build them with these settings)")
     shardings = None
     if n:
@@ -455,7 +450,7 @@ class Pipeline:
     path = self._path(workdir, step)
     if not os.path.exists(path):
       raise FileNotFoundError(f"the checkpoint of step {step} has no draws in flight at {path} "
-                              f"(rollout.max_staleness={self.settings.max_staleness}); a "
+                              f"(asynchrony.max_staleness={self.settings.max_staleness}); a "
                               "checkpoint written by an asynchronous run always has one")
     with open(path, "rb") as f:
       saved = pickle.load(f)

@@ -100,6 +100,24 @@ def _print_help(argv) -> None:
   print("\n".join(config_fields(config)))
 
 
+def _renamed_overrides(argv) -> list[str]:
+  """`argv` with each `--config.<path>` override under a deprecated config name
+  (`mr_rl.settings.ALIASES`) given its name now, and a one-line warning for it."""
+  if not any(a.startswith("--config.") for a in argv):
+    return argv
+  from mr_rl import settings
+  out = []
+  for a in argv:
+    path, eq, value = a[len("--config."):].partition("=") if a.startswith("--config.") else \
+        ("", "", "")
+    new = settings.resolve_alias(path) if path else None
+    if new:
+      print(f"WARNING --{settings.deprecation(path, new)}", file=sys.stderr)
+      a = f"--config.{new}{eq}{value}"
+    out.append(a)
+  return out
+
+
 def parse_flags(argv):
   """absl's flag parsing, where a `--config.<path>` override naming no field of the config
   (ml_collections raises a bare AttributeError / KeyError for it) fails naming the field and
@@ -107,6 +125,10 @@ def parse_flags(argv):
   if any(a in _HELP for a in argv[1:]):
     _print_help(argv)
     sys.exit(0)
+  renamed = _renamed_overrides(argv)
+  if argv == sys.argv:  # ml_collections reads the overrides from sys.argv itself
+    sys.argv[:] = renamed
+  argv = renamed
   try:
     return app.parse_flags_with_usage(argv)
   except (AttributeError, KeyError):

@@ -2,7 +2,7 @@
 "Compile model").
 
 Every shape a program compiles for is fixed by the settings: the learner's widths by
-`update_batch.trim_columns` / `column_buckets` (`mr_rl.rl.batch.learner_shapes`; packed rows
+`batch.trim_columns` / `column_buckets` (`mr_rl.rl.batch.learner_shapes`; packed rows
 add a row-count grid), the sampler's prompt widths by its prompt buckets (powers of two up to
 `data.max_prompt_len`'s), the engine's pools by its slot ladder. `expected_programs` turns them
 into an upper bound per program name (`mr_rl.compilation.PROGRAMS`), which tests hold a run to.
@@ -101,7 +101,7 @@ def warm_up(comp, settings, learner, train_state) -> int:
   s = settings
   if s.update.pack:
     raise ValueError("config.compile.warmup cannot predict packed batches' row counts "
-                     "(config.update_batch.pack); turn one of them off")
+                     "(config.optim.pack); turn one of them off")
   n = _warm_learner(comp, s, learner, train_state)
   checkpointing.nonfinite_leaves(train_state)  # the check before each save
   n += 1

@@ -19,47 +19,50 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mr_rl import distributed, rollout_engines
+from mr_rl import distributed, fields, rollout_engines
 from mr_rl.data import lengths
 from mr_rl.models import lora, sharding
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingSettings:
-  """How responses are drawn (the trainer's come from `config.rollout`).
+  """How responses are drawn (the trainer's come from `config.rollout`; each field declared
+  with `mr_rl.fields.setting` and checked here).
 
-  Attributes:
-    group_size: G, responses per prompt.
-    max_new_tokens: response budget S (EOS included).
-    temperature: 0 = greedy.
-    top_k: 0 = off.
-    top_p: 1.0 = off.
-    dtype: the sampler's compute dtype ('' = the model's; e.g. 'bfloat16' samples a
-      float32-trained policy in bfloat16, parameters cast per layer as the model does).
-    cache_dtype: the sampler's KV-cache dtype ('' = its compute dtype).
-    engine: a `mr_rl.rollout_engines` name: "static" (`sampling.generate_groups`: all
-      B * G rows decoded as one batch) or "continuous" (`sampling.Engine`: a pool of `slots`
-      decode slots kept full; sampled draws follow its per-row key schedule, greedy tokens
-      are the same).
-    engine_options: the engines' own options by name (`EngineSpec.options`; the trainer's
-      hold every registered engine's, from `config.rollout`); one left out takes its
-      default (`rollout_engines.option`), e.g. {"slots": 4} for the continuous engine.
+  `engine`: a `mr_rl.rollout_engines` name: "static" (`sampling.generate_groups`: all B * G
+  rows decoded as one batch) or "continuous" (`sampling.Engine`: a pool of `slots` decode slots
+  kept full; sampled draws follow its per-row key schedule, greedy tokens are the same).
+  `engine_options`: the engines' own options by name (`EngineSpec.options`, each a field of
+  `config.rollout` read by `rollout_engines.options_from_config`); one left out takes its
+  default (`rollout_engines.option`), e.g. {"slots": 4} for the continuous engine.
   """
-  group_size: int
-  max_new_tokens: int
-  temperature: float
-  top_k: int
-  top_p: float
-  dtype: str = ""
-  cache_dtype: str = ""
-  engine: str = rollout_engines.DEFAULT
-  engine_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  SECTION: ClassVar[str] = "rollout"
+  group_size: int = fields.setting(8, "G, responses per prompt (papers: 8)", fields.Int(lo=1))
+  max_new_tokens: int = fields.setting(3000, "response budget S (EOS included)",
+                                       fields.Int(lo=1))
+  temperature: float = fields.setting(1.0, "0 = greedy", fields.Float(lo=0.0))
+  top_k: int = fields.setting(0, "0 = off", fields.Int(lo=0))
+  top_p: float = fields.setting(1.0, "1.0 = off", fields.Float(0.0, 1.0, lo_open=True))
+  dtype: str = fields.setting(
+      "", "sampler compute dtype ('' = the learner's, model.compute_dtype or model.dtype; "
+      "parameters cast per layer)", fields.Choice(("",) + fields.DTYPES))
+  cache_dtype: str = fields.setting("", "sampler KV-cache dtype ('' = its compute dtype)",
+                                    fields.Choice(("",) + fields.DTYPES))
+  engine: str = fields.setting(rollout_engines.DEFAULT, "a mr_rl.rollout_engines name: "
+                               "'static' (one batch of B*G rows) | 'continuous' (slot pool)",
+                               lambda path, v: fields.Choice(rollout_engines.ENGINES.names())(
+                                   path, v))
+  engine_options: Mapping[str, Any] = fields.setting(
+      help="the engines' own options (config.rollout.<option>)", factory=dict, derived=True)
+
+  def __post_init__(self):
+    fields.validate(self)
 
 
 @functools.lru_cache(maxsize=16)

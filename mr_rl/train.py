@@ -24,13 +24,14 @@ The reference log-prob and critic forwards run in `num_micro_batches` row chunks
 (`mr_rl.rl.update.chunked_forward`), the split the update step uses for gradient
 accumulation, so no program holds the activations of more than N / M rows.
 
-Recipes: `update_batch.trim_columns` / `update_batch.pack` (length-aware learner batches,
-`mr_rl.rl.batch`); `dynamic_sampling` (DAPO: keep the groups with a learning signal,
-`mr_rl.rl.dynamic_sampling`); `update_batch.mask_truncated` (truncated responses enter no
+Recipes: `batch.trim_columns` / `optim.pack` (length-aware learner batches,
+`mr_rl.rl.batch`); `dynamic` (DAPO: keep the groups with a learning signal,
+`mr_rl.rl.dynamic_sampling`); `batch.mask_truncated` (truncated responses enter no
 loss); the sampler/trainer mismatch is logged every step (`mismatch/*`) and, with
-`loss.recompute_old_logp` / `loss.tis_cap`, corrected in the step; `rollout.max_staleness` /
-`rollout.sampler_devices` (groups sampled up to s updates ahead of the learner, host scoring
-overlapped or the sampler on devices of its own: `mr_rl.async_rl`). Shape letters:
+`optim.loss.recompute_old_logp` / `optim.loss.tis_cap`, corrected in the step;
+`asynchrony.max_staleness` / `asynchrony.sampler_devices` (groups sampled up to s updates
+ahead of the learner, host scoring overlapped or the sampler on devices of its own:
+`mr_rl.async_rl`). Shape letters:
 docs/shapes.md.
 """
 
@@ -78,7 +79,7 @@ class Components:
     runner: the reward runner over `settings.rewards.channels`.
     eval_sets: `data.eval_sets` benchmark sets by name (evaluated instead of the eval split).
     learner_mesh: the learner's mesh when the sampler has devices of its own
-      (`rollout.sampler_devices`, `mr_rl.async_rl`); None: the learner uses `policy.mesh`.
+      (`asynchrony.sampler_devices`, `mr_rl.async_rl`); None: the learner uses `policy.mesh`.
   """
   settings: RunSettings
   policy: rollout_lib.Policy
@@ -272,10 +273,6 @@ def _train(settings: RunSettings, workdir: str | None, *, comp: Components | Non
   ppo = s.advantage == "ppo"
   agg, signal = signal_lib.signal_fn(s.aggregator.name, s.aggregator.hp,
                                      None if ppo else s.advantage, s.advantage_hp)
-  if (s.data.batch_prompts * s.rollout.group_size) % M:
-    raise ValueError(f"config.optim.num_micro_batches={M} must divide the rollout rows "
-                     f"data.batch_prompts x rollout.group_size = "
-                     f"{s.data.batch_prompts * s.rollout.group_size}")
   learner = update_lib.learner(comp.model, s.update, comp.mesh, ppo)
   logprob_fn = logprob_forward(comp.model)
   root = jax.random.PRNGKey(s.seed)

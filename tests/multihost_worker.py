@@ -69,7 +69,7 @@ def run(scenario: str, base_policy: str, out: str) -> dict:
                         "logprobs": ro.logprobs.tolist(), "rewards": r_BGK.tolist()}}
   if scenario == "dynamic":
     c = _config(base_policy, 2, aggregator="additive", **{
-        "dynamic_sampling.mode": "refill", "dynamic_sampling.max_rounds": 2,
+        "dynamic.mode": "refill", "dynamic.max_rounds": 2,
         "checkpoint_every": 0})
     res = train_lib.train(settings_lib.from_config(c), None, log=None)
     return {"history": res.history}
@@ -78,7 +78,7 @@ def run(scenario: str, base_policy: str, out: str) -> dict:
     # over each process's own devices (`mesh`): 4 of them with 2 processes, 8 with one.
     from mr_rl.testing import tiny_reward_model
     c = _config(base_policy, 2, **{"advantage.name": "ppo", "checkpoint_every": 0,
-                                   "loss.kl_coef": 0.01, "rewards.timeout_s": 300.0})
+                                   "optim.loss.kl_coef": 0.01, "rewards.timeout_s": 300.0})
     c.rewards.channels = "arith_len,arith_brief,reward_model"
     c.rewards.params.reward_model = dict(objective="helpsteer-helpfulness",
                                          path=tiny_reward_model(), mesh={"fsdp": -1})
@@ -94,19 +94,19 @@ def run(scenario: str, base_policy: str, out: str) -> dict:
     report = pipelines.run(c, wd)
     return {"report": report}
   if scenario == "async":
-    # rollout.max_staleness = 1 on one device set (issue 26): the draw of step t + 1 sampled on
+    # asynchrony.max_staleness = 1 on one device set (issue 26): the draw of step t + 1 sampled on
     # the continuous engine before step t's update, its scoring waited for on the worker thread
     # while the main thread updates; 2 steps (staleness 0 then 1). Then the same at s = 1 with
-    # the sampler and the learner on disjoint devices (`rollout.sampler_devices = 4`: 2 of each
+    # the sampler and the learner on disjoint devices (`asynchrony.sampler_devices = 4`: 2 of each
     # process's 4 devices; the learner's 4 as data 2 x fsdp 2), the weights pushed after each
     # update; its result is read on the sampler's devices.
     import numpy as np
     c = _config(base_policy, 2, checkpoint_every=0, **{
-        "rollout.engine": "continuous", "rollout.slots": 8, "rollout.max_staleness": 1,
-        "loss.tis_cap": 2.0})
+        "rollout.engine": "continuous", "rollout.slots": 8, "asynchrony.max_staleness": 1,
+        "optim.loss.tis_cap": 2.0})
     res = train_lib.train(settings_lib.from_config(c), None, log=None)
     c = _config(base_policy, 2, checkpoint_every=0, **{
-        "rollout.max_staleness": 1, "rollout.sampler_devices": 4, "loss.tis_cap": 2.0})
+        "asynchrony.max_staleness": 1, "asynchrony.sampler_devices": 4, "optim.loss.tis_cap": 2.0})
     c.mesh.data, c.mesh.fsdp = 2, 2
     s = settings_lib.from_config(c)
     comp = train_lib.build(s)

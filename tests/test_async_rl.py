@@ -68,11 +68,11 @@ def test_the_pipeline_consumes_the_draw_of_version_t_minus_s(s):
 
 def test_staleness_needs_the_lag_correction_and_valid_counts():
   c = runs.arith_config("unused/path", 2)
-  c.rollout.max_staleness = 1
+  c.asynchrony.max_staleness = 1
   with pytest.raises(ValueError, match="max_staleness=1 needs the lag correction.*tis_cap"):
     settings_lib.from_config(c)
-  c.rollout.max_staleness = -1
-  with pytest.raises(ValueError, match="rollout.max_staleness"):
+  c.asynchrony.max_staleness = -1
+  with pytest.raises(ValueError, match="asynchrony.max_staleness"):
     settings_lib.from_config(c)
   with pytest.raises(ValueError, match="sampler_devices=1 must leave devices"):
     async_rl.split_devices(jax.devices()[:1], 1)
@@ -157,8 +157,8 @@ def _async_config(policy, steps, staleness):
   c = runs.length_config(policy, steps)
   c.aggregator.name = "amrp"  # stateful: its state advances in the order groups are consumed
   c.checkpoint_every = 3
-  c.loss.tis_cap = 2.0
-  c.rollout.max_staleness = staleness
+  c.optim.loss.tis_cap = 2.0
+  c.asynchrony.max_staleness = staleness
   return c
 
 
@@ -223,7 +223,7 @@ def test_guards_and_dynamic_sampling_keep_their_meaning_at_s1(policy, tmp_path, 
   # Dynamic sampling draws its rounds when the draw is submitted (the aggregator state of
   # then decides a scalar signal) and still fills the batch with groups that carry a signal.
   c = _async_config(policy, 3, 1)
-  c.dynamic_sampling.mode = "refill"
+  c.dynamic.mode = "refill"
   res = train_lib.train(settings_lib.from_config(c), None, log=None)
   assert [h["async/staleness"] for h in res.history] == [0.0, 1.0, 1.0]
   assert all(0 < h["dynamic/kept_frac"] <= 1 for h in res.history)
@@ -237,8 +237,8 @@ def _split_worker(policy_path: str) -> dict:
   out = {}
   for name, split, staleness in (("shared", 0, 0), ("split", 4, 0), ("split_s1", 4, 1)):
     c = runs.length_config(policy_path, 3)
-    c.loss.tis_cap = 2.0
-    c.rollout.max_staleness, c.rollout.sampler_devices = staleness, split
+    c.optim.loss.tis_cap = 2.0
+    c.asynchrony.max_staleness, c.asynchrony.sampler_devices = staleness, split
     s = settings_lib.from_config(c)
     comp = train_lib.build(s)
     res = train_lib.train(s, None, comp=comp, log=None)
@@ -261,7 +261,7 @@ def _split_worker(policy_path: str) -> dict:
   for kind in ("ppo", "lora"):
     for split in (0, 4):
       c = runs.length_config(policy_path, 2)
-      c.rollout.sampler_devices = split
+      c.asynchrony.sampler_devices = split
       if kind == "ppo":
         c.advantage.name = "ppo"
       else:

@@ -38,7 +38,7 @@ def test_a_run_with_varied_lengths_compiles_at_most_the_predicted_programs():
 
 
 def test_paper_configs_predict_a_few_learner_programs():
-  """Accelerator configs put the learner on `update_batch.column_buckets` widths: 4 policy-step
+  """Accelerator configs put the learner on `batch.column_buckets` widths: 4 policy-step
   programs for any response length, where the fine grid could compile hundreds."""
   from mr_rl import config_lib
   c = config_lib.load_config_module(os.path.join(REPO, "configs", "tag_math.py")).get_config("")
@@ -46,7 +46,7 @@ def test_paper_configs_predict_a_few_learner_programs():
   plan = program_plan.expected_programs(s)
   assert plan["policy_step"] == 4 and plan["logprob_forward"] == 4
   assert plan["sampler"] == len(program_plan.prompt_buckets(s.data.max_prompt_len)) == 7
-  c.update_batch.column_buckets = 0
+  c.batch.column_buckets = 0
   assert program_plan.expected_programs(settings_lib.from_config(c))["policy_step"] > 200
 
 
@@ -56,7 +56,7 @@ _RUN = textwrap.dedent("""
     from mr_rl.testing.runs import arith_config
     c = arith_config({base!r}, 3)
     c.rollout.engine, c.rollout.slots = "continuous", 8
-    c.update_batch.column_buckets = 2
+    c.batch.column_buckets = 2
     c.compile.warmup = True
     lines = []
     train_lib.train(settings_lib.from_config(c), sys.argv[1], log=lines.append)

@@ -120,6 +120,30 @@ def test_modules_stay_small(package):
   assert not long, long
 
 
+def test_settings_modules_stay_under_400_lines():
+  """The settings layer (mr_rl/settings/, and mr_rl/fields.py, its declarations) is split by
+  sections, each module under 400 lines (issue: one declaration per setting)."""
+  paths = [os.path.join(REPO, "mr_rl", "fields.py")] + [
+      os.path.join(dirpath, f) for dirpath, _, files in os.walk(os.path.join(REPO, "mr_rl",
+                                                                             "settings"))
+      for f in files if f.endswith(".py")]
+  assert len(paths) > 3
+  long = {p: n for p in paths if (n := sum(1 for _ in open(p))) >= 400}
+  assert not long, long
+
+
+def test_the_settings_layer_imports_no_runtime_module():
+  """`import mr_rl.settings` loads no jax: the sections that runtime modules declare are
+  imported when a config is derived or built (`mr_rl.fields.Lazy`)."""
+  import subprocess
+  import sys
+  code = ("import sys, mr_rl.settings; bad = [m for m in sys.modules if m.split('.')[0] in "
+          "('jax', 'flax', 'optax')]; print(bad); assert not bad")
+  p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                     timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+  assert p.returncode == 0, p.stdout + p.stderr
+
+
 def test_core_does_not_import_the_test_helpers():
   """Only the demo and `config_lib.local` (`:runlocal`) may import mr_rl.testing."""
   modules = _modules()

@@ -3,7 +3,7 @@ collectives) against 1 process x 8 devices, scenario by scenario (tests/multihos
 a run on the continuous engine stopped after 2 steps and resumed to 3, with its HF export
 (`export.hf_at_end`) and final evaluation; DAPO dynamic sampling with refill; PPO with a
 reward-model channel; the TAG pipeline (probes, election, training); asynchronous RL at
-`rollout.max_staleness = 1` on one device set and with the sampler and learner on disjoint
+`asynchrony.max_staleness = 1` on one device set and with the sampler and learner on disjoint
 devices (2 of each process's 4 each). Tokens, rewards and
 reward profiles must be equal exactly (the reward model's scores, and what is computed from
 them, to float rounding: see `_same_history`), losses to 1e-5 relative, and every process

@@ -68,12 +68,12 @@ def test_the_demo_config_resolves():
     ("optim.max_grad_norm", 0.0, r"config.optim.max_grad_norm must be > 0"),
     ("optim.vf_clip", -1.0, r"config.optim.vf_clip must be > 0"),
     ("optim.value_lr", 0.0, r"config.optim.value_lr must be > 0"),
-    ("loss.kl_coef", math.nan, r"config.loss.kl_coef must be a finite number"),
-    ("loss.kl_coef", -1.0, r"config.loss.kl_coef must be >= 0"),
-    ("loss.eps_low", 1.0, r"config.loss.eps_low must be in \[0, 1\)"),
-    ("loss.eps_high", -0.2, r"config.loss.eps_high must be >= 0"),
-    ("loss.entropy_coef", -0.01, r"config.loss.entropy_coef must be >= 0"),
-    ("loss.tis_cap", math.nan, r"config.loss.tis_cap must be a finite number"),
+    ("optim.loss.kl_coef", math.nan, r"config.optim.loss.kl_coef must be a finite number"),
+    ("optim.loss.kl_coef", -1.0, r"config.optim.loss.kl_coef must be >= 0"),
+    ("optim.loss.eps_low", 1.0, r"config.optim.loss.eps_low must be in \[0, 1\)"),
+    ("optim.loss.eps_high", -0.2, r"config.optim.loss.eps_high must be >= 0"),
+    ("optim.loss.entropy_coef", -0.01, r"config.optim.loss.entropy_coef must be >= 0"),
+    ("optim.loss.tis_cap", math.nan, r"config.optim.loss.tis_cap must be a finite number"),
     ("rewards.timeout_s", math.inf, r"config.rewards.timeout_s must be a finite number"),
     ("rewards.not_applicable_patience", 0, r"config.rewards.not_applicable_patience must be > 0"),
     ("rewards.not_applicable_patience", 2.5, r"config.rewards.not_applicable_patience must be an "
@@ -155,9 +155,10 @@ def test_every_field_is_checked():
 
 def test_an_unknown_field_names_the_fields_of_its_section():
   c = _demo_config()
-  c.loss.cliprange = 0.2
-  with pytest.raises(ValueError, match=r"^config.loss.cliprange is not a field: config.loss has "
-                                       r"the fields \['entropy_coef', 'eps_high', 'eps_low', "):
+  c.optim.loss.cliprange = 0.2
+  with pytest.raises(ValueError, match=r"^config.optim.loss.cliprange is not a field: "
+                                       r"config.optim.loss has the fields \['entropy_coef', "
+                                       r"'eps_high', 'eps_low', "):
     settings_lib.from_config(c)
   c = _demo_config()
   c.total_step = 5
@@ -167,7 +168,7 @@ def test_an_unknown_field_names_the_fields_of_its_section():
   with pytest.raises(ValueError, match=r"config.rewards.params has no key 'brief' .*give the "
                                        r"whole section"):
     settings_lib.check_field_path(_demo_config(), "rewards.params.brief.threshold")
-  settings_lib.check_field_path(_demo_config(), "loss.kl_coef")
+  settings_lib.check_field_path(_demo_config(), "optim.loss.kl_coef")
 
 
 def _main(*args):
@@ -177,10 +178,10 @@ def _main(*args):
 
 
 def test_dry_run_catches_bad_and_unknown_fields():
-  p = _main("--config.loss.cliprange=0.2")
+  p = _main("--config.optim.loss.cliprange=0.2")
   assert p.returncode == 1, p.stderr
   assert p.stderr.strip().splitlines()[-1] == (
-      "FATAL Flags parsing error: --config.loss.cliprange: config.loss has no field "
+      "FATAL Flags parsing error: --config.optim.loss.cliprange: config.optim.loss has no field "
       "'cliprange'; its fields are ['entropy_coef', 'eps_high', 'eps_low', 'kl_coef', "
       "'kl_estimator', 'loss_agg', 'recompute_old_logp', 'tis_cap']")
   p = _main("--config.eval.num_prompts=-4")  # one line, no stack to read through
@@ -201,3 +202,97 @@ def test_help_lists_the_config_fields_and_exits_0():
   p = subprocess.run([sys.executable, "-m", "mr_rl.main", "--help"], capture_output=True,
                      text=True, cwd=ROOT, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
   assert p.returncode == 0 and "Give --config=FILE[:ARG] with --help" in p.stdout, p.stderr
+
+
+# ------------------------------------------------------- declarations, config names, aliases
+V1_DEFAULTS = os.path.join(ROOT, "tests", "settings_default_config_v1.json")
+
+
+def _renamed(old: dict) -> dict:
+  """A config dict under the deprecated names (`settings_lib.ALIASES`) with them moved."""
+  import copy
+  new = copy.deepcopy(old)
+  for path in sorted(settings_lib.ALIASES, key=len, reverse=True):
+    parent, _, name = path.rpartition(".")
+    node = new[parent] if parent else new
+    if name not in node:
+      continue
+    value = node.pop(name)
+    for sub, v in (value.items() if isinstance(value, dict) else [("", value)]):
+      *sections, leaf = settings_lib.resolve_alias(f"{path}.{sub}" if sub else path).split(".")
+      target = new
+      for s in sections:
+        target = target.setdefault(s, {})
+      target[leaf] = v
+  return new
+
+
+def test_the_default_config_is_derived_from_the_declarations_with_the_same_values():
+  """`default_config()` (generated from the sections' declared fields) holds the values the
+  hand-written one held before (tests/settings_default_config_v1.json), under the settings'
+  names; the deprecated sections are there, empty, so old config files still load."""
+  import json
+  got = settings_lib.default_config().to_dict()
+  for old in settings_lib.ALIASES:
+    if "." not in old:
+      assert got.pop(old) == {}
+  assert got == _renamed(json.load(open(V1_DEFAULTS)))
+  assert got["optim"]["pack"] is False and got["optim"]["loss"]["recompute_old_logp"] == "auto"
+  assert got["asynchrony"] == {"max_staleness": 0, "sampler_devices": 0}
+
+
+def test_config_names_are_settings_names():
+  """Each declared section and field of the config is the settings attribute of the same
+  name, except `optim` (ConfigDict reserves `update`), the `advantage` section and the rollout
+  engines' own options (`config.rollout.<option>` -> `rollout.engine_options[<option>]`)."""
+  from mr_rl import rollout_engines
+  s = settings_lib.from_config(_demo_config())
+  c = settings_lib.default_config()
+  for section in ("model", "data", "rollout", "rewards", "aggregator", "anchor", "eval",
+                  "logging", "export", "batch", "dynamic", "asynchrony", "compile", "resume"):
+    own = set(vars(getattr(s, section)))
+    if section == "rollout":
+      own |= set(s.rollout.engine_options)
+      assert set(s.rollout.engine_options) == set(rollout_engines.config_defaults())
+    assert set(c[section]) <= own, section
+  assert set(c.optim) - {"loss"} <= set(vars(s.update)) and set(c.optim.loss) <= set(
+      vars(s.update.loss))
+
+
+def test_old_config_names_still_work_with_a_warning(caplog):
+  """A config file (or copy) that sets fields under their old names resolves to the same
+  settings as one using the names now, with a one-line deprecation warning each; the same field
+  set under both names, differently, is an error."""
+  new, old = _demo_config(), _demo_config()
+  for c, names in ((new, ("optim.loss", "optim.pack", "batch", "dynamic", "asynchrony")),
+                   (old, ("loss", "update_batch.pack", "update_batch", "dynamic_sampling",
+                          "rollout"))):
+    for field, value in zip(
+        (f"{names[0]}.tis_cap", names[1], f"{names[2]}.mask_truncated", f"{names[3]}.mode",
+         f"{names[4]}.max_staleness"), (2.0, True, True, "refill", 1)):
+      *sections, name = field.split(".")
+      node = c
+      for part in sections:
+        node = node[part]
+      node[name] = value
+  with caplog.at_level("WARNING", logger="mr_rl.settings"):
+    assert settings_lib.from_config(old) == settings_lib.from_config(new)
+  warned = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+  assert "config.loss.tis_cap is deprecated: it is config.optim.loss.tis_cap now (same value)" \
+      in warned and len(warned) == 5, warned
+  s = settings_lib.from_config(old)
+  assert (s.update.loss.tis_cap, s.update.pack, s.batch.mask_truncated, s.dynamic.mode,
+          s.asynchrony.max_staleness) == (2.0, True, True, "refill", 1)
+  c = _demo_config()
+  c.optim.loss.kl_coef, c.loss.kl_coef = 0.5, 0.1
+  with pytest.raises(ValueError, match=r"config.loss.kl_coef \(deprecated\) and "
+                                       r"config.optim.loss.kl_coef are both set"):
+    settings_lib.from_config(c)
+
+
+def test_old_config_names_work_on_the_command_line():
+  p = _main("--config.loss.kl_coef=0.25", "--config.update_batch.column_buckets=2")
+  assert p.returncode == 0, p.stderr
+  assert ("WARNING --config.loss.kl_coef is deprecated: it is config.optim.loss.kl_coef now"
+          in p.stderr), p.stderr
+  assert '"kl_coef": 0.25' in p.stdout and '"column_buckets": 2' in p.stdout

@@ -52,8 +52,8 @@ def test_trainer_keeps_only_groups_with_signal(base_policy, signal_name, advanta
   c = _config(base_policy, 1, aggregator="weighted")
   c.aggregator.hp.w = [0.5, 0.25, 0.25]
   c.advantage.name = advantage
-  c.dynamic_sampling.mode = mode
-  c.dynamic_sampling.signal = "auto"
+  c.dynamic.mode = mode
+  c.dynamic.signal = "auto"
   s = settings_lib.from_config(c)
   assert s.dynamic.signal == signal_name
   comp = train_lib.build(s)
@@ -88,11 +88,11 @@ def test_trainer_keeps_only_groups_with_signal(base_policy, signal_name, advanta
 # ----------------------------------------------------------------- trainer, resume
 def _recipe_config(base_policy, total_steps):
   c = _config(base_policy, total_steps)          # AMRP: a stateful aggregator
-  c.dynamic_sampling.mode = "refill"
-  c.dynamic_sampling.max_rounds = 2
-  c.update_batch.mask_truncated = True
-  c.update_batch.pack = True
-  c.loss.tis_cap = 2.0                         # 'auto' recomputation turns on
+  c.dynamic.mode = "refill"
+  c.dynamic.max_rounds = 2
+  c.batch.mask_truncated = True
+  c.optim.pack = True
+  c.optim.loss.tis_cap = 2.0                         # 'auto' recomputation turns on
   c.checkpoint_every = 2
   return c
 
@@ -133,29 +133,33 @@ def test_bf16_sampler_turns_recomputation_on_and_logs_the_mismatch(base_policy):
   assert h["mismatch/abs_logp_diff"] > 1e-4  # bf16 sampling computes differently
   assert h["mismatch/k3"] > 0 and h["update/clip_frac"] == 0.0
   assert -1.0 <= h["reward/overlong/mean"] <= 0.0 and "reward/overlong/mean" in h
-  c.loss.recompute_old_logp = "off"
+  c.optim.loss.recompute_old_logp = "off"
   assert settings_lib.from_config(c).update.loss.recompute_old_logp is False
 
 
 @pytest.mark.parametrize("fields,needle", [
-    ({"loss.tis_cap": 0.5}, "config.loss.tis_cap must be 0 \\(off\\) or >= 1"),
-    ({"loss.recompute_old_logp": "maybe"}, "loss.recompute_old_logp='maybe' is not valid"),
+    ({"optim.loss.tis_cap": 0.5}, "config.optim.loss.tis_cap must be 0 \\(off\\) or >= 1"),
+    ({"optim.loss.recompute_old_logp": "maybe"},
+     "optim.loss.recompute_old_logp='maybe' is not valid"),
     ({"rollout.dtype": "float16"}, "rollout.dtype='float16' is not valid"),
-    ({"dynamic_sampling.mode": "always"}, "dynamic_sampling.mode='always' is not valid"),
-    ({"dynamic_sampling.signal": "any"}, "dynamic_sampling.signal='any' is not valid"),
-    ({"dynamic_sampling.max_rounds": -1}, "dynamic_sampling.max_rounds must be >= 0"),
+    ({"dynamic.mode": "always"}, "dynamic.mode='always' is not valid"),
+    ({"dynamic.signal": "any"}, "dynamic.signal='any' is not valid"),
+    ({"dynamic.max_rounds": -1}, "dynamic.max_rounds must be >= 0"),
     # settings that contradict each other
-    ({"loss.tis_cap": 2.0, "loss.recompute_old_logp": "off"},
-     "tis_cap needs config.loss.recompute_old_logp"),
-    ({"advantage.name": "ppo", "dynamic_sampling.mode": "refill"},
-     "dynamic_sampling needs a group-relative advantage"),
-    ({"advantage.name": "ppo", "dynamic_sampling.mode": "off", "update_batch.pack": True},
-     "update_batch.pack is for the GRPO family"),
+    ({"optim.loss.tis_cap": 2.0, "optim.loss.recompute_old_logp": "off"},
+     "tis_cap needs config.optim.loss.recompute_old_logp"),
+    ({"advantage.name": "ppo", "dynamic.mode": "refill"},
+     "dynamic needs a group-relative advantage"),
+    ({"advantage.name": "ppo", "dynamic.mode": "off", "optim.pack": True},
+     "optim.pack is for the GRPO family"),
 ])
 def test_bad_recipe_settings_fail_at_start_up(base_policy, fields, needle):
   c = _config(base_policy, 1)
   for field, value in fields.items():
-    section, name = field.split(".")
-    c[section][name] = value
+    *sections, name = field.split(".")
+    node = c
+    for section in sections:
+      node = node[section]
+    node[name] = value
   with pytest.raises(ValueError, match=needle):
     settings_lib.from_config(c)

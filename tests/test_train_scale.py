@@ -87,7 +87,7 @@ def test_chunked_forward_equals_one_call(policy):
       np.testing.assert_allclose(chunked, whole, rtol=0, atol=1e-6)
   with pytest.raises(ValueError, match="num_chunks=3 .* must divide the 8 rollout rows"):
     update_lib.chunked_forward(logp_fn, params, tokens, mask, num_chunks=3)
-  # The trainer checks the split before its first rollout.
+  # The settings check the split (RunSettings), before any rollout.
   c = arith_config(policy, 1)
   c.optim.num_micro_batches = 3
   with pytest.raises(ValueError, match="num_micro_batches=3 must divide the rollout rows"):
@@ -131,7 +131,7 @@ def _mesh_worker(policy_path: str) -> dict:
   c = arith_config(policy_path, 2)
   c.mesh = MESH
   c.optim.num_micro_batches = 2      # 16 rows: chunks of 8 rows, 2 per data shard
-  c.loss.kl_coef = 0.05              # ref log-probs go into the step's batch too
+  c.optim.loss.kl_coef = 0.05              # ref log-probs go into the step's batch too
   c.kl_ref_every = 0                 # ... and so kl_ref/* is logged every step regardless
   s = settings_lib.from_config(c)
   comp = train_lib.build(s)

@@ -81,7 +81,7 @@ def set_model(c, key: str) -> None:
   c.model.compute_dtype = "bfloat16"                   # bf16 matmuls / activations (norms,
                                                        # softmax, log-probs, losses in fp32)
   c.rollout.cache_dtype = "bfloat16"                   # the sampler in bf16 with a bf16 KV cache
-  c.update_batch.column_buckets = 4                    # 4 learner widths: P + S/8 .. P + S
+  c.batch.column_buckets = 4                    # 4 learner widths: P + S/8 .. P + S
   c.mesh = ml_collections.ConfigDict(dict(m.mesh))     # tensor parallel (MoE: + expert axis)
   c.optim.num_micro_batches = m.micro_batches          # one row per micro-batch and data group
 
@@ -97,8 +97,8 @@ def paper_base():
   c.rollout.group_size = 8            # G = 8
   c.rollout.temperature = 1.0         # training rollouts at T = 1 (AMRP Sec. 5.1)
   c.optim.lr = 1e-6                   # GRPO learning rate 1e-6
-  c.loss.eps_low = 0.2                # clip 0.2 / 0.28 (clip-higher)
-  c.loss.eps_high = 0.28
+  c.optim.loss.eps_low = 0.2                # clip 0.2 / 0.28 (clip-higher)
+  c.optim.loss.eps_high = 0.28
   c.aggregator.hp = ml_collections.ConfigDict()
   return c
 
@@ -177,14 +177,14 @@ def tag_method(c, method: str, num_channels: int, *, kl_coef: float = 0.1,
   elif method == "dr_grpo":
     set_aggregator(c, "additive")
     c.advantage.name = "dr_grpo"                       # A = R - mean_g R (no std)
-    c.loss.loss_agg = "seq-mean-token-sum-norm"        # constant normaliser B*G*max_len
+    c.optim.loss.loss_agg = "seq-mean-token-sum-norm"        # constant normaliser B*G*max_len
   elif method == "rubric_dropout":
     set_aggregator(c, "rubric_dropout", p=0.5)         # drop each channel w.p. 0.5 (project def.)
   elif method == "lsc":
     set_aggregator(c, "lsc", tau=0.1)                  # soft-AND temperature (project def.)
   elif method == "additive_kl":
     set_aggregator(c, "additive")
-    c.loss.kl_coef = float(kl_coef)                    # beta of the k3 KL penalty to pi_0
+    c.optim.loss.kl_coef = float(kl_coef)                    # beta of the k3 KL penalty to pi_0
   elif method == "tag":
     c.pipeline = "tag"                                 # probe, elect anchor by KLrev, train TAG
     c.anchor.lam = float(lam)                          # gate lambda of every auxiliary channel

@@ -35,20 +35,35 @@ import fnmatch
 import json
 import os
 import re
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mr_rl import compilation
+from mr_rl import compilation, fields
 from mr_rl.models.config import ModelConfig
 
 KERNELS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _IN_DIMS = {"o_proj": 2}  # input dims of a kernel (1 for the others)
 RANK_AXIS = "lora_rank"
+
+
+def _targets(path, value):
+  value = fields.Csv()(path, value)
+  if not value:
+    raise ValueError(f"config.{path} names no kernel")
+  return value
+
+
+def _adapter_dir(path, value):
+  value = fields.string(path, value)
+  if value and not os.path.isfile(os.path.join(value, "adapter_config.json")):
+    raise ValueError(f"config.{path}={value!r} is not a PEFT adapter directory (no "
+                     "adapter_config.json)")
+  return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,23 +81,21 @@ class LoraConfig:
       x W + (alpha / R) (dropout_p(x) a) b (`Adapted.dropout`); every other forward (sampler,
       pi_old recompute, reference, evaluation) has none.
   """
-  rank: int = 8
-  alpha: float = 16.0
-  targets: tuple[str, ...] = KERNELS
-  init_from: str = ""
-  dropout: float = 0.0
+  SECTION: ClassVar[str] = "model.lora"
+  rank: int = fields.setting(8, "R, adapter rank (the config's 0 = off: full fine-tuning)",
+                             fields.Int(lo=1), config=0)
+  alpha: float = fields.setting(16.0, "the update is scaled by alpha / R (PEFT's lora_alpha)",
+                                fields.Float(lo=0.0, lo_open=True))
+  targets: tuple[str, ...] = fields.setting(
+      KERNELS, "kernel names or path patterns ('layers_1/attn/*'), comma-separated; not MoE "
+      "experts", _targets, config=",".join(KERNELS))
+  init_from: str = fields.setting("", "a PEFT adapter directory to start from ('' = fresh)",
+                                  _adapter_dir)
+  dropout: float = fields.setting(0.0, "PEFT's lora_dropout p, in the learner's forward only",
+                                  fields.Float(0.0, 1.0, hi_open=True))
 
   def __post_init__(self):
-    if isinstance(self.rank, bool) or not isinstance(self.rank, (int, np.integer)) or \
-        self.rank <= 0:
-      raise ValueError(f"LoraConfig.rank must be a positive int, got {self.rank!r}")
-    if not self.alpha > 0:
-      raise ValueError(f"LoraConfig.alpha must be > 0, got {self.alpha!r}")
-    if not 0.0 <= self.dropout < 1.0:
-      raise ValueError(f"LoraConfig.dropout must be in [0, 1), got {self.dropout!r}")
-    object.__setattr__(self, "targets", tuple(self.targets))
-    if not self.targets or not all(isinstance(t, str) and t for t in self.targets):
-      raise ValueError(f"LoraConfig.targets must be non-empty patterns, got {self.targets!r}")
+    fields.validate(self)
 
   @property
   def scale(self) -> float:

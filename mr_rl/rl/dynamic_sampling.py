@@ -51,9 +51,8 @@ def channel_signal(r_BGK) -> np.ndarray:
 
 
 def resolve_signal(signal: str, advantage_uses_channels: bool) -> str:
-  """'scalar' or 'channels' for a configured `signal` (see the module docstring)."""
-  if signal not in SIGNALS:
-    raise ValueError(f"dynamic sampling signal {signal!r}; choose one of {list(SIGNALS)}")
+  """'scalar' or 'channels' for a configured `signal` (see the module docstring; the
+  settings check it is one of `SIGNALS`, `mr_rl.settings.DynamicSamplingSettings`)."""
   if signal == "auto":
     return "channels" if advantage_uses_channels else "scalar"
   return signal

@@ -25,13 +25,14 @@ and gradient exactly for every mode. Each mode registers itself in ``LOSS_AGGREG
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import ClassVar, Optional
 
 import jax
 import jax.numpy as jnp
 
+from mr_rl import fields
 from mr_rl.registry import Registry
-from mr_rl.rl.kl import get_kl_estimator
+from mr_rl.rl.kl import KL_ESTIMATORS, get_kl_estimator
 
 LOG_RATIO_CLAMP = 20.0
 LOSS_AGGREGATIONS: Registry = Registry('loss aggregation')
@@ -64,61 +65,68 @@ def seq_mean_token_sum_norm(m_NT: jax.Array, norm_len: Optional[int] = None) -> 
 LOSS_AGG_MODES = tuple(LOSS_AGGREGATIONS.aliases())
 
 
+def _tis_cap(path, value):
+  """C >= 1, or None (off; the config's 0)."""
+  if value is None or (not isinstance(value, bool) and value == 0):
+    return None
+  value = fields.Float()(path, value)
+  if value < 1.0:
+    raise ValueError(f"config.{path} must be 0 (off) or >= 1, got {value!r}")
+  return value
+
+
 @dataclasses.dataclass(frozen=True)
 class PolicyLossConfig:
-  """Clipped policy-gradient loss settings (docs/methods.md §4).
+  """Clipped policy-gradient loss settings (docs/methods.md §4), `config.optim.loss`.
 
-  Attributes:
-    eps_low: epsilon_low, lower clip ``1 - eps_low`` of the ratio rho.
-    eps_high: epsilon_high, upper clip ``1 + eps_high`` (clip-higher; papers use 0.28).
-    loss_agg: one of ``LOSS_AGG_MODES`` (or a registered name of ``LOSS_AGGREGATIONS``).
-    norm_len: L of ``seq-mean-token-sum-norm`` (max response length); None -> T.
-    kl_coef: beta, weight of the per-token KL penalty to the frozen reference (0 = off).
-    kl_estimator: 'k1' | 'k2' | 'k3' (docs/methods.md §5).
-    entropy_coef: weight of the entropy bonus (subtracted from the loss; 0 = off).
-    recompute_old_logp: pi_old is the training forward's own log-prob (stop-gradient) instead
-      of the sampler's. Exact because the trainer makes one optimizer step per rollout (the
-      params that sampled are the params of the step's forward, as TRL and verl assume when
-      they skip the old-log-prob pass); needed when the sampler computes differently (another
-      dtype, a bf16 KV cache, another sharding).
-    tis_cap: C of truncated importance sampling (None = off): each token's policy-gradient
-      term is weighted by ``min(pi_train_old / pi_sampler, C)`` (token level, as verl's
-      ``tis_imp_ratio_cap`` and TRL's ``vllm_importance_sampling_mode='token_truncate'``;
-      Yao et al. 2025). Requires ``recompute_old_logp`` (otherwise the weight is 1).
+  Each field is declared once (`mr_rl.fields.setting`: default, help, check) and checked here;
+  `mr_rl.settings` derives the config section from these declarations.
+
+  `recompute_old_logp`: pi_old is the training forward's own log-prob (stop-gradient) instead
+  of the sampler's. Exact because the trainer makes one optimizer step per rollout (the params
+  that sampled are the params of the step's forward, as TRL and verl assume when they skip the
+  old-log-prob pass); needed when the sampler computes differently (another dtype, a bf16 KV
+  cache, another sharding). The config's 'auto' turns it on when the sampler's dtypes differ
+  from the learner's or `tis_cap` is set (`mr_rl.settings.from_config`).
+  `tis_cap`: C of truncated importance sampling: each token's policy-gradient term is weighted
+  by ``min(pi_train_old / pi_sampler, C)`` (token level, as verl's ``tis_imp_ratio_cap`` and
+  TRL's ``vllm_importance_sampling_mode='token_truncate'``; Yao et al. 2025).
   """
-  eps_low: float = 0.2
-  eps_high: float = 0.28
-  loss_agg: str = 'token-mean'
-  norm_len: Optional[int] = None
-  kl_coef: float = 0.0
-  kl_estimator: str = 'k3'
-  entropy_coef: float = 0.0
-  recompute_old_logp: bool = False
-  tis_cap: Optional[float] = None
+  SECTION: ClassVar[str] = "optim.loss"
+  eps_low: float = fields.setting(
+      0.2, "epsilon_low: lower clip 1 - eps_low of the ratio rho",
+      fields.Float(0.0, 1.0, hi_open=True))
+  eps_high: float = fields.setting(
+      0.28, "epsilon_high: upper clip 1 + eps_high (clip-higher; papers: 0.28)",
+      fields.Float(lo=0.0))
+  loss_agg: str = fields.setting(
+      "token-mean", "token-mean | seq-mean-token-mean | seq-mean-token-sum-norm (or a "
+      "registered LOSS_AGGREGATIONS name)", fields.Choice(fields.registered(LOSS_AGGREGATIONS)))
+  norm_len: Optional[int] = fields.setting(
+      None, "L of seq-mean-token-sum-norm (from_config: rollout.max_new_tokens); None -> T",
+      fields.Optional(fields.Int(lo=1)), derived=True)
+  kl_coef: float = fields.setting(
+      0.0, "beta, weight of the per-token KL penalty to the frozen reference (0 = off)",
+      fields.Float(lo=0.0))
+  kl_estimator: str = fields.setting(
+      "k3", "k1 | k2 | k3 (docs/methods.md §5)",
+      fields.Choice(fields.registered(KL_ESTIMATORS)))
+  entropy_coef: float = fields.setting(
+      0.0, "entropy bonus weight (subtracted from the loss; 0 = off)", fields.Float(lo=0.0))
+  recompute_old_logp: bool = fields.setting(
+      False, "pi_old from the training forward: auto (on when the sampler's dtype or cache "
+      "dtype differs from the learner's compute dtype, or with tis_cap) | on | off",
+      fields.boolean, config="auto")
+  tis_cap: Optional[float] = fields.setting(
+      None, "truncated importance sampling cap C >= 1 of pi_train/pi_sampler (0 = off)",
+      _tis_cap, config=0.0)
 
   def __post_init__(self):
-    if not 0.0 <= self.eps_low < 1.0:
-      raise ValueError(f'eps_low must be in [0, 1), got {self.eps_low}.')
-    if self.eps_high < 0.0:
-      raise ValueError(f'eps_high must be >= 0, got {self.eps_high}.')
-    LOSS_AGGREGATIONS.get(self.loss_agg)
-    if self.norm_len is not None and (not isinstance(self.norm_len, int) or self.norm_len < 1):
-      raise ValueError(f'norm_len must be a positive int or None, got {self.norm_len!r}.')
-    if self.kl_coef < 0.0:
-      raise ValueError(f'kl_coef (beta) must be >= 0, got {self.kl_coef}.')
-    get_kl_estimator(self.kl_estimator)
-    if self.entropy_coef < 0.0:
-      raise ValueError(f'entropy_coef must be >= 0, got {self.entropy_coef}.')
-    if not isinstance(self.recompute_old_logp, bool):
-      raise ValueError(
-          f'recompute_old_logp must be True or False, got {self.recompute_old_logp!r}.')
-    if self.tis_cap is not None:
-      if not self.tis_cap >= 1.0:
-        raise ValueError(f'tis_cap (C) must be >= 1 or None, got {self.tis_cap}.')
-      if not self.recompute_old_logp:
-        raise ValueError('tis_cap needs recompute_old_logp=True: the truncated importance weight '
-                         'is pi_train_old / pi_sampler, and without the recomputation pi_old is '
-                         'the sampler (weight 1).')
+    fields.validate(self)
+    if self.tis_cap is not None and not self.recompute_old_logp:
+      raise ValueError("config.optim.loss.tis_cap needs config.optim.loss.recompute_old_logp "
+                       "'on' (or 'auto'): its weight is pi_train_old / pi_sampler, and without "
+                       "the recomputation pi_old is the sampler (weight 1)")
 
 
 def token_weights(response_mask_NT, loss_agg: str, norm_len: Optional[int] = None) -> jax.Array:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import flax
 import flax.linen as nn
@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from mr_rl import compilation
+from mr_rl import compilation, fields
 from mr_rl.models import sharding
 from mr_rl.rl import critic as critic_lib
 from mr_rl.rl.batch import LearnerBatch, batch_fields, example_batch, response_logprobs
@@ -58,60 +58,46 @@ class TrainState:
 
 @dataclasses.dataclass(frozen=True)
 class UpdateConfig:
-  """Optimisation settings of one learner step.
+  """Optimisation settings of one learner step, `config.optim` (each field declared once with
+  `mr_rl.fields.setting` and checked here).
 
-  Attributes:
-    loss: clipped-surrogate / KL / entropy settings (PolicyLossConfig). For
-      ``seq-mean-token-sum-norm`` set ``loss.norm_len`` to the maximum response length;
-      its default (None) is the batch's T, prompt included, which varies with trimmed
-      batches (the trainer always sets it to ``max_new_tokens``).
-    num_micro_batches: M, gradient-accumulation chunks; must divide the row count.
-    lr: AdamW learning rate of the policy (papers: 1e-6).
-    warmup_steps: linear warm-up steps from 0 to ``lr`` (0 = constant).
-    weight_decay: AdamW decoupled weight decay (verl's default 0.01).
-    b1: Adam beta1.
-    b2: Adam beta2.
-    adam_eps: Adam epsilon.
-    max_grad_norm: global-norm gradient clip (None = off).
-    value_lr: AdamW learning rate of the PPO critic.
-    vf_clip: PPO value clip range (None = unclipped).
-    pack: the step takes packed batches (module docstring; GRPO family only).
-    lora: None (full fine-tuning) or a ``mr_rl.models.lora.LoraConfig``: the state holds the
-      adapters only (PPO: the critic's adapters and head too) and the step takes the frozen
-      base as a fourth, not donated, argument (``Learner.update``).
+  `loss`: for ``seq-mean-token-sum-norm`` set ``loss.norm_len`` to the maximum response
+  length; its default (None) is the batch's T, prompt included, which varies with trimmed
+  batches (the trainer always sets it to ``max_new_tokens``). `lora`: None (full fine-tuning)
+  or a ``mr_rl.models.lora.LoraConfig`` (`config.model.lora`): the state holds the adapters
+  only (PPO: the critic's adapters and head too) and the step takes the frozen base as a
+  fourth, not donated, argument (``Learner.update``).
   """
-  loss: PolicyLossConfig = PolicyLossConfig()
-  num_micro_batches: int = 1
-  lr: float = 1e-6
-  warmup_steps: int = 0
-  weight_decay: float = 0.01
-  b1: float = 0.9
-  b2: float = 0.999
-  adam_eps: float = 1e-8
-  max_grad_norm: Optional[float] = 1.0
-  value_lr: float = 1e-5
-  vf_clip: Optional[float] = 0.2
-  pack: bool = False
-  lora: Any = None
+  SECTION: ClassVar[str] = "optim"
+  loss: PolicyLossConfig = fields.setting(
+      help="clipped-surrogate / KL / entropy settings", factory=PolicyLossConfig)
+  num_micro_batches: int = fields.setting(
+      1, "M gradient-accumulation chunks of the B*G rows (must divide them)", fields.Int(lo=1))
+  lr: float = fields.setting(1e-6, "AdamW learning rate of the policy (papers: 1e-6)",
+                             fields.Float(lo=0.0, lo_open=True))
+  warmup_steps: int = fields.setting(0, "linear warm-up steps from 0 to lr (0 = constant)",
+                                     fields.Int(lo=0))
+  weight_decay: float = fields.setting(0.01, "AdamW decoupled weight decay (verl: 0.01)",
+                                       fields.Float(lo=0.0))
+  b1: float = fields.setting(0.9, "Adam beta1", fields.Float(0.0, 1.0, hi_open=True))
+  b2: float = fields.setting(0.999, "Adam beta2", fields.Float(0.0, 1.0, hi_open=True))
+  adam_eps: float = fields.setting(1e-8, "Adam epsilon", fields.Float(lo=0.0, lo_open=True))
+  max_grad_norm: Optional[float] = fields.setting(
+      1.0, "global-norm gradient clip (None = off)",
+      fields.Optional(fields.Float(lo=0.0, lo_open=True)))
+  value_lr: float = fields.setting(1e-5, "AdamW learning rate of the PPO critic",
+                                   fields.Float(lo=0.0, lo_open=True))
+  vf_clip: Optional[float] = fields.setting(
+      0.2, "PPO value clip range (None = unclipped)",
+      fields.Optional(fields.Float(lo=0.0, lo_open=True)))
+  pack: bool = fields.setting(
+      False, "several sequences per row (segment ids); GRPO family only", fields.boolean)
+  lora: Any = fields.setting(None, "the adapters (config.model.lora)", derived=True)
 
   def __post_init__(self):
     if not isinstance(self.loss, PolicyLossConfig):
       raise TypeError(f'loss must be a PolicyLossConfig, got {type(self.loss).__name__}.')
-    if not isinstance(self.num_micro_batches, int) or self.num_micro_batches < 1:
-      raise ValueError(f'num_micro_batches must be a positive int, got {self.num_micro_batches!r}.')
-    for name in ('lr', 'value_lr'):
-      if getattr(self, name) <= 0:
-        raise ValueError(f'{name} must be > 0, got {getattr(self, name)}.')
-    if self.warmup_steps < 0:
-      raise ValueError(f'warmup_steps must be >= 0, got {self.warmup_steps}.')
-    if self.weight_decay < 0:
-      raise ValueError(f'weight_decay must be >= 0, got {self.weight_decay}.')
-    if self.max_grad_norm is not None and self.max_grad_norm <= 0:
-      raise ValueError(f'max_grad_norm must be > 0 or None, got {self.max_grad_norm}.')
-    if self.vf_clip is not None and self.vf_clip <= 0:
-      raise ValueError(f'vf_clip must be > 0 or None, got {self.vf_clip}.')
-    if not isinstance(self.pack, bool):
-      raise ValueError(f'pack must be True or False, got {self.pack!r}.')
+    fields.validate(self)
 
 
 def make_optimizer(config: UpdateConfig,
@@ -461,9 +447,6 @@ def learner(model, config: UpdateConfig, mesh=None, ppo: bool = False) -> Learne
   demo's methods) share one compile. Parameters follow ``mr_rl.models.sharding``'s logical
   rules; the critic's trunk shards like the policy (``mr_rl.rl.critic``).
   """
-  if ppo and config.pack:
-    raise ValueError('packed update batches (config.update_batch.pack) are for the GRPO family; '
-                     'PPO\'s critic and GAE run on unpacked rows.')
   tx = make_optimizer(config)
   value_tx = make_optimizer(config, lr=config.value_lr) if ppo else None
   logits_fn = model_logits_fn(model)

@@ -227,14 +227,14 @@ def test_paper_values():
   assert g("tag_math", "model=qwen3_4b,task=brief,method=min").rewards.params.brief.threshold == 200
   assert g("tag_moe", "task=brief,method=tag").rewards.params.brief.threshold == 512
   c = g("tag_math", "method=dr_grpo")
-  assert c.advantage.name == "dr_grpo" and c.loss.loss_agg == "seq-mean-token-sum-norm"
+  assert c.advantage.name == "dr_grpo" and c.optim.loss.loss_agg == "seq-mean-token-sum-norm"
   assert g("tag_math", "method=mo_grpo").advantage.name == "mo_grpo"
-  assert g("tag_math", "method=additive_kl").loss.kl_coef == 0.1
+  assert g("tag_math", "method=additive_kl").optim.loss.kl_coef == 0.1
   c = g("tag_math", "method=tag")
   assert (c.pipeline, c.anchor.probe_steps, c.anchor.held_out_prompts) == ("tag", 300, 256)
   assert c.anchor.probe_batch_prompts * c.rollout.group_size == 32
   assert g("tag_drift").total_steps == 0
-  assert [g("tag_kl_sweep", f"beta={b}").loss.kl_coef for b in ("0.01", "1.0")] == [0.01, 1.0]
+  assert [g("tag_kl_sweep", f"beta={b}").optim.loss.kl_coef for b in ("0.01", "1.0")] == [0.01, 1.0]
   assert g("tag_lambda", "lam=4").anchor.lam == 4.0
   assert g("tag_downweight", "w_a=0.2").aggregator.hp.w == [0.8, 0.2]
   assert g("tag_three_channels").rewards.channels == "accuracy,brief,negative"

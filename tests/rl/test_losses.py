@@ -239,17 +239,18 @@ def test_token_weights_and_logprobs():
 
 
 def test_config_validation():
-  with pytest.raises(ValueError, match=r"^unknown loss aggregation 'sum'; valid: "
-                                       r"seq_mean_token_mean, seq_mean_token_sum_norm, "
-                                       r"token_mean$"):
+  """PolicyLossConfig checks its declared fields (`mr_rl.fields`), naming config.optim.loss.*."""
+  with pytest.raises(ValueError, match=r"^config.optim.loss.loss_agg='sum' is not valid; choose "
+                                       r"one of \['seq-mean-token-mean', "):
     losses.PolicyLossConfig(loss_agg='sum')
   with pytest.raises(ValueError, match=r"^unknown loss aggregation 'sum'; valid: "):
     losses.token_weights(jnp.ones((1, 2)), 'sum')
   with pytest.raises(ValueError, match=r'response_mask_NT must be \[N, T\]'):
     losses.token_weights(jnp.ones(2), 'token-mean')
-  with pytest.raises(ValueError, match='eps_low'):
+  with pytest.raises(ValueError, match=r'config.optim.loss.eps_low must be in \[0, 1\)'):
     losses.PolicyLossConfig(eps_low=1.5)
-  with pytest.raises(ValueError, match=r"^unknown KL estimator 'k9'; valid: k1, k2, k3$"):
+  with pytest.raises(ValueError, match=r"^config.optim.loss.kl_estimator='k9' is not valid; "
+                                       r"choose one of \['k1', 'k2', 'k3'\]$"):
     losses.PolicyLossConfig(kl_estimator='k9')
   with pytest.raises(ValueError, match='ref_logp_NT is required'):
     losses.policy_loss(jnp.zeros((1, 2)), jnp.zeros((1, 2)), jnp.ones(1), jnp.ones((1, 2)),
@@ -257,10 +258,11 @@ def test_config_validation():
   with pytest.raises(ValueError, match='advantages'):
     losses.policy_loss(jnp.zeros((1, 2)), jnp.zeros((1, 2)), jnp.ones(3), jnp.ones((1, 2)),
                        losses.PolicyLossConfig())
-  with pytest.raises(ValueError, match='tis_cap needs recompute_old_logp=True'):
+  with pytest.raises(ValueError, match='tis_cap needs config.optim.loss.recompute_old_logp'):
     losses.PolicyLossConfig(tis_cap=2.0)
-  with pytest.raises(ValueError, match=r'tis_cap \(C\) must be >= 1'):
+  with pytest.raises(ValueError, match=r'config.optim.loss.tis_cap must be 0 \(off\) or >= 1'):
     losses.PolicyLossConfig(tis_cap=0.5, recompute_old_logp=True)
+  assert losses.PolicyLossConfig(tis_cap=0).tis_cap is None  # the config's 0 = off
 
 
 def test_value_loss_matches_numpy():

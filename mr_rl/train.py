@@ -366,7 +366,7 @@ def _train(settings: RunSettings, workdir: str | None, *, comp: Components | Non
       pipe.fill(step, draw_for)  # draw + score, submitted up to max_staleness steps ahead
       draw = pipe.take(step, draw_for)
       timer = metrics_lib.StageTimer(draw.seconds)  # time/rollout, time/reward (the draw's)
-      with timer("update"):
+      with timer("update"):  # signal -> batch -> step
         sig = signal(state["agg"], jnp.asarray(draw.r_BGK[:draw.signal_groups]), k_agg)
         state["agg"] = jax.device_get(sig.agg_state)
         batch, ref_logp, batch_m = train_step.step_batch(s, step, draw, sig, learner,
@@ -379,7 +379,7 @@ def _train(settings: RunSettings, workdir: str | None, *, comp: Components | Non
                                                           placed.response_mask)
         # (the device values of the step come to the host here)
         upd_m, kl_m, agg_m, R_BG = jax.device_get((upd_m, kl_m, sig.metrics, sig.R_BG))
-      m = train_step.log_metrics(s, draw, R_BG, agg_m, upd_m, kl_m, batch_m, alarm)
+      m = train_step.log_metrics(s, draw, R_BG, agg_m, upd_m, kl_m, batch_m, alarm)  # log
       m.update(timer.metrics())
       m.update(pipe.metrics())  # (after the weight push of this step's update)
       m.update(compiles.take(log))  # every program compiled (or loaded from the cache)

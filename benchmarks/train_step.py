@@ -69,7 +69,7 @@ import numpy as np
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
 
-from mr_rl import models, settings as settings_lib, train as train_lib  # noqa: E402
+from mr_rl import models, settings as settings_lib, train as train_lib, train_step  # noqa: E402
 from mr_rl.rl import update as update_lib  # noqa: E402
 from mr_rl.rl.batch import LearnerBatch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/roofline.py
@@ -117,7 +117,7 @@ def grpo_batch(model, params, rows: int, prompt_len: int, resp_len: int, group_s
   resp = (col >= prompt_len) & (col < prompt_len + r_len[:, None])
   mask = (prompt | resp).astype(np.int32)
   tokens = np.where(mask == 1, tokens, 0).astype(np.int32)
-  logp_fn = train_lib.logprob_forward(model)
+  logp_fn = train_step.logprob_forward(model)
   old_logp = logp_fn(params, jnp.asarray(tokens), jnp.asarray(mask))
   resp_mask = jnp.asarray(resp.astype(np.int32))
   return LearnerBatch(
@@ -146,7 +146,7 @@ def time_policy_step(name: str, model, params, update_config, batch: LearnerBatc
     times.append(time.perf_counter() - t0)
   if not np.isfinite(float(m["policy_loss"])):
     raise FloatingPointError(f"{name}: non-finite policy loss {float(m['policy_loss'])}")
-  fwd = train_lib.logprob_forward(model)  # the trainer's reference forward (compiled by grpo_batch)
+  fwd = train_step.logprob_forward(model)  # the trainer's reference forward (grpo_batch's)
   fwd_flops = _xla_flops(fwd.lower(params, batch.tokens, batch.mask).compile())
   fwd_times = []
   for _ in range(repeats):

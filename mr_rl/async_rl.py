@@ -287,17 +287,25 @@ class Pipeline:
   checkpoint), so a run resumed with a larger `total_steps` consumes what an uninterrupted
   longer run would have.
 
+  The pipeline owns the params the sampler draws with: `push(train_state)` makes the policy
+  of the learner's state the sampler's (`policy_params`).
+
   Args:
     settings: AsyncSettings.
     sampler_shardings: with split devices, the shardings of the sampler's copy of the
       policy's params (None: the sampler uses the learner's params).
+    learner_mesh: with split devices, the learner's mesh (`push_params`).
+    policy: the learner's train state -> the policy's params (e.g. the learner's `policy`
+      with the run's base params bound); None: `push` is given the params themselves.
   """
 
-  def __init__(self, settings: AsyncSettings, sampler_shardings=None, learner_mesh=None):
+  def __init__(self, settings: AsyncSettings, sampler_shardings=None, learner_mesh=None,
+               policy: Callable[[Any], Any] | None = None):
     self.settings = settings
     self.queue = StaleQueue(settings.max_staleness)
     self._shardings = sampler_shardings
     self._learner_mesh = learner_mesh
+    self._policy = (lambda params: params) if policy is None else policy
     # Split devices over several processes: every device program is dispatched from the main
     # thread, in the schedule's order (module docstring: "ordered").
     self.ordered = sampler_shardings is not None and jax.process_count() > 1
@@ -308,11 +316,12 @@ class Pipeline:
                     if settings.active else None)
 
   @classmethod
-  def for_run(cls, settings: AsyncSettings, model, sampler_mesh, learner_mesh) -> "Pipeline":
+  def for_run(cls, settings: AsyncSettings, model, sampler_mesh, learner_mesh,
+              policy: Callable[[Any], Any] | None = None) -> "Pipeline":
     """A trainer's pipeline; with split devices (`learner_mesh` given, built by
     `split_meshes`) the sampler's copy of the params is sharded on `sampler_mesh`. PPO's
     critic stays with the learner (its values are computed when the batch is made); a LoRA
-    policy is pushed merged (`push`)."""
+    policy is pushed merged (`push`). `policy`: as in `Pipeline`."""
     n = settings.sampler_devices
     have = 0 if learner_mesh is None else sampler_mesh.devices.size
     if n != have:
@@ -321,16 +330,20 @@ class Pipeline:
     shardings = None
     if n:
       shardings = sharding.param_shardings(model, sampler_mesh, sharding.DEFAULT_RULES)
-    return cls(settings, shardings, learner_mesh)
+    return cls(settings, shardings, learner_mesh, policy)
 
   # ---------------------------------------------------------------- weights
   @property
   def split(self) -> bool:
     return self._shardings is not None
 
-  def push(self, params) -> None:
-    """The sampler's copy of `params` (split devices; timed). A no-op on one device set."""
+  def push(self, train_state) -> None:
+    """Makes the policy of `train_state` the one the sampler draws with (`policy_params`):
+    on one device set the learner's params themselves, on split devices a copy on the
+    sampler's devices (timed: `time/weight_push`)."""
+    params = self._policy(train_state)
     if not self.split:
+      self._sampler_params = params
       return
     # A LoRA policy is pushed merged, on the learner's devices (the sampler decodes merged
     # weights in any case: `mr_rl.rollout.rollout`), so the push has the plain params' shape.
@@ -340,9 +353,13 @@ class Pipeline:
         push_params(params, self._shardings, self._learner_mesh))
     self._push_s = time.perf_counter() - t0
 
-  def sampler_params(self, learner_params):
-    """The params the sampler draws with: its pushed copy, or the learner's own."""
-    return self._sampler_params if self.split else learner_params
+  def policy_params(self):
+    """The params the sampler draws with: those of the latest `push` (its copy on split
+    devices)."""
+    if self._sampler_params is None:
+      raise RuntimeError("Pipeline.policy_params before any push: push the learner's state "
+                         "first")
+    return self._sampler_params
 
   # ------------------------------------------------------------ submit / take
   def score_later(self, scoring: rollout_lib.StreamingScore, ro: rollout_lib.Rollout,

@@ -155,6 +155,22 @@ def metrics(records: list[Compiled], total: int) -> dict[str, float]:
           "compile/programs": float(total)}
 
 
+class StepCompiles:
+  """A run's compiles, step by step: `take(log)` logs the programs compiled (or loaded from
+  the cache) since its last call and gives their `compile/*` metrics, `compile/programs`
+  counting from the counter's creation."""
+
+  def __init__(self):
+    self._log = compile_log()
+    self._first = self._seen = len(self._log)
+
+  def take(self, log: Callable[[str], None] | None) -> dict[str, float]:
+    new = self._log.since(self._seen)
+    self._seen += len(new)
+    log_compiles(new, log)
+    return metrics(new, self._seen - self._first)
+
+
 def counts(records: list[Compiled]) -> dict[str, int]:
   """{program name: compiles} of some records."""
   out: dict[str, int] = {}

@@ -12,6 +12,7 @@ id is kept in `WORKDIR/wandb_run_id`). The run's resolved settings are written t
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -295,6 +296,34 @@ def write_json(path: str, obj: Any, indent: int = 1) -> None:
   """Writes `obj` to `path` as strict JSON (non-finite floats as null, `finite_json`)."""
   with open(path, "w") as f:
     json.dump(finite_json(obj), f, indent=indent, allow_nan=False)
+
+
+class StageTimer:
+  """Wall-clock seconds of a step's named stages: each `with timer("update"): ...` adds the
+  block's time to `seconds["update"]`; `metrics()` names them `time/<stage>`.
+
+  Args:
+    seconds: stages timed elsewhere (e.g. a draw's `rollout` / `reward`, measured where it
+      ran), which the timer's blocks add to.
+    clock: seconds now (`time.perf_counter`).
+  """
+
+  def __init__(self, seconds: Mapping[str, float] | None = None,
+               clock: Callable[[], float] = time.perf_counter):
+    self.seconds: dict[str, float] = dict(seconds or {})
+    self.clock = clock
+
+  @contextlib.contextmanager
+  def __call__(self, stage: str):
+    t0 = self.clock()
+    try:
+      yield
+    finally:
+      self.seconds[stage] = self.seconds.get(stage, 0.0) + self.clock() - t0
+
+  def metrics(self) -> dict[str, float]:
+    """{`time/<stage>`: seconds}, in the order the stages were first timed."""
+    return {f"time/{k}": float(v) for k, v in self.seconds.items()}
 
 
 class ETA:

@@ -24,6 +24,7 @@ from mr_rl import data  # noqa: E402
 from mr_rl import metrics as metrics_lib  # noqa: E402
 from mr_rl import settings as settings_lib  # noqa: E402
 from mr_rl import train as train_lib  # noqa: E402
+from mr_rl import train_step  # noqa: E402
 from mr_rl.rewards.runner import RewardFailureError  # noqa: E402
 from mr_rl.rl import signal as signal_lib  # noqa: E402
 from mr_rl.rl import update as update_lib  # noqa: E402
@@ -49,11 +50,15 @@ def test_a_group_older_than_s_is_never_consumed():
 def test_the_pipeline_consumes_the_draw_of_version_t_minus_s(s):
   submitted = []
 
-  def draw_fn(u):  # the call that draws step u now; the draw records the policy of now
-    version = step
+  def draw_fn(u):  # the call that draws step u now, with the policy the pipeline holds now
+    version = pipe.policy_params()
     return lambda: submitted.append((u, version)) or {"step": u, "version": version}
 
-  with async_rl.Pipeline(async_rl.AsyncSettings(max_staleness=s)) as pipe:
+  policy = lambda train_state: train_state["version"]  # (the learner's policy of its state)
+  with async_rl.Pipeline(async_rl.AsyncSettings(max_staleness=s), policy=policy) as pipe:
+    with pytest.raises(RuntimeError, match="before any push"):
+      pipe.policy_params()
+    pipe.push({"version": 0})
     for step in range(7):
       pipe.fill(step, draw_fn)
       assert len(pipe.queue) == s + 1
@@ -63,6 +68,7 @@ def test_the_pipeline_consumes_the_draw_of_version_t_minus_s(s):
         assert m["async/staleness"] == min(step, s) and m["async/stale_dropped"] == 0
       else:
         assert m == {}  # the synchronous loop logs what it always did
+      pipe.push({"version": step + 1})  # the step's update
   assert [u for u, _ in submitted] == list(range(7 + s))  # in step order, s past the end
 
 
@@ -134,11 +140,11 @@ def _reference_synchronous_loop(s, comp, steps):
   it = data.ResumableIterator(list(comp.train_examples), s.data.batch_prompts, seed=s.seed)
   for step in range(steps):
     k_roll, k_agg, k_upd = jax.random.split(jax.random.fold_in(root, step), 3)
-    draw = train_lib.draw_groups(comp, st.params, agg_state, it, signal, k_roll, k_agg)
+    draw = train_step.draw_groups(comp, st.params, agg_state, it, signal, k_roll, k_agg)
     sig = signal(agg_state, jnp.asarray(draw.r_BGK), k_agg)
     agg_state = jax.device_get(sig.agg_state)
-    batch = train_lib.learner_batch(s, draw, sig, learner, st, None,
-                                    s.update.num_micro_batches)
+    batch = train_step.learner_batch(s, draw, sig, learner, st, None,
+                                     s.update.num_micro_batches)
     st, _ = learner.update(st, learner.place_batch(batch), k_upd, comp.base_params)
   return st.params, agg_state
 
@@ -253,7 +259,7 @@ def _split_worker(policy_path: str) -> dict:
       out["result_on_sampler"] = on(res.params, sampler)  # the last push
       pipe = async_rl.Pipeline.for_run(s.asynchrony, comp.model, comp.policy.mesh, comp.mesh)
       pipe.push(comp.base_params)
-      pushed = pipe.sampler_params(None)
+      pushed = pipe.policy_params()
       out["pushed_on_sampler"] = on(pushed, sampler)
       out["pushed_equal"] = not _trees_differ(pushed, comp.base_params)
       pipe.close()

@@ -29,3 +29,16 @@ def test_write_json_is_strict_json(tmp_path):
       "per_set": [1.0, None, None, None, None, "x", 3], "arr": [0.25, None],
       "nested": {"n": 7, "t": [None]}}
   assert metrics_lib.finite_json(math.nan) is None and metrics_lib.finite_json(2.0) == 2.0
+
+
+def test_stage_timer_adds_up_each_stage():
+  ticks = iter([0.0, 1.5, 2.0, 2.25, 3.0, 4.0])
+  timer = metrics_lib.StageTimer({"rollout": 7.0}, clock=lambda: next(ticks))
+  with timer("update"):
+    pass
+  with timer("rollout"):
+    pass
+  with pytest.raises(KeyError), timer("update"):  # a stage that raises still counts its time
+    raise KeyError("x")
+  assert timer.metrics() == {"time/rollout": 7.25, "time/update": 2.5}
+  assert list(timer.metrics()) == ["time/rollout", "time/update"]

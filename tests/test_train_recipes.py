@@ -15,6 +15,7 @@ import pytest
 from mr_rl import metrics as metrics_lib
 from mr_rl import settings as settings_lib
 from mr_rl import train as train_lib
+from mr_rl import train_step
 from mr_rl.rl import dynamic_sampling as ds
 from mr_rl.rl import signal as signal_lib
 
@@ -63,7 +64,7 @@ def test_trainer_keeps_only_groups_with_signal(base_policy, signal_name, advanta
   from mr_rl import data
   it = data.ResumableIterator(list(comp.train_examples), s.data.batch_prompts, seed=s.seed)
   key = jax.random.PRNGKey(3)
-  draw = train_lib.draw_groups(comp, comp.base_params, state, it, signal, key, key)
+  draw = train_step.draw_groups(comp, comp.base_params, state, it, signal, key, key)
   ro, r, n_kept, m = draw.rollout, draw.r_BGK, draw.n_kept, draw.metrics
   B = s.data.batch_prompts
   assert r.shape[0] == B == ro.tokens.shape[0]

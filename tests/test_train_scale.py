@@ -29,6 +29,7 @@ from mr_rl import models  # noqa: E402
 from mr_rl import settings as settings_lib  # noqa: E402
 from mr_rl.testing import runs  # noqa: E402
 from mr_rl import train as train_lib  # noqa: E402
+from mr_rl import train_step  # noqa: E402
 from mr_rl.rl import anchor as anchor_lib  # noqa: E402
 from mr_rl.rl import critic  # noqa: E402
 from mr_rl.rl import update as update_lib  # noqa: E402
@@ -76,7 +77,7 @@ def test_chunked_forward_equals_one_call(policy):
   N, T = 8, 10
   tokens = jnp.asarray(rng.integers(3, model.config.vocab_size, (N, T)), jnp.int32)
   mask = jnp.asarray(np.arange(T)[None, :] >= (np.arange(N) % 3)[:, None], jnp.int32)
-  logp_fn = train_lib.logprob_forward(model)
+  logp_fn = train_step.logprob_forward(model)
   value_fn = jax.jit(critic.model_value_fn(model))
   vparams = critic.init_value_params(model, params, jax.random.PRNGKey(1))
   for fn, p, splits in ((logp_fn, params, (2, 4)), (value_fn, vparams, (4,))):

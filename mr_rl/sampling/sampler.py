@@ -94,6 +94,33 @@ class SampleOutput:
   steps: jax.Array
 
 
+@flax.struct.dataclass
+class DecodeState:
+  """The decode loop's carry (`Sampler`'s `lax.while_loop` state; the continuous engine's is
+  `slots.SlotState`).
+
+  Attributes:
+    s: int32 scalar, the decode step (response column written next).
+    cache: the KV cache (`init_cache`), its length the current segment's window.
+    kv_mask: bool [N, C], filled real key columns.
+    x: int32 [N], the token fed at the next step (the last prompt token first).
+    done: bool [N], the row has produced EOS.
+    tokens: int32 [N, S], the responses so far (`pad_id` after EOS and past step s).
+    logprobs: float32 [N, S], their temperature-1 policy log-probs (0 where not generated).
+    lengths: int32 [N], tokens generated per row (EOS included).
+    key: the base PRNG key, carried unchanged: step s draws with `fold_in(key, s)`.
+  """
+  s: jax.Array
+  cache: tuple
+  kv_mask: jax.Array
+  x: jax.Array
+  done: jax.Array
+  tokens: jax.Array
+  logprobs: jax.Array
+  lengths: jax.Array
+  key: jax.Array
+
+
 def prompt_bucket(length: int, buckets: Optional[Sequence[int]] = None) -> int:
   """Smallest bucket >= `length` (powers of two >= MIN_PROMPT_BUCKET when buckets is None)."""
   if length < 1:
@@ -292,51 +319,50 @@ class Sampler:
           init_cache(self.model.config, rows, window, dtype=self.cache_dtype))
     kv_mask_NC = _pad_seq_axis(mask_NP, window - bucket)
 
-    state = dict(
+    state = DecodeState(
         s=jnp.int32(0),
         cache=cache,
         kv_mask=kv_mask_NC,
-        x=tokens_NP[:, -1],  # token fed at the next step (last prompt token first)
+        x=tokens_NP[:, -1],
         done=jnp.zeros((rows,), jnp.bool_),
         tokens=jnp.full((rows, n_new), self.pad_id, jnp.int32),
         logprobs=jnp.zeros((rows, n_new), jnp.float32),
         lengths=jnp.zeros((rows,), jnp.int32),
-        key=key,  # base key, carried unchanged: step s draws with fold_in(key, s)
+        key=key,
     )
 
-    def body(st):
-      s = st["s"]
+    def body(st: DecodeState) -> DecodeState:
+      s = st.s
       slot = bucket - 1 + s
-      kv_mask = jax.lax.dynamic_update_slice(st["kv_mask"], jnp.ones((rows, 1), jnp.bool_),
+      kv_mask = jax.lax.dynamic_update_slice(st.kv_mask, jnp.ones((rows, 1), jnp.bool_),
                                              (jnp.int32(0), slot))
       pos_N1 = (len_N - 1 + s)[:, None]
-      logits_N1V, cache = self._apply(params, st["x"][:, None], pos_N1, kv_mask, st["cache"], slot)
+      logits_N1V, cache = self._apply(params, st.x[:, None], pos_N1, kv_mask, st.cache, slot)
       logits_NV = logits_N1V[:, 0]
       if self.key_schedule == "row":
         tok_N = processing.sample_tokens_rows(
-            logits_NV, processing.row_step_keys(st["key"], row_N, jnp.full((rows,), s)),
+            logits_NV, processing.row_step_keys(st.key, row_N, jnp.full((rows,), s)),
             self.sampling)
       else:
-        tok_N = processing.sample_tokens(logits_NV, jax.random.fold_in(st["key"], s),
+        tok_N = processing.sample_tokens(logits_NV, jax.random.fold_in(st.key, s),
                                          self.sampling)
       lp_N = processing.token_log_probs(logits_NV, tok_N)
-      live_N = ~st["done"]
+      live_N = ~st.done
       tok_N = jnp.where(live_N, tok_N, self.pad_id)
       lp_N = jnp.where(live_N, lp_N, 0.0)
-      done_N = st["done"]
+      done_N = st.done
       for e in self.eos_ids:
         done_N = done_N | (tok_N == e)
       zero = jnp.int32(0)
-      return dict(
+      return st.replace(
           s=s + 1,
           cache=cache,
           kv_mask=kv_mask,
           x=tok_N,
           done=done_N,
-          tokens=jax.lax.dynamic_update_slice(st["tokens"], tok_N[:, None], (zero, s)),
-          logprobs=jax.lax.dynamic_update_slice(st["logprobs"], lp_N[:, None], (zero, s)),
-          lengths=st["lengths"] + live_N.astype(jnp.int32),
-          key=st["key"],
+          tokens=jax.lax.dynamic_update_slice(st.tokens, tok_N[:, None], (zero, s)),
+          logprobs=jax.lax.dynamic_update_slice(st.logprobs, lp_N[:, None], (zero, s)),
+          lengths=st.lengths + live_N.astype(jnp.int32),
       )
 
     prev_end = 0
@@ -344,17 +370,16 @@ class Sampler:
       if i > 0:
         # Grow the cache (and its key mask) to this segment's window: one copy per segment.
         extra = end - prev_end
-        state["cache"] = self._constrain_cache(
-            grow_cache(state["cache"], extra))
-        state["kv_mask"] = _pad_seq_axis(state["kv_mask"], extra)
+        state = state.replace(cache=self._constrain_cache(grow_cache(state.cache, extra)),
+                              kv_mask=_pad_seq_axis(state.kv_mask, extra))
       state = jax.lax.while_loop(
-          lambda st, end=end: (st["s"] < end) & ~jnp.all(st["done"]), body, state)
+          lambda st, end=end: (st.s < end) & ~jnp.all(st.done), body, state)
       prev_end = end
 
-    lengths_N = state["lengths"]
+    lengths_N = state.lengths
     mask_NS = (jnp.arange(n_new)[None, :] < lengths_N[:, None]).astype(jnp.int32)
-    return SampleOutput(tokens=state["tokens"], logprobs=state["logprobs"], mask=mask_NS,
-                        lengths=lengths_N, truncated=~state["done"], steps=state["s"])
+    return SampleOutput(tokens=state.tokens, logprobs=state.logprobs, mask=mask_NS,
+                        lengths=lengths_N, truncated=~state.done, steps=state.s)
 
 
 @functools.lru_cache(maxsize=32)

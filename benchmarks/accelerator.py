@@ -354,7 +354,7 @@ def main(argv=None) -> dict:
     for name in a.parts.split(","):
       if name not in LIMITS:
         raise SystemExit(f"unknown part {name!r}; parts: {', '.join(LIMITS)}")
-      limit = LIMITS[name] * scale if not a.small else max(60.0, LIMITS[name] * scale)
+      limit = LIMITS[name] * scale if not a.small else max(150.0, LIMITS[name] * scale)
       if name == "compile_noautotune" and results.get("hardware", {}).get("backend") != "gpu":
         results[name] = {"skipped": "GEMM autotuning is a GPU setting"}
         continue

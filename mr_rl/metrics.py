@@ -232,7 +232,10 @@ class MetricsWriter:
         self._wandb = WandbWriter(workdir, settings.logging, config)
     if tensorboard:
       from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+      # tensorboardX names its file by the second and host only: a resume started within the
+      # same second would replace the first start's events, so each start's name is its own.
+      self._tb = SummaryWriter(os.path.join(workdir, "tb"),
+                               filename_suffix=f".{os.getpid()}.from-step-{int(resume_step)}")
 
   def write(self, step: int, metrics: Mapping[str, float]) -> None:
     rec = {"step": int(step)}

@@ -42,3 +42,24 @@ def test_stage_timer_adds_up_each_stage():
     raise KeyError("x")
   assert timer.metrics() == {"time/rollout": 7.25, "time/update": 2.5}
   assert list(timer.metrics()) == ["time/rollout", "time/update"]
+
+
+def test_a_resume_in_the_same_second_keeps_the_first_starts_tensorboard_events(tmp_path):
+  """tensorboardX names an event file by the second and the host: a start and its resume in
+  the same second wrote the same file, and the resume's replaced the first start's events."""
+  import glob
+  import struct
+  from tensorboardX.proto import event_pb2
+  for start, step in ((0, 0), (1, 1)):  # (well within one second)
+    w = metrics_lib.MetricsWriter(str(tmp_path), resume_step=start)
+    w.write(step, {"loss/policy": 0.5 + step})
+    w.close()
+  steps = set()
+  for fn in glob.glob(str(tmp_path / "tb" / "events.out.tfevents.*")):
+    with open(fn, "rb") as f:
+      while header := f.read(12):
+        ev = event_pb2.Event()
+        ev.ParseFromString(f.read(struct.unpack("<Q", header[:8])[0]))
+        f.read(4)
+        steps |= {ev.step for v in ev.summary.value if v.tag == "loss/policy"}
+  assert steps == {0, 1}

@@ -80,7 +80,8 @@ class RunSettings:
   # The config's `advantage` section: `name` (this field) and the estimator's
   # hyperparameters (`advantage_hp`; PPO's GAE gamma / lam, value lr: optim.value_lr).
   advantage: str = F.setting("grpo", "grpo | dr_grpo | gdpo | mo_grpo | rloo | ppo",
-                             F.Choice(advantage_names), config={"name": "grpo"}, free=True)
+                             lambda _, v: F.Choice(advantage_names)("advantage.name", v),
+                             config={"name": "grpo"}, free=True)
   advantage_hp: Mapping[str, Any] = F.setting(help="the advantage section's other keys",
                                               factory=dict, derived=True)
   update: Any = F.setting(help="the learner step (mr_rl.rl.update.UpdateConfig)",

@@ -215,6 +215,9 @@ class RewardSettings:
       if name not in channels:
         raise ValueError(f"config.rewards.params names {name!r}, which is not among the "
                          f"channels {channels}")
+    for spec, name in zip(self.specs, channels):
+      if runner.is_import_path(spec):  # import, signature and parameters checked now
+        runner.get_reward(spec, **dict(self.params.get(name) or {}))
 
 
 def _aggregators():

@@ -243,6 +243,6 @@ def test_rollout_dispatches_to_the_continuous_engine(tmp_path):
     np.testing.assert_array_equal(getattr(cont, name), getattr(static, name), err_msg=name)
   np.testing.assert_allclose(cont.logprobs, static.logprobs, atol=1e-5)
   assert cont.texts == static.texts
-  with pytest.raises(ValueError, match="unknown rollout engine 'paged'; valid: continuous, "):
-    rollout(policy, params, examples, jax.random.PRNGKey(0),
-            SamplingSettings(**base, engine="paged"))
+  with pytest.raises(ValueError, match=r"config.rollout.engine='paged' is not valid; choose one "
+                                       r"of \['continuous', 'static'\]"):  # (the registry's)
+    SamplingSettings(**base, engine="paged")

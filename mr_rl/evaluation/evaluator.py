@@ -272,7 +272,7 @@ def evaluate(policy, runner, params, examples: Sequence[Any], config: EvalConfig
     lens.append(np.asarray(ro.lengths))
     truncs.append(np.asarray(ro.truncated, bool))
     texts.extend(tuple(row) for row in ro.texts)
-    _LOG.info("evaluated %d/%d examples", start + m, num_examples)
+    _LOG.debug("evaluated %d/%d examples", start + m, num_examples)  # (--verbosity=1)
   r_BGK, lengths_BG, truncated_BG = np.concatenate(rs), np.concatenate(lens), np.concatenate(truncs)
   datasets = tuple(ex.dataset for ex in examples)
   groups = summary_lib.summarize(r_BGK, lengths_BG, truncated_BG, datasets, names, cfg.primary,

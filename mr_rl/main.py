@@ -70,15 +70,21 @@ def _config_overrides(argv) -> tuple[str | None, list[str]]:
 _HELP = ("--help", "-h", "--helpshort", "-?")
 
 
-def config_fields(config, prefix: str = "") -> list[str]:
-  """`--config.<path>=<value>` for every field of a ConfigDict (sections flattened)."""
-  lines = []
+def config_fields(config, prefix: str = "", helps: dict | None = None) -> list[str]:
+  """`--config.<path>=<value>` for every field of a ConfigDict (sections flattened), each
+  followed by its declared help line where `helps` has one."""
+  lines, helps = [], {} if helps is None else helps
   for k in sorted(config.keys()):
-    v = config[k]
-    if hasattr(v, "keys") and not isinstance(v, dict):
-      lines += config_fields(v, f"{prefix}{k}.")
+    v, path = config[k], f"{prefix}{k}"
+    section = hasattr(v, "keys") and not isinstance(v, dict)
+    if section and len(v):
+      if helps.get(path):
+        lines.append(f"  config.{path}: {helps[path]}")
+      lines += config_fields(v, path + ".", helps)
     else:
-      lines.append(f"  --config.{prefix}{k}={v!r}")
+      lines.append(f"  --config.{path}={v.to_dict() if section else v!r}")
+      if helps.get(path):
+        lines.append(f"      {helps[path]}")
   return lines
 
 
@@ -97,7 +103,8 @@ def _print_help(argv) -> None:
   config = config_file.ConfigFileFlagParser(name="config").parse(config_arg)
   print(f"\nFields of --config={config_arg} (override any with --config.<field>=<value>; "
         f"--dry_run prints the settings they resolve to):")
-  print("\n".join(config_fields(config)))
+  from mr_rl import settings
+  print("\n".join(config_fields(config, helps=settings.field_help())))
 
 
 def _renamed_overrides(argv) -> list[str]:

@@ -199,6 +199,10 @@ def test_help_lists_the_config_fields_and_exits_0():
   assert p.returncode == 0, p.stderr
   assert "  --workdir: " in p.stdout and "  --[no]break_lock: " in p.stdout, p.stdout[:3000]
   assert "\n  --config.optim.lr=" in p.stdout and "\n  --config.rollout.group_size=" in p.stdout
+  lines = p.stdout.splitlines()  # each declared field with its help line under it
+  for field in ("optim.lr", "rollout.group_size", "rollout.slots", "resume.allow_data_change"):
+    at = next(i for i, line in enumerate(lines) if line.startswith(f"  --config.{field}="))
+    assert lines[at + 1].startswith("      ") and len(lines[at + 1].strip()) > 5, lines[at:at + 2]
   p = subprocess.run([sys.executable, "-m", "mr_rl.main", "--help"], capture_output=True,
                      text=True, cwd=ROOT, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
   assert p.returncode == 0 and "Give --config=FILE[:ARG] with --help" in p.stdout, p.stderr

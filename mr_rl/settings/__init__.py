@@ -15,7 +15,8 @@ plugin's names validate like the built-in ones.
 """
 
 from mr_rl.settings.config import (ALIASES, CONFIG_ONLY, check_field_path, default_config,
-                                   deprecation, free_form, from_config, resolve_alias)
+                                   deprecation, field_help, free_form, from_config,
+                                   resolve_alias)
 from mr_rl.settings.loop import (AnchorSettings, BatchSettings, CompileSettings,
                                  DynamicSamplingSettings, EvalSettings, ExportSettings,
                                  LoggingSettings, ResumeSettings)
@@ -28,7 +29,7 @@ __all__ = [
     "BatchSettings", "CompileSettings", "DataSettings", "DynamicSamplingSettings",
     "EvalSettings", "ExportSettings", "LoggingSettings", "ModelSettings", "ResumeSettings",
     "RewardSettings", "RunSettings", "check_field_path", "default_config", "deprecation",
-    "free_form", "from_config", "resolve_alias",
+    "field_help", "free_form", "from_config", "resolve_alias",
 ]
 
 

@@ -73,6 +73,24 @@ def _section(cls):
   return c
 
 
+def field_help(cls=RunSettings, prefix: str = "") -> dict[str, str]:
+  """{dotted config path: its declared help line} of every declared field (`--help`)."""
+  out = {name: text for name, (_, text) in CONFIG_ONLY.items()} if not prefix else {}
+  for f in dataclasses.fields(cls):
+    if f.metadata.get("derived"):
+      continue
+    sub = F.section_class(f)
+    path = f"{prefix}{F.key(f)}"
+    if sub is not None and not f.metadata.get("free"):
+      out.update(field_help(sub, path + "."))
+    elif f.metadata.get("help"):
+      out[path] = f.metadata["help"]
+  if not prefix:
+    from mr_rl import rollout_engines
+    out.update({f"rollout.{o.name}": o.doc for o in rollout_engines.options()})
+  return out
+
+
 def default_config():
   """The full field set with defaults, from the declarations; every config file starts from
   this and overrides. Sections named by a deprecated name are there, empty: a config file

@@ -44,8 +44,8 @@ from mr_rl.models.transformer import stack_layers, unstack_layers
 _LOG = logging.getLogger(__name__)
 
 # Settings a resumed run may change: how long it runs, how it logs, evaluates and exports, and
-# how it resumes. Everything else changes what the run computes (data, model, rewards, method, optimiser,
-# sampling, mesh, seed), so a resume with other values is refused.
+# how it resumes. Everything else changes what the run computes (data, model, rewards, method,
+# optimiser, sampling, mesh, seed), so a resume with other values is refused.
 RESUMABLE = ("total_steps", "checkpoint_every", "log_every", "kl_ref_every", "alarm_window",
              "eval", "logging", "export", "compile", "resume")
 
@@ -54,7 +54,8 @@ RESUMABLE = ("total_steps", "checkpoint_every", "log_every", "kl_ref_every", "al
 # runs computed: a checkpoint that lacks one of them resumes under that value.
 ADDED = {"model.compute_dtype": "", "model.attention_impl": "auto", "batch.column_buckets": 0}
 # Settings recorded under another name by older runs: {old name: current name}.
-MOVED = {"rollout.slots": "rollout.engine_options.slots"}  # (engine options: mr_rl.rollout_engines)
+# (engine options: mr_rl.rollout_engines)
+MOVED = {"rollout.slots": "rollout.engine_options.slots"}
 
 
 def flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:
@@ -92,7 +93,8 @@ class NonFiniteStateError(FloatingPointError):
 
 
 def check_resume(saved: Mapping | None, current: Mapping, directory: str) -> None:
-  """Raises ConfigError (a ValueError) listing the settings (`mr_rl.metrics.settings_dict` form) that differ
+  """Raises ConfigError (a ValueError) listing the settings (`mr_rl.metrics.settings_dict`
+  form) that differ
   between a checkpoint and the run resuming it, outside `RESUMABLE`."""
   if saved is None:  # a checkpoint written before settings were recorded
     _LOG.warning("checkpoint in %s records no settings; resuming without checking them",

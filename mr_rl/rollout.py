@@ -56,8 +56,7 @@ class SamplingSettings:
                                     fields.Choice(("",) + fields.DTYPES))
   engine: str = fields.setting(rollout_engines.DEFAULT, "a mr_rl.rollout_engines name: "
                                "'static' (one batch of B*G rows) | 'continuous' (slot pool)",
-                               lambda path, v: fields.Choice(rollout_engines.ENGINES.names())(
-                                   path, v))
+                               fields.Choice(fields.registered(rollout_engines.ENGINES)))
   engine_options: Mapping[str, Any] = fields.setting(
       help="the engines' own options (config.rollout.<option>)", factory=dict, derived=True)
 
@@ -207,7 +206,7 @@ def rollout(policy: Policy, params, examples: Sequence[Any], key: jax.Array,
   `StreamingScore` is such a callback.
   """
   s = sampling_settings
-  params = lora.merge(params)  # a LoRA policy samples merged weights (docs/architecture.md "Models")
+  params = lora.merge(params)  # LoRA samples merged weights (docs/architecture.md "Models")
   p_tok, p_mask = policy.encode(examples)
   tok = policy.tokenizer
   B, G = len(examples), s.group_size

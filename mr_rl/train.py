@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -324,8 +323,7 @@ def _train(settings: RunSettings, workdir: str | None, *, comp: Components | Non
             "settings": settings_record, "reward_errors": dict(comp.runner.error_counts)}
 
   out, start = _Outputs(s, pipe, meta_now, log, workdir), 0
-  if workdir is not None:
-    os.makedirs(workdir, exist_ok=True)
+  if workdir is not None:  # (made by `train`'s claim, a bucket URL too)
     out.ckpt = Checkpointer(workdir)  # all processes save; the end of training always is saved
     restored = out.ckpt.restore_latest(state, log)
     if restored is not None:

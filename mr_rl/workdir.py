@@ -116,10 +116,8 @@ def _lock(workdir: str, break_lock: bool, nonce: str) -> int | None:
           f"workdir {workdir}: its file system does not support locks ({e}); pass "
           f"--break_lock to run without the lock, making sure one run alone writes it") from None
     raise
-  rec = {"host": socket.gethostname(), "pid": os.getpid(), "nonce": nonce,
-         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
   os.ftruncate(fd, 0)
-  os.pwrite(fd, json.dumps(rec).encode(), 0)
+  os.pwrite(fd, _record(nonce, locked=True).encode(), 0)
   os.fsync(fd)
   return fd
 
@@ -132,11 +130,17 @@ def _read_nonce(workdir: str) -> str:
     return ""
 
 
+def _record(nonce: str, locked: bool) -> str:
+  """The lock file's JSON: who holds the workdir, since when, and process 0's nonce."""
+  return json.dumps({
+      "host": socket.gethostname(), "pid": os.getpid(), "nonce": nonce, "locked": locked,
+      "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
+
+
 def _write_record(workdir: str, nonce: str) -> None:
+  """The record without a lock (a bucket URL, or a file system without locks)."""
   from etils import epath
-  rec = {"host": socket.gethostname(), "pid": os.getpid(), "nonce": nonce,
-         "locked": False}
-  epath.Path(workdir, LOCK_NAME).write_text(json.dumps(rec))
+  epath.Path(workdir, LOCK_NAME).write_text(_record(nonce, locked=False))
 
 
 def _agree(values: np.ndarray) -> np.ndarray:

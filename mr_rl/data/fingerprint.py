@@ -23,7 +23,7 @@ import json
 import logging
 from typing import Any, Callable, Mapping, Sequence
 
-from mr_rl.errors import UserError
+from mr_rl.errors import DataError
 
 _LOG = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def describe_source(data_settings, split: str | None = None) -> str:
   return f"data set {d.name!r}{where}" + (f", split {split!r}" if split is not None else "")
 
 
-class DataChangedError(UserError, ValueError):
+class DataChangedError(DataError):
   """The rows a resumed run loaded are not the rows its checkpoint was trained on."""
 
 

@@ -20,7 +20,8 @@ safetensors + config.json, loadable by transformers) and a real byte-level BPE t
 trained with the `tokenizers` library on a small built-in corpus (the papers' prompt
 instructions plus the tiny data below), saved as a transformers fast tokenizer with a chat
 template and pad/eos (and bos for Llama) set as each family's spec says
-(`mr_rl.models.families`: ChatML for the Qwen families, Llama-3 headers for Llama). `make_tiny_data` writes a few records of each data set in its hub schema (the
+(`mr_rl.models.families`: ChatML for the Qwen families, Llama-3 headers for Llama).
+`make_tiny_data` writes a few records of each data set in its hub schema (the
 columns the loaders in `mr_rl.data` read), so `load_dataset(name, path=...)` runs the same
 parsing, filtering and splitting code as on the real data. `make_tiny_reward_model` adds a
 3-objective `score` head (LlamaForSequenceClassification layout) to a tiny Llama.

@@ -22,8 +22,8 @@ once per machine as a capability probe (``probe``). Three processes take part in
 
 Evidence of success is produced only in S, from plain data (JSON) sent by W: W can return
 values, never verdicts, so exits, monkeypatching, printed markers or objects with a rigged
-``__eq__`` cannot pass. See the package docstring (``__init__.py``) for the API and docs/rewards.md "Code sandbox:
-threat model" for what each layer closes.
+``__eq__`` cannot pass. See the package docstring (``__init__.py``) for the API and
+docs/rewards.md "Code sandbox: threat model" for what each layer closes.
 """
 
 import errno

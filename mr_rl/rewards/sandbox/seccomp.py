@@ -2,9 +2,9 @@
 
 Stdlib only. Part of the harness that runs inside the sandbox (``host.HARNESS_FILES``, run in
 order in one namespace: ``kernel.py`` uses ``ARCH``, ``SYSCALLS`` and ``install_seccomp``); the
-host imports it for the tests, which check the tables against libseccomp. docs/rewards.md "Machine-wide
-pools the sandbox shares" lists, for every syscall that draws on a machine-wide pool or locks a
-shared object, whether it is refused here, namespaced or bounded.
+host imports it for the tests, which check the tables against libseccomp. docs/rewards.md
+"Machine-wide pools the sandbox shares" lists, for every syscall that draws on a machine-wide
+pool or locks a shared object, whether it is refused here, namespaced or bounded.
 """
 
 import ctypes

@@ -22,7 +22,11 @@ INSTALL_REQUIRES = [
     "tensorboardX>=2.6",
 ]
 
-TEST_REQUIRES = [
+# XLA:TPU's compiler (libtpu, the version the installed jax pins), for `launch/check.py
+# --topology=SLICE`: it compiles a pod's programs deviceless, on any machine (no TPU needed).
+TPU_REQUIRES = ["jax[tpu]"]
+
+TEST_REQUIRES = TPU_REQUIRES + [
     "pytest>=8",
     "pytest-xdist>=3.5",
     "nbmake>=1.5",
@@ -63,6 +67,7 @@ setup(
     package_data={"mr_rl.demo": ["assets/base_policy/*"]},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TEST_REQUIRES, "wandb": WANDB_REQUIRES, "bench": BENCH_REQUIRES,
+    extras_require={"test": TEST_REQUIRES, "tpu": TPU_REQUIRES, "wandb": WANDB_REQUIRES,
+                    "bench": BENCH_REQUIRES,
                     "serve": SERVE_REQUIRES},
 )

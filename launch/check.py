@@ -73,18 +73,30 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import math
 import os
 import sys
 import time
 
 
-def _attention_note(cfg, T: int) -> str:
-  """What the policy step's attention holds, as compiled here (XLA:CPU) and on a chip."""
+def _attention_note(cfg, T: int, backend: str) -> str:
+  """What the policy step's attention holds, as compiled here (for `backend`)."""
   from mr_rl.models import attention
-  here = attention.resolve(cfg.attention_impl, dtype=cfg.dtype, packed=False, T=T)
+  here = attention.resolve(cfg.attention_impl, dtype=cfg.dtype, packed=False, T=T,
+                           backend=backend)
   scores = "T x T scores per layer" if here == "reference" else "one block's scores"
+  if backend == "tpu":
+    return f"{here} for the TPU ({scores})"
   return f"{here} here ({scores}), a flash kernel on TPU / GPU"
+
+
+def _libtpu_version() -> str:
+  from importlib import metadata
+  try:
+    return metadata.version("libtpu")
+  except metadata.PackageNotFoundError:
+    return "unknown"
 
 
 def _parse_mesh(text: str) -> dict[str, int]:
@@ -103,7 +115,18 @@ def _args(argv):
   p.add_argument("--devices", type=int, default=0,
                  help="number of (fake) devices = chips (default: the product of the mesh's "
                       "sizes, --mesh or config.mesh, a -1 axis counting 1)")
-  p.add_argument("--chip", default="v5p", help="HBM budget per device from config_lib.CHIPS")
+  p.add_argument("--chip", default="v5p", help="fake-CPU path: HBM budget per device from "
+                 "config_lib.CHIPS (with --topology the compiler's own figure is used)")
+  p.add_argument("--topology", default="",
+                 help="compile with XLA:TPU for this Cloud TPU slice, deviceless, on any machine "
+                      "(v5p-8, v5p-32, v5e-16, v6e-8, v4-8, ... or a libtpu topology such as "
+                      "v5p:2x2x1); needs libtpu: pip install -e \".[tpu]\"")
+  p.add_argument("--headroom", type=float, default=0.10,
+                 help="fraction of HBM a program must leave free to pass (default 0.10)")
+  p.add_argument("--fit", action="store_true",
+                 help="search the largest micro-batch (optim.num_micro_batches) and, for the "
+                      "continuous engine, the most slots with which every program fits with "
+                      "--headroom; prints the settings to use")
   p.add_argument("--preset", default="",
                  help="model preset instead of the config's model; fields may follow, e.g. "
                       "tiny_moe:num_experts=32,moe_d_ff=64")
@@ -279,20 +302,143 @@ def _load_config(a):
 def main(argv=None) -> int:
   a = _args(sys.argv[1:] if argv is None else argv)
   c = _load_config(a)
-  if not a.devices:
-    sizes = _parse_mesh(a.mesh) if a.mesh else {k: int(c.mesh[k]) for k in c.mesh}
-    a.devices = math.prod(max(1, v) for v in sizes.values())
-  # Must happen before a jax backend starts (XLA reads the flags then).
-  flags = os.environ.get("XLA_FLAGS", "")
-  os.environ["XLA_FLAGS"] = (f"{flags} --xla_force_host_platform_device_count={a.devices} "
-                             f"{KEEP_REMAT_FLAG}").strip()
-  os.environ["JAX_PLATFORMS"] = "cpu"
+  target = None
+  if a.topology:  # XLA:TPU for a slice: no fake devices, no CPU-only flags
+    import tpu_slice  # launch/tpu_slice.py, next to this script
+    try:
+      target = tpu_slice.topology(a.topology)
+    except tpu_slice.SliceError as e:
+      print(f"check.py: {e}", file=sys.stderr)
+      return 2
+    a.devices = len(target.devices)
+  else:
+    if not a.devices:
+      sizes = _parse_mesh(a.mesh) if a.mesh else {k: int(c.mesh[k]) for k in c.mesh}
+      a.devices = math.prod(max(1, v) for v in sizes.values())
+    # Must happen before a jax backend starts (XLA reads the flags then).
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = (f"{flags} --xla_force_host_platform_device_count={a.devices} "
+                               f"{KEEP_REMAT_FLAG}").strip()
+    os.environ["JAX_PLATFORMS"] = "cpu"
+  import jax
+  if target is None and jax.device_count() != a.devices:
+    raise RuntimeError(f"jax sees {jax.device_count()} devices, expected {a.devices}; was a jax "
+                       "backend started before XLA_FLAGS was set?")
+  if a.fit:
+    return fit(a, c, target)
+  ok, _ = check(a, c, target)
+  return 0 if ok else 1
+
+
+def _mesh_sizes(a, c) -> dict[str, int]:
+  """The mesh's axis sizes with a -1 axis filled from the device count."""
+  sizes = _parse_mesh(a.mesh) if a.mesh else {k: int(c.mesh[k]) for k in c.mesh}
+  known = math.prod(v for v in sizes.values() if v != -1)
+  return {k: (a.devices // known if v == -1 else v) for k, v in sizes.items()}
+
+
+def _bisect(candidates, passes, describe):
+  """The largest of ascending `candidates` for which `passes(x)` holds (memory grows with x),
+  by bisection; None when even the first fails. Prints one line per compile."""
+  lo, hi, best = 0, len(candidates) - 1, None
+  while lo <= hi:
+    mid = (lo + hi) // 2
+    t0 = time.time()
+    ok, words = passes(candidates[mid])
+    print(f"  {describe(candidates[mid]):44s} {words}  ({time.time() - t0:.0f} s)", flush=True)
+    if ok:
+      best, lo = candidates[mid], mid + 1
+    else:
+      hi = mid - 1
+  return best
+
+
+def fit(a, c, target) -> int:
+  """--fit: the largest micro-batch (rows per `optim.num_micro_batches` chunk) with which the
+  policy step and the reference pass pass with `a.headroom`, and for the continuous engine the
+  most slots with which its programs pass; then the whole check at those settings."""
+  from mr_rl.models import sharding as shd
+  sizes = _mesh_sizes(a, c)
+  dp = math.prod(sizes.get(ax, 1) for ax in shd.BATCH_AXES)
+  rows = a.rows or int(c.data.batch_prompts) * int(c.rollout.group_size)
+  where = f"XLA:TPU, {target.name}" if target is not None else "XLA:CPU's approximation"
+  print(f"fit      {a.config}: {rows} rows, batch split {dp} ways, {100 * a.headroom:.0f}% "
+        f"headroom ({where})", flush=True)
+
+  def summary(results):
+    worst = max((t for t, _ in results.values() if t is not None), default=0)
+    refused = [n for n, (t, _) in results.items() if t is None]
+    ok = all(p for _, p in results.values())
+    return ok, (("passes" if ok else "fails") + f": largest {worst / 1e9:.1f} GB"
+                + (f", refused: {refused}" if refused else ""))
+
+  base = dict(vars(a))
+  chosen = []
+  # Micro-batches: rows per chunk r (r divides rows, a multiple of the batch split).
+  per_micro = [r for r in range(dp, rows + 1, dp) if rows % r == 0]
+
+  def micro_passes(r):
+    trial = argparse.Namespace(**dict(base, micro_batches=rows // r, ref_chunks=0,
+                                      programs="policy_step,ref_logprob", fit=False))
+    return summary(check(trial, c, target, quiet=True)[1])
+
+  best = _bisect(per_micro, micro_passes,
+                 lambda r: f"micro-batch {r} rows (num_micro_batches={rows // r})")
+  if best is None:
+    print("\nresult: even one row per data-parallel group does not fit: change the mesh, slice "
+          "or lengths")
+    return 1
+  chosen.append(f"optim.num_micro_batches={rows // best}")
+  a.micro_batches = rows // best
+  if c.rollout.engine == "continuous":
+    slot_counts = list(range(dp, rows + 1, dp))
+
+    def slots_pass(n):
+      trial = argparse.Namespace(**dict(vars(a), slots=str(n), programs="engine", fit=False))
+      return summary(check(trial, c, target, quiet=True)[1])
+
+    slots = _bisect(slot_counts, slots_pass, lambda n: f"continuous engine, {n} slots")
+    if slots is None:
+      print("\nresult: no slot count fits the engine's programs: change the mesh, slice or "
+            "lengths")
+      return 1
+    chosen.append(f"rollout.slots={slots}")
+    a.slots = str(slots)
+  print("\nsettings that fit: " + " ".join(f"--set {x}" for x in chosen)
+        + "\nthe whole check at these settings:\n", flush=True)
+  a.programs = base["programs"]
+  ok, _ = check(a, c, target)
+  return 0 if ok else 1
+
+
+def _verdict(total: float, hbm: float, headroom: float) -> tuple[bool, str]:
+  """(passes, words): a program passes when it leaves `headroom` of HBM free."""
+  share = total / hbm
+  if share <= 1 - headroom:
+    return True, f"fits, {100 * (1 - share):.1f}% headroom"
+  if share <= 1:
+    return False, (f"fits with only {100 * (1 - share):.1f}% headroom (under the "
+                   f"{100 * headroom:.0f}% asked)")
+  return False, f"DOES NOT FIT ({100 * share:.0f}% of HBM)"
+
+
+def check(a, c, target, quiet: bool = False):
+  """Compiles the programs `a.programs` of config `c`; prints the report (unless `quiet`).
+
+  Returns:
+    (ok, results): ok when every program passes with `a.headroom`; results maps each compiled
+    program to (total bytes per device or None when the compiler refused it, passes).
+  """
+  if quiet:
+    with contextlib.redirect_stdout(io.StringIO()):
+      return check(a, c, target)
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   from mr_rl import config_lib, models, rollout_engines
+  from mr_rl.models import attention
   from mr_rl.models import sharding as shd
   from mr_rl.models.transformer import layer_of
   from mr_rl.rl import update as update_lib
@@ -300,9 +446,6 @@ def main(argv=None) -> int:
   from mr_rl.rl.losses import PolicyLossConfig
   from mr_rl.sampling import Sampler
 
-  if jax.device_count() != a.devices:
-    raise RuntimeError(f"jax sees {jax.device_count()} devices, expected {a.devices}; was a jax "
-                       "backend started before XLA_FLAGS was set?")
   preset, preset_fields = _parse_preset(a.preset)
   preset = preset or next((m.preset for m in config_lib.MODELS.values()
                            if m.hub == c.model.path), "") or c.model.get("preset", "")
@@ -310,9 +453,14 @@ def main(argv=None) -> int:
                                                                       "config.json"))):
     raise ValueError(f"config.model.path={c.model.path!r} is neither a paper model nor a local "
                      "checkpoint directory; pass --preset")
-  if a.chip not in config_lib.CHIPS:
-    raise ValueError(f"--chip={a.chip!r}; valid: {sorted(config_lib.CHIPS)}")
-  hbm = config_lib.CHIPS[a.chip].hbm_bytes
+  if target is not None:  # XLA:TPU: the slice's devices and the compiler's own HBM figure
+    devices, hbm = list(target.devices), target.hbm_bytes
+    budget_of = f"{target.kind}, XLA:TPU's figure"
+  else:
+    if a.chip not in config_lib.CHIPS:
+      raise ValueError(f"--chip={a.chip!r}; valid: {sorted(config_lib.CHIPS)}")
+    devices, hbm = jax.devices(), config_lib.CHIPS[a.chip].hbm_bytes
+    budget_of = f"{a.chip}, config_lib.CHIPS"
   dtype = jnp.dtype(c.model.dtype)  # parameters and Adam moments (master weights)
   compute = jnp.dtype(c.model.get("compute_dtype", "") or c.model.dtype)  # matmuls, activations
   preset_fields.setdefault("moe_impl", c.model.moe_impl)  # config.model.moe_impl unless --preset
@@ -326,10 +474,13 @@ def main(argv=None) -> int:
   cfg = base_cfg.replace(param_dtype=dtype, dtype=compute,
                          remat=bool(a.remat or c.model.get("remat")))
   grouped = cfg.is_moe and cfg.moe_impl in ("ragged", "ep")  # paths with grouped matmuls
-  stand_in = grouped and a.moe_matmul == "stand_in"
+  # XLA:TPU compiles the real jax.lax.ragged_dot; the stand-in is for XLA:CPU only.
+  stand_in = grouped and a.moe_matmul == "stand_in" and target is None
   model = models.Transformer(cfg)
   mesh_sizes = _parse_mesh(a.mesh) if a.mesh else {k: int(c.mesh[k]) for k in c.mesh}
-  mesh = shd.make_mesh(mesh_sizes)
+  mesh = shd.make_mesh(mesh_sizes, devices=devices)
+  # 'auto' kernels resolve for the backend compiled for (the Pallas TPU kernel for a slice).
+  backend = "tpu" if target is not None else "cpu"
   rules = shd.DEFAULT_RULES
   rows = a.rows or int(c.data.batch_prompts) * int(c.rollout.group_size)
   group = int(c.rollout.group_size) if rows % int(c.rollout.group_size) == 0 else 1
@@ -365,19 +516,26 @@ def main(argv=None) -> int:
         f"model    {preset} ({config_lib.model_sizes(cfg)['total'] / 1e9:.2f}B params, "
         f"{dtype.name} master weights, {compute.name} compute"
         f"{', remat' if cfg.remat else ''}; attention {cfg.attention_impl!r}: "
-        f"{_attention_note(cfg, prompt_cols + resp_cols)})\n"
+        f"{_attention_note(cfg, prompt_cols + resp_cols, backend)})\n"
         f"training {training}\n"
-        f"mesh     {dict(mesh.shape)} on {a.devices} fake devices\n"
+        f"mesh     {dict(mesh.shape)} on "
+        + (f"{target.describe()}\ncompiler XLA:TPU (libtpu {_libtpu_version()}), deviceless: "
+           "the compiler and buffer assignment the pod runs\n" if target is not None else
+           f"{a.devices} fake CPU devices\ncompiler XLA:CPU: an APPROXIMATION of a TPU's memory "
+           "(same sharded shapes, another scheduler and buffer assignment); --topology=SLICE "
+           "gives XLA:TPU's own verdict\n") +
         f"batch    rows={rows} (G={group}), T={prompt_cols}+{resp_cols}, micro_batches={micro}, "
         f"reference pass in {ref_chunks} chunk(s)\n"
         f"sampler  {c.rollout.engine} engine, compute "
         f"{c.rollout.get('dtype', '') or compute.name}, KV cache "
         f"{c.rollout.get('cache_dtype', '') or c.rollout.get('dtype', '') or compute.name}\n"
-        f"budget   {_gb(hbm)} per device ({a.chip})")
+        f"budget   {_gb(hbm)} per device ({budget_of}); a program passes with "
+        f"{100 * a.headroom:.0f}% of it free")
   if grouped:
     print(f"moe      moe_impl={cfg.moe_impl!r}, grouped matmuls compiled as " + (
         "mr_rl.models.moe.stand_in_grouped_matmul (TPU kernel's memory: operands + result; "
         "group metadata added analytically; values wrong, memory only)" if stand_in else
+        "jax.lax.ragged_dot, as XLA:TPU compiles it for the pod" if target is not None else
         "XLA:CPU's lowering of jax.lax.ragged_dot ([M, experts, K] temporaries TPU does not "
         "have: not a TPU estimate)"))
 
@@ -545,16 +703,18 @@ def main(argv=None) -> int:
                                    cfg.num_experts // mesh.shape["expert"])
   else:
     workspace = 0
-  ok = True
+  ok, results = True, {}
   print("\nper-device memory (XLA memory_analysis; total = peak + resident"
         + (" + kernel workspace" if stand_in else "") + "):")
   for name in wanted:
     if name == "moe_block":
-      moe_block()
+      with attention.target_backend(backend):
+        moe_block()
       continue
     t0 = time.time()
     from mr_rl.models import moe
-    with moe.grouped_matmul_stand_in() if stand_in else contextlib.nullcontext():
+    with (moe.grouped_matmul_stand_in() if stand_in else contextlib.nullcontext()), \
+        attention.target_backend(backend):
       if name in engine_names:
         program = engine_program(name)
         if program is None:
@@ -564,16 +724,27 @@ def main(argv=None) -> int:
         resident[name] += resident["sampler"]
       else:
         lower = lowerings[name]
-      compiled = lower().compile()
+      try:
+        compiled = lower().compile()
+      except Exception as e:  # pylint: disable=broad-except
+        if "RESOURCE_EXHAUSTED" not in str(e):
+          raise
+        # XLA:TPU refuses a program whose buffers exceed the chip's HBM.
+        first = next((l for l in str(e).splitlines() if "RESOURCE_EXHAUSTED" in l), str(e))
+        print(f"  {name:14s} DOES NOT FIT: the compiler refused it: {first.strip()[:300]}"
+              f"  (compiled in {time.time() - t0:.0f} s)")
+        ok, results[name] = False, (None, False)
+        continue
     m = compiled.memory_analysis()
     unread = max(0, declared[name] - m.argument_size_in_bytes)  # arguments XLA dropped
-    widened = cpu_widened_bytes(name, sample_model.config, cache_dtype, slots, prompt_cols,
-                                resp_cols, dict(mesh.shape))
+    widened = 0 if target is not None else cpu_widened_bytes(
+        name, sample_model.config, cache_dtype, slots, prompt_cols, resp_cols, dict(mesh.shape))
     peak = (m.argument_size_in_bytes + unread + m.output_size_in_bytes - m.alias_size_in_bytes
             + m.temp_size_in_bytes - widened)
     total = peak + resident[name] + workspace
-    fits = total <= hbm
+    fits, words = _verdict(total, hbm, a.headroom)
     ok &= fits
+    results[name] = (total, fits)
     print(f"  {name:14s} args {_gb(m.argument_size_in_bytes)}"
           + (f" (+ {_gb(unread)} not read)" if unread else "")
           + f"  out {_gb(m.output_size_in_bytes)}  alias {_gb(m.alias_size_in_bytes)}"
@@ -581,12 +752,14 @@ def main(argv=None) -> int:
           + (f" (less {_gb(widened)}: XLA:CPU's float32 copy of the cache)" if widened else "")
           + f"  => peak {_gb(peak)} + resident {_gb(resident[name])}"
           + (f" + workspace {workspace / 1e3:.1f} KB" if stand_in else "")
-          + f" = {_gb(total)} {'fits' if fits else 'DOES NOT FIT'}"
+          + f" = {_gb(total)} {words}"
           f"  (compiled in {time.time() - t0:.0f} s)")
   print("\nresult: " + ("every program fits" if ok else "some program does not fit: change the "
-                        "mesh, slice, micro-batches or lengths"))
-  return 0 if ok else 1
-
+                        "mesh, slice, micro-batches or lengths")
+        + (f" with {100 * a.headroom:.0f}% headroom" if ok else "")
+        + (f" (XLA:TPU, {target.name})" if target is not None
+           else " (XLA:CPU's approximation; --topology for XLA:TPU's verdict)"))
+  return ok, results
 
 if __name__ == "__main__":
   sys.exit(main())

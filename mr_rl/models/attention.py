@@ -28,7 +28,9 @@ Implementations (`ModelConfig.attention_impl`):
     `jax.experimental.pallas.ops.tpu.flash_attention` (segment ids, causal).
   * 'auto': by backend at trace time: TPU 'pallas_tpu'; GPU 'cudnn' for unpacked rows in
     bf16 / fp16, else 'pallas_gpu'; elsewhere (CPU) 'reference' up to `AUTO_REFERENCE_MAX_T`
-    columns and 'blockwise' beyond.
+    columns and 'blockwise' beyond. The backend is the one the program is compiled for: the
+    host's, or inside `target_backend(name)` the named one (an ahead-of-time compile for a TPU
+    slice from a CPU host, `launch/check.py --topology`, traces the kernel the pod will run).
 
 The Pallas kernels run per (row, head) inside a `shard_map` over the ambient mesh's batch and
 head axes (XLA cannot partition a kernel call); cuDNN's call carries its own partitioning rule.
@@ -40,6 +42,8 @@ docs/benchmarks.md, "Layer scan on XLA:CPU".
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 
@@ -55,6 +59,23 @@ AUTO_REFERENCE_MAX_T = 1024
 BLOCK = 256
 # Finite mask value: a query with no visible key (padding) gets a uniform, finite row.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+# The backend 'auto' resolves for when it is not the host's (set by `target_backend`).
+_TARGET_BACKEND: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "attention_target_backend", default=None)
+
+
+@contextlib.contextmanager
+def target_backend(backend: str):
+  """Within this context, 'auto' (and the checks of explicit choices) resolve for `backend`
+  ('tpu', 'gpu', 'cpu') instead of the host's: programs traced here are compiled ahead of time
+  for that backend (launch/check.py --topology compiles for a TPU slice on a CPU host)."""
+  if backend not in ("tpu", "gpu", "cuda", "rocm", "cpu"):
+    raise ValueError(f"target_backend: unknown backend {backend!r}")
+  token = _TARGET_BACKEND.set(backend)
+  try:
+    yield
+  finally:
+    _TARGET_BACKEND.reset(token)
 
 
 def resolve(impl: str, *, dtype, packed: bool, T: int, backend: str | None = None) -> str:
@@ -65,7 +86,7 @@ def resolve(impl: str, *, dtype, packed: bool, T: int, backend: str | None = Non
   """
   if impl not in IMPLS:
     raise ValueError(f"attention_impl must be one of {IMPLS}, got {impl!r}")
-  backend = backend or jax.default_backend()
+  backend = backend or _TARGET_BACKEND.get() or jax.default_backend()
   half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
   if impl == "auto":
     if backend == "tpu":

@@ -1,12 +1,27 @@
-r"""Compile a paper config's device programs ahead of time on fake CPU devices; report memory.
+r"""Compile a paper config's device programs ahead of time for its TPU slice; report memory.
 
-    python launch/check.py --config=configs/tag_math.py:model=qwen3_4b --devices=4
-    python launch/check.py --config=configs/tag_moe.py --devices=16 --chip=v5p
-    python launch/check.py --config=configs/tag_math.py --preset=tiny_qwen3 --devices=8 \
-        --mesh=data=2,fsdp=2,tensor=2,expert=1 --rows=16 --prompt_len=32 --new_tokens=32
+    pip install -e ".[tpu]"    # libtpu: XLA:TPU's compiler, runs on any machine
+    python launch/check.py --config=configs/amrp_math.py --topology=v5p-8
+    python launch/check.py --config=configs/amrp_math.py --topology=v5p-8 --fit
+    python launch/check.py --config=configs/tag_moe.py --topology=v5p-32
+    python launch/check.py --config=configs/tag_math.py:model=qwen3_4b --devices=4   # XLA:CPU
 
-Validates a pod-size config before booking it: XLA_FLAGS=--xla_force_host_platform_device_count
-gives N CPU devices, the config's mesh is built on them, parameters are abstract
+Two compilers. With `--topology=SLICE` (a Cloud TPU name: v5p-8, v5p-32, v5e-16, v6e-8, v4-8, ...)
+every program is compiled by XLA:TPU itself, deviceless (launch/tpu_slice.py: libtpu's topology
+gives the slice's devices, chips, hosts and kind; the compiler gives the HBM it allows a program):
+the compiler, scheduler and buffer assignment the pod runs, the Pallas TPU attention kernel
+'auto' resolves to there (inside its `shard_map`), and the MoE's real `jax.lax.ragged_dot`. A
+multi-host slice (v5p-32: 4 hosts) compiles its global programs as the pod runs them. This is the
+verdict to trust before booking a slice. Without it, the programs are compiled by XLA:CPU on N
+fake devices, an approximation (same sharded shapes, another scheduler and buffer assignment: for
+configs/amrp_math.py's sampler it said 147.5 GB per chip where XLA:TPU says 93.6) kept for machines
+without libtpu. A program passes when its total leaves `--headroom` (10%) of HBM free; a program
+XLA:TPU refuses (RESOURCE_EXHAUSTED) does not fit. `--fit` bisects the largest micro-batch (rows
+per `optim.num_micro_batches` chunk) and, for the continuous engine, the most slots with which
+every program passes, and prints the `--set` line to use.
+
+Either way the config's mesh is built on the devices (fake CPU devices: XLA_FLAGS=
+--xla_force_host_platform_device_count gives N of them), parameters are abstract
 (`jax.eval_shape`, nothing is allocated), and each program the trainer runs per step is
 lowered with the shardings of `mr_rl.models.sharding` (`train_state_shardings`,
 `batch_shardings`) and compiled (`jax.jit(...).lower(...).compile()`):

@@ -28,6 +28,9 @@ NOT_RUN = {
     "vllm serve": "vLLM is not installed here (the export's layout is transformers')",
     "python -m mr_rl.main --config=configs/tag_math.py --workdir=$SHARED_DIR --multihost":
         "needs a second host; launch/local_multiprocess.py runs the same on one machine below",
+    'pip install -e ".[tpu]" && python launch/check.py --config=configs/amrp_math.py':
+        "the libtpu check of the example config (minutes): tests/launch/test_check_tpu.py runs "
+        "the same check of the same config (libtpu is in the test extra)",
     "python -m mr_rl.demo.summary": "needs finished demo workdirs; tests/demo/test_demo.py runs "
                                     "its tables on demo reports",
 }

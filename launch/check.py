@@ -426,6 +426,39 @@ def fit(a, c, target) -> int:
   return 0 if ok else 1
 
 
+# Chip peaks for the analytic step time (config_lib.CHIPS) by XLA:TPU's device_kind.
+KIND_TO_CHIP = {"TPU v5": "v5p", "TPU v5 lite": "v5e", "TPU v6 lite": "v6e", "TPU v4": "v4"}
+
+
+def analytic_step(cfg, *, rows: int, micro: int, T: int, chips: int, chip: str,
+                  param_dev_bytes: int, state_dev_bytes: int, compute_bytes: int) -> str:
+  """The policy step's time at the chip's peak, from an analytic count: per micro-batch of
+  rows / micro rows, FLOPs = 6 x active params x tokens + 12 x T^2 x attention width per row
+  (forward and backward, causal half of 4 T^2 x width per pass counted whole), split over the
+  chips; bytes = the weights read in the compute dtype three times (forward, two backward
+  products) and the float32 gradient accumulator read and written once; then one Adam update
+  over the train state (read and written). Roofline: each micro-batch takes the longer of its
+  FLOPs at peak and its bytes at HBM bandwidth. A lower bound (real steps reach 20-50% of
+  peak: docs/accelerators.md)."""
+  from mr_rl import config_lib
+  from mr_rl.config_lib import estimates
+  c = config_lib.CHIPS[chip]
+  sizes = estimates.model_sizes(cfg)
+  r = rows // micro
+  flops = (6 * sizes["active"] * r * T + 12 * T * T * sizes["attn_width"] * r) / chips
+  import numpy as np
+  weights = param_dev_bytes // np.dtype(cfg.param_dtype).itemsize   # parameters per chip
+  bytes_micro = 3 * weights * compute_bytes + 2 * param_dev_bytes
+  t_micro = max(flops / c.peak_flops, bytes_micro / c.hbm_bw)
+  t_adam = 2 * state_dev_bytes / c.hbm_bw
+  total = micro * t_micro + t_adam
+  bound = "FLOPs" if flops / c.peak_flops >= bytes_micro / c.hbm_bw else "HBM bandwidth"
+  return (f"policy step, analytic ({chip} peak {c.peak_flops / 1e12:.0f} TFLOP/s, "
+          f"{c.hbm_bw / 1e12:.2f} TB/s): {micro} micro-batches of {r} rows x {T} tokens, "
+          f"{flops / 1e12:.1f} TFLOP per chip each ({bound}-bound) -> >= {total:.2f} s per step "
+          f"at peak ({total / estimates.MFU:.2f} s at {estimates.MFU:.0%} MFU)")
+
+
 def _verdict(total: float, hbm: float, headroom: float) -> tuple[bool, str]:
   """(passes, words): a program passes when it leaves `headroom` of HBM free."""
   share = total / hbm
@@ -769,6 +802,13 @@ def check(a, c, target, quiet: bool = False):
           + (f" + workspace {workspace / 1e3:.1f} KB" if stand_in else "")
           + f" = {_gb(total)} {words}"
           f"  (compiled in {time.time() - t0:.0f} s)")
+  if "policy_step" in wanted:
+    chip_name = (KIND_TO_CHIP.get(target.kind) if target is not None else a.chip)
+    if chip_name in config_lib.CHIPS:
+      print("\n" + analytic_step(cfg, rows=rows, micro=micro, T=T,
+                                 chips=target.chips if target is not None else len(devices),
+                                 chip=chip_name, param_dev_bytes=params_dev,
+                                 state_dev_bytes=state_dev, compute_bytes=compute.itemsize))
   print("\nresult: " + ("every program fits" if ok else "some program does not fit: change the "
                         "mesh, slice, micro-batches or lengths")
         + (f" with {100 * a.headroom:.0f}% headroom" if ok else "")

@@ -46,9 +46,16 @@ UNSIZED = {"signal", "finite_check", "lora_merge", "engine_init", "engine_gather
            "value_forward"}
 
 
+def _env(**extra):
+  """The environment a user's check runs in: without the test processes' XLA:CPU fast-compile
+  flags (tests/conftest.py), which would change what XLA:TPU compiles."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  return dict(env, JAX_PLATFORMS="cpu", **extra)
+
+
 def _check(args, timeout=900):
   out = subprocess.run([sys.executable, CHECK] + args, cwd=REPO, capture_output=True, text=True,
-                       timeout=timeout, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+                       timeout=timeout, env=_env())
   return out.returncode, out.stdout, out.stderr
 
 
@@ -140,7 +147,7 @@ def test_topology_errors_say_what_to_do(tmp_path):
   hide = tmp_path / "libtpu"
   hide.mkdir()
   (hide / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(tmp_path))
+  env = _env(PYTHONPATH=str(tmp_path))
   out = subprocess.run([sys.executable, CHECK] + TINY + ["--preset=tiny_qwen3"], cwd=REPO,
                        capture_output=True, text=True, timeout=120, env=env)
   assert out.returncode == 2 and 'pip install -e ".[tpu]"' in out.stderr, out.stderr[-2000:]

@@ -151,3 +151,28 @@ def test_topology_errors_say_what_to_do(tmp_path):
   out = subprocess.run([sys.executable, CHECK] + TINY + ["--preset=tiny_qwen3"], cwd=REPO,
                        capture_output=True, text=True, timeout=120, env=env)
   assert out.returncode == 2 and 'pip install -e ".[tpu]"' in out.stderr, out.stderr[-2000:]
+
+
+def test_fit_bisects_to_the_largest_passing_candidate(capsys):
+  import check  # launch/check.py
+  calls = []
+
+  def passes(x):
+    calls.append(x)
+    return x <= 24, "passes" if x <= 24 else "fails"
+
+  candidates = [4, 8, 12, 16, 20, 24, 28, 32, 64]
+  assert check._bisect(candidates, passes, str) == 24  # pylint: disable=protected-access
+  assert len(calls) <= 4, calls          # log2 of the candidates, not all of them
+  assert check._bisect([8, 16], lambda x: (False, "fails"), str) is None  # pylint: disable=protected-access
+  assert "fails" in capsys.readouterr().out
+
+
+@needs_libtpu
+def test_fit_prints_the_settings_that_fit():
+  """--fit on a tiny model: every micro-batch fits, so the largest (all rows in one) is chosen,
+  and the whole check then runs at it."""
+  rc, text, err = _check(TINY + ["--preset=tiny_qwen3", "--fit", "--programs=policy_step"])
+  assert rc == 0, text[-3000:] + err[-3000:]
+  assert "settings that fit: --set optim.num_micro_batches=1" in text, text[-3000:]
+  assert "micro_batches=1" in text and "every program fits with 10% headroom" in text, text

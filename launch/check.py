@@ -405,7 +405,8 @@ def fit(a, c, target) -> int:
     return 1
   chosen.append(f"optim.num_micro_batches={rows // best}")
   a.micro_batches = rows // best
-  if c.rollout.engine == "continuous":
+  from mr_rl import rollout_engines
+  if any(o.name == "slots" for o in rollout_engines.ENGINES.get(c.rollout.engine).options):
     slot_counts = list(range(dp, rows + 1, dp))
 
     def slots_pass(n):

@@ -374,7 +374,8 @@ def test_check_py_on_eight_fake_devices():
                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   text = out.stdout
-  assert "{'data': 2, 'fsdp': 2, 'tensor': 2, 'expert': 1} on 8 fake devices" in text
+  assert "{'data': 2, 'fsdp': 2, 'tensor': 2, 'expert': 1} on 8 fake CPU devices" in text
+  assert "XLA:CPU: an APPROXIMATION" in text
   for prog in ("policy_step", "ref_logprob", "sampler"):
     assert re.search(rf"{prog}\s+args .* => peak .* fits", text), text
   # The embedding (256 x 64) is split over tensor and fsdp: a quarter per device.

@@ -11,14 +11,14 @@ demo tokenizer: it stops at EOS on its own (mean ~17 tokens, 6-8% cut at 48 befo
 so lengths are ragged for both.
 
 Each trainer runs in its own thread and a baton gives one step at a time to each in turn
-(rotating order): steps never overlap and load drift hits all sides alike. A step's time is
-the time its trainer held the baton: mr_rl's step ends at its console line "step t/T" (its log
-also carries a line per compile), TRL's at `on_step_end`. A side that ends a step more or
-fewer than it was given stops the run with an error, and each trainer's thread must end by
-itself after its last step (tests/benchmarks/test_rl_step.py). Both sides compute the same rewards (`REWARDS`):
+(rotating order): steps never overlap and load drift hits all sides alike. A step's time is the
+time its trainer held the baton: mr_rl's step ends at its console line "step t/T" (its log also
+carries a line per compile), TRL's at `on_step_end`. A side that ends a step more or fewer than
+it was given stops the run with an error, and each trainer's thread must end by itself after its
+last step (tests/benchmarks/test_rl_step.py). Both sides compute the same rewards (`REWARDS`):
 at `demo` 1 when the response ends with the answer's digits (TRL decodes with special tokens
-skipped, so mr_rl's channel strips them first: equal texts, tests/benchmarks/test_rl_step.py); at
-`20m` -|L - 16| on the token count L, which holds a random model's lengths near its untrained
+skipped, so mr_rl's channel strips them first: equal texts, tests/benchmarks/test_rl_step.py);
+at `20m` -|L - 16| on the token count L, which holds a random model's lengths near its untrained
 mean (a text reward lets lr 2e-4 move them within a few steps, each side its own way).
 
 Reported (medians of the timed steps): s/step, steps/s, real response tokens/s (unpadded, EOS

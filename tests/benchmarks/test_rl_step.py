@@ -189,7 +189,8 @@ def test_alternation_refuses_a_side_off_by_a_step(bench, calls):
   ended, error, alive = _run_bounded(bench, sides, 3, bound_s=30)
   assert ended, "run_alternating did not end within 30 s"
   assert not alive, f"trainer threads still running: {alive}"
-  assert isinstance(error, RuntimeError) and "b" in str(error), error
+  assert isinstance(error, RuntimeError) and str(error).startswith("b "), error
+  assert len(sides[0].baton.step_s) == 3
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,14 @@ demo tokenizer: it stops at EOS on its own (mean ~17 tokens, 6-8% cut at 48 befo
 so lengths are ragged for both.
 
 Each trainer runs in its own thread and a baton gives one step at a time to each in turn
-(rotating order): steps never overlap and load drift hits all sides alike. A step's time is
-the time its trainer held the baton. Both sides compute the same rewards (`REWARDS`):
+(rotating order): steps never overlap and load drift hits all sides alike. A step's time is the
+time its trainer held the baton: mr_rl's step ends at its console line "step t/T" (its log also
+carries a line per compile), TRL's at `on_step_end`. A side that ends a step more or fewer than
+it was given stops the run with an error, and each trainer's thread must end by itself after its
+last step (tests/benchmarks/test_rl_step.py). Both sides compute the same rewards (`REWARDS`):
 at `demo` 1 when the response ends with the answer's digits (TRL decodes with special tokens
-skipped, so mr_rl's channel strips them first: equal texts, tests/benchmarks/test_rl_step.py); at
-`20m` -|L - 16| on the token count L, which holds a random model's lengths near its untrained
+skipped, so mr_rl's channel strips them first: equal texts, tests/benchmarks/test_rl_step.py);
+at `20m` -|L - 16| on the token count L, which holds a random model's lengths near its untrained
 mean (a text reward lets lr 2e-4 move them within a few steps, each side its own way).
 
 Reported (medians of the timed steps): s/step, steps/s, real response tokens/s (unpadded, EOS
@@ -186,20 +189,29 @@ class Baton:
   """One trainer thread's turn: the main thread hands it the baton for one step at a time.
 
   In the trainer's thread: `wait()` before the first step and `step_done()` at the end of each
-  (it records the step's time, hands the baton back and waits for the next turn).
+  (it records the step's time, hands the baton back and waits for the next turn). After the
+  last turn the main thread calls `finish()`: the trainer then runs to its end alone, and a
+  `step_done` after that (a step more than the run was given) raises instead of waiting for a
+  turn that will never come.
   """
 
   def __init__(self, name: str):
     self.name, self.step_s, self.error = name, [], None
     self._go, self._done, self._t0 = threading.Event(), threading.Event(), None
+    self._finished = False
 
   def wait(self) -> None:
     if not self._go.wait(_BATON_TIMEOUT_S):
       raise TimeoutError(f"{self.name}: no turn within {_BATON_TIMEOUT_S} s")
     self._go.clear()
+    if self._finished:
+      return
     self._t0 = time.perf_counter()
 
   def step_done(self) -> None:
+    if self._finished:
+      raise RuntimeError(f"{self.name}: a step ended after the last turn "
+                         f"({len(self.step_s)} steps timed)")
     self.step_s.append(time.perf_counter() - self._t0)
     self._done.set()
     self.wait()
@@ -216,9 +228,15 @@ class Baton:
     if len(self.step_s) == steps:
       raise RuntimeError(f"{self.name} ended after {steps} steps")
 
+  def finish(self) -> None:
+    """Main thread, after the last turn: the trainer runs to its end without the baton."""
+    self._finished = True
+    self._go.set()
+
 
 def run_alternating(sides: list, steps: int) -> None:
-  """Runs every side's `run(baton)` in its own thread, one step at a time in rotating order."""
+  """Runs every side's `run(baton)` in its own thread, one step at a time in rotating order;
+  then lets each finish alone and checks it ended by itself after exactly `steps` steps."""
   threads = []
   for side in sides:
     def target(side=side):
@@ -231,15 +249,22 @@ def run_alternating(sides: list, steps: int) -> None:
         side.baton._done.set()
     threads.append(threading.Thread(target=target, name=side.name, daemon=True))
     threads[-1].start()
-  for i in range(steps):
-    for side in sides[i % len(sides):] + sides[:i % len(sides)]:
-      side.baton.turn()
-      print(f"  step {i}: {side.name:<10s} {side.baton.step_s[-1]:7.3f} s", flush=True)
-  for side, thread in zip(sides, threads):  # let each finish alone
-    side.baton._go.set()
-    thread.join(_BATON_TIMEOUT_S)
+  try:
+    for i in range(steps):
+      for side in sides[i % len(sides):] + sides[:i % len(sides)]:
+        side.baton.turn()
+        print(f"  step {i}: {side.name:<10s} {side.baton.step_s[-1]:7.3f} s", flush=True)
+  finally:  # (a failed side: the others still run to their end, so no thread is left waiting)
+    for side, thread in zip(sides, threads):  # let each finish alone
+      side.baton.finish()
+      thread.join(_BATON_TIMEOUT_S)
+  for side, thread in zip(sides, threads):
+    if thread.is_alive():
+      raise TimeoutError(f"{side.name}: still running {_BATON_TIMEOUT_S} s after its last step")
     if side.baton.error is not None:
       raise RuntimeError(f"{side.name} failed after its last step") from side.baton.error
+    if len(side.baton.step_s) != steps:
+      raise RuntimeError(f"{side.name}: {len(side.baton.step_s)} steps timed, not {steps}")
 
 
 # ---------------------------------------------------------------------------------- mr_rl
@@ -300,10 +325,25 @@ class MrRlSide:
     self.prompt_len = {ex.uid: len(comp.policy.prompt_ids(ex)) for ex in comp.train_examples}
     it = data.ResumableIterator(list(comp.train_examples), BATCH_PROMPTS, seed=seed)
     self.batches = [next(it) for _ in range(steps)]  # what train.train will draw, in order
-    self._train, self.history = train_lib.train, None
+    self._train, self.history, self.lines = train_lib.train, None, []
 
   def run(self, baton: Baton) -> None:
-    res = self._train(self.settings, None, comp=self.comp, log=lambda _line: baton.step_done())
+    """`train.train`, its step boundaries read off its log: with log_every 1 the console line
+    of step t (`metrics.console_line`: "step t/T | ...") is written once, when step t is done.
+    The other lines (each compile, `mr_rl.compilation`) happen inside a step and are kept in
+    `self.lines`; taking every line for a step's end timed those steps 0 s and left the
+    trainer waiting, after the run's last turn, for a turn that never came."""
+    total = self.settings.total_steps
+
+    def log(line: str) -> None:
+      self.lines.append(line)
+      if line.startswith("step "):
+        expected = f"step {len(baton.step_s) + 1}/{total} |"
+        if not line.startswith(expected):
+          raise RuntimeError(f"{self.name}: expected a line starting {expected!r}, got {line!r}")
+        baton.step_done()
+
+    res = self._train(self.settings, None, comp=self.comp, log=log)
     self.history = res.history
 
   def records(self) -> list[dict]:

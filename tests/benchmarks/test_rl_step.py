@@ -1,10 +1,15 @@
-"""benchmarks/rl_step.py's own pieces (no TRL needed): the reward both trainers compute, the
-FLOP count against torch's FlopCounterMode, and the checkpoint writer / position-limit copy."""
+"""benchmarks/rl_step.py's own pieces: the reward both trainers compute, the FLOP count against
+torch's FlopCounterMode, the checkpoint writer / position-limit copy, and the step alternation
+(every step of every side timed exactly once, and a run that ends by itself) on mr_rl's real
+trainer. Only the last test runs TRL's side; it is skipped where TRL is not installed (CI
+installs `.[test]`, not `.[bench]`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -130,3 +135,117 @@ def test_recording_runner_sees_every_row_the_trainer_scores(bench, base_policy):
   assert all(len(u) == c.data.batch_prompts for u in rec.uids)
   for lens, h in zip(rec.lengths, res.history):
     assert np.mean(lens) == pytest.approx(h["response/length_mean"], rel=1e-6)
+
+
+# ------------------------------------------------------------------------- step alternation
+_RUN_BOUND_S = 240.0  # a tiny-model run of a few steps takes ~30 s on 2 loaded cores
+
+
+def _run_bounded(bench, sides, steps, bound_s=_RUN_BOUND_S):
+  """`run_alternating(sides, steps)` in a thread of its own, waited for at most `bound_s`:
+  (ended, error, trainer threads still alive afterwards)."""
+  box = {}
+
+  def go():
+    try:
+      bench.run_alternating(sides, steps)
+    except BaseException as e:  # noqa: BLE001 (reported by the test)
+      box["error"] = e
+
+  runner = threading.Thread(target=go, name="run_alternating", daemon=True)
+  runner.start()
+  runner.join(bound_s)
+  names = {side.name for side in sides}
+  alive = [t.name for t in threading.enumerate() if t.name in names and t.is_alive()]
+  return not runner.is_alive(), box.get("error"), alive
+
+
+class _FakeSide:
+  """A side whose `run` calls `step_done` `calls` times, each after `step_s` seconds."""
+
+  def __init__(self, bench, name, calls, step_s=0.01):
+    self.name, self.baton, self.calls, self.step_s = name, bench.Baton(name), calls, step_s
+
+  def run(self, baton):
+    for _ in range(self.calls):
+      time.sleep(self.step_s)
+      baton.step_done()
+
+
+def test_alternation_times_each_step_once(bench):
+  """Sides that end each step exactly once: every step timed once, the run ends."""
+  sides = [_FakeSide(bench, "a", 3), _FakeSide(bench, "b", 3, step_s=0.03)]
+  ended, error, alive = _run_bounded(bench, sides, 3, bound_s=30)
+  assert ended and error is None and not alive, (ended, error, alive)
+  assert len(sides[0].baton.step_s) == len(sides[1].baton.step_s) == 3
+  assert min(sides[0].baton.step_s) >= 0.01 and min(sides[1].baton.step_s) >= 0.03
+
+
+@pytest.mark.parametrize("calls", [4, 2])
+def test_alternation_refuses_a_side_off_by_a_step(bench, calls):
+  """A side that reports one step too many (as mr_rl's log lines of compiles did) or too few
+  makes the run fail at once, naming the side; it never waits for a turn that will not come."""
+  sides = [_FakeSide(bench, "a", 3), _FakeSide(bench, "b", calls)]
+  ended, error, alive = _run_bounded(bench, sides, 3, bound_s=30)
+  assert ended, "run_alternating did not end within 30 s"
+  assert not alive, f"trainer threads still running: {alive}"
+  assert isinstance(error, RuntimeError) and str(error).startswith("b "), error
+  assert len(sides[0].baton.step_s) == 3
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(bench, tmp_path_factory):
+  return bench.write_random_qwen3(str(tmp_path_factory.mktemp("tiny_qwen3")),
+                                  max_position_embeddings=64, **_TINY)
+
+
+@pytest.fixture(scope="module")
+def mr_rl_run(bench, tiny_checkpoint):
+  """mr_rl's real trainer (`train.train`, compiles logged through its `log`) alternated alone
+  for 3 steps of <= 8 new tokens on a tiny random Qwen3, bounded in time."""
+  side = bench.MrRlSide("mr_rl", tiny_checkpoint, 8, 3, bench.REWARDS["20m"])
+  ended, error, alive = _run_bounded(bench, [side], 3)
+  return side, ended, error, alive
+
+
+def test_mr_rl_run_ends_by_itself(mr_rl_run):
+  """After its last step the trainer's thread returns and run_alternating ends (it hung for
+  the baton's hour: the trainer's log lines after the last counted step waited for a turn)."""
+  side, ended, error, alive = mr_rl_run
+  assert ended, f"run_alternating did not end within {_RUN_BOUND_S} s"
+  assert not alive, f"trainer threads still running: {alive}"
+  assert error is None, error
+  assert side.history is not None and len(side.history) == 3
+
+
+def test_mr_rl_steps_timed_once_each(mr_rl_run):
+  """One timed turn per trainer step, each covering that step's own stages (rollout, reward,
+  update): a turn that ended at a compile's log line timed 0.000 s."""
+  side, _, _, _ = mr_rl_run
+  step_s = side.baton.step_s
+  assert len(step_s) >= 3, f"{len(step_s)} turns for 3 steps: {step_s}"
+  assert side.history is not None and len(side.history) == len(step_s) == 3, \
+      (step_s, None if side.history is None else len(side.history))
+  for i, (t, h) in enumerate(zip(step_s, side.history)):
+    own = h["time/rollout"] + h["time/reward"] + h["time/update"]
+    assert t >= own > 0, f"step {i}: turn {t:.4f} s < its stages {own:.4f} s ({step_s})"
+  assert len(side.records()) == 3
+
+
+def test_trl_and_mr_rl_alternate_to_the_end(bench, tiny_checkpoint, tmp_path):
+  """Both sides as `run_size` pairs them (TRL fed mr_rl's prompt batches): 2 steps each, each
+  timed once, and the run ends. Needs TRL (`pip install -e .[bench]`)."""
+  pytest.importorskip("trl", reason="TRL is not installed (pip install -e .[bench])")
+  pytest.importorskip("accelerate", reason="accelerate is not installed (pip install -e .[bench])")
+  reward = bench.REWARDS["20m"]
+  mr = bench.MrRlSide("mr_rl", tiny_checkpoint, 8, 2, reward)
+  trl = bench.TrlSide("trl", tiny_checkpoint, 8, mr.batches, mr.comp.policy,
+                      str(tmp_path / "trl"), reward)
+  ended, error, alive = _run_bounded(bench, [mr, trl], 2)
+  assert ended, f"run_alternating did not end within {_RUN_BOUND_S} s"
+  assert not alive, f"trainer threads still running: {alive}"
+  assert error is None, error
+  for side in (mr, trl):
+    recs = side.records()
+    assert len(recs) == len(side.baton.step_s) == 2
+    assert all(r["step_s"] > 0 and r["step_s"] >= r["rollout_s"] for r in recs), recs

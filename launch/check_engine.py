@@ -12,8 +12,9 @@ the next smaller pool, nothing donated). What is on the device while each runs:
   * `engine_shrink`: its peak (the old pool and the new one) + the store + the params;
 
 each + what the trainer keeps next to the sampler (`check.py`'s `resident["sampler"]`). The
-programs are compiled exactly as `Engine.stream` calls them (no activation-sharding context,
-the mesh reaches them through the shardings of their arguments and the slots' own constraints).
+programs are compiled exactly as `Engine.stream` calls them: each is lowered under the mesh's
+activation-sharding context (`slots.MeshProgram`), so Pallas attention kernels sit in their
+`shard_map` and the model's logical constraints bind, as on the pod.
 
 `slot_budget` is `mr_rl.sampling.memory`'s analytic count (bytes per slot, how many fit); the
 check prints it next to the compiled figures, so one can see how far the estimate is off.
@@ -75,7 +76,7 @@ def lowerings(model, *, slots: int, group: int, prompt_cols: int, resp_cols: int
   bucket = prompt_bucket(prompt_cols, None)
   sizes = engine.pool_sizes()
   progs = engine.programs(slots, m)
-  lowered = jax.jit(lambda k: progs.init(k, bucket)).lower(key_in)
+  lowered = progs.init_program(bucket).lower(key_in)
   shardings = lowered.compile().output_shardings
   state, store = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                               lowered.out_info, shardings)

@@ -102,6 +102,33 @@ def unpack_report(report, slots: int):
   return live.astype(bool), s, eos.astype(bool), int(report[-2]), int(report[-1])
 
 
+class MeshProgram:
+  """A jitted program whose calls and lowerings run inside `sharding.activation_sharding(mesh,
+  rules)`, so every trace sees the mesh (`jax.sharding.get_abstract_mesh()`) and the logical
+  rules. The context is entered per call, not around the engine's host loop, whose generator
+  yields to code that must not run under it. Other attributes are the jitted function's."""
+
+  def __init__(self, jitted, mesh, rules):
+    from mr_rl.models import sharding as shd
+    self.jitted = jitted
+    self._context = functools.partial(shd.activation_sharding, mesh, rules)
+
+  def __call__(self, *args, **kwargs):
+    with self._context():
+      return self.jitted(*args, **kwargs)
+
+  def lower(self, *args, **kwargs):
+    with self._context():
+      return self.jitted.lower(*args, **kwargs)
+
+  def trace(self, *args, **kwargs):
+    with self._context():
+      return self.jitted.trace(*args, **kwargs)
+
+  def __getattr__(self, name):
+    return getattr(self.jitted, name)
+
+
 class SlotPrograms:
   """The jitted programs of one engine (model, decode settings, slot count).
 
@@ -144,10 +171,17 @@ class SlotPrograms:
                          else (lambda f: chex.assert_max_traces(f, n=max_traces)))
     self._init = functools.lru_cache(maxsize=None)(self._jit_init)
     named = lambda name, fn: compilation.program(f"engine_{name}", wrap(fn))
-    self.prefill = jax.jit(named("prefill", self._prefill), donate_argnums=1)
-    self.step = jax.jit(named("step", self._step), donate_argnums=1)
-    self.gather = jax.jit(named("gather", self._gather))
-    self.shrink = jax.jit(named("shrink", self._shrink))
+    self.prefill = self._on_mesh(jax.jit(named("prefill", self._prefill), donate_argnums=1))
+    self.step = self._on_mesh(jax.jit(named("step", self._step), donate_argnums=1))
+    self.gather = self._on_mesh(jax.jit(named("gather", self._gather)))
+    self.shrink = self._on_mesh(jax.jit(named("shrink", self._shrink)))
+
+  def _on_mesh(self, jitted):
+    """`jitted`, called and lowered under the mesh's activation-sharding context (as
+    `Sampler` runs its program): traced there, the model's logical constraints bind to the mesh
+    and each Pallas attention kernel sits in its `shard_map` over the mesh
+    (`mr_rl.models.attention`; XLA cannot partition a Mosaic kernel). As is without a mesh."""
+    return jitted if self.mesh is None else MeshProgram(jitted, self.mesh, self.rules)
 
   # --------------------------------------------------------------------------- shardings
   def _batch_sharded(self, x, batch_axis_size: int):
@@ -185,6 +219,10 @@ class SlotPrograms:
     """A fresh slot pool (all slots free) and an empty prompt store for prompt bucket P."""
     return self._init(bucket)(key)
 
+  def init_program(self, bucket: int):
+    """The jitted program `init(key, bucket)` runs (e.g. to `.lower` it)."""
+    return self._init(bucket)
+
   def _jit_init(self, bucket: int):
     rows, n_new, m2 = self.slots, self.max_new_tokens, 2 * self.prefill_prompts
     cfg = self.model.config
@@ -205,7 +243,7 @@ class SlotPrograms:
           length=zeros((m2,), jnp.int32))
       return state, store
 
-    return jax.jit(compilation.program("engine_init", self._wrap(init)))
+    return self._on_mesh(jax.jit(compilation.program("engine_init", self._wrap(init))))
 
   def _prefill(self, params, store: PromptStore, tokens_MP, mask_MP, half) -> PromptStore:
     """Runs M prompts' first P - 1 tokens through the model into store entries

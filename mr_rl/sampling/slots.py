@@ -42,7 +42,7 @@ import jax.numpy as jnp
 
 from mr_rl import compilation
 from mr_rl.models import LayerCache, init_cache, positions_from_mask
-from mr_rl.models.layers import cache_batch, cache_length
+from mr_rl.models.layers import cache_batch, cache_length, write_rows
 from mr_rl.sampling import processing
 
 # Finished slots read out per `gather` call (fixed, so the program compiles once).
@@ -269,16 +269,17 @@ class SlotPrograms:
     """Slots with src_N >= 0 take store entry src_N and rollout row row_N."""
     ins_N = src_N >= 0
     e_N = jnp.maximum(src_N, 0)
-    bucket = store.mask.shape[1]
     n_new = self.max_new_tokens
 
     def copy(c: LayerCache) -> LayerCache:
-      # The prompt's P columns of every inserted slot, all layers at once; the other columns
-      # keep stale entries of the slot's previous row, hidden by the key mask until overwritten.
-      p, ins = store.cache, ins_N[None, :, None, None, None]
-      k = c.k.at[..., :bucket].set(jnp.where(ins, p.k[:, e_N], c.k[..., :bucket]))
-      v = c.v.at[:, :, :, :bucket].set(jnp.where(ins, p.v[:, e_N], c.v[:, :, :, :bucket]))
-      return self._cache_sharded(LayerCache(k=k, v=v))
+      # The prompt's P columns of every inserted slot, all layers at once, written slot by slot
+      # in place (`write_rows`: a whole-pool select made XLA:TPU copy the cache); the other
+      # columns keep stale entries of the slot's previous row, hidden by the key mask until
+      # overwritten.
+      p = store.cache
+      prompts = self._cache_sharded(LayerCache(k=p.k[:, e_N], v=p.v[:, e_N]))  # [L, N, ..P..]
+      return self._cache_sharded(write_rows(c, prompts.k, prompts.v,
+                                            jnp.zeros_like(e_N), ins_N))
 
     cache = jax.lax.cond(jnp.any(ins_N), copy, lambda c: c, state.cache)
     pick = lambda new, old: jnp.where(ins_N.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)

@@ -12,9 +12,12 @@ decode step s feeds one token at cache column P - 1 + s and RoPE position len - 
 the real prompt length) and writes response column s. Every slot has its own step s, so the
 model takes one cache index per slot (`Transformer`'s per-row `cache_index`): the matmuls are
 batched over all slots, each slot's attention masks the columns past its own, and the new keys
-and values are written by one scatter into the stacked cache, in place. (A `jax.vmap` of the
+and values are written into the stacked cache in place, slot by slot (`layers.write_rows`; one
+scatter made XLA:TPU copy the cache in and out of every `step` call). (A `jax.vmap` of the
 model over slots, the earlier form, made XLA copy the layer-stacked cache: 5x its size in
-temporaries at a 1.7B pool.)
+temporaries at a 1.7B pool.) Every program is traced and run under the mesh
+(`MeshProgram`), so Pallas kernels sit in their shard_map: docs/accelerators.md, "Continuous
+engine on TPU".
 
 Four jitted programs, each compiled once per (slots, prompt bucket):
   * `prefill`: M prompts through the model once into one half of the prompt store (the G

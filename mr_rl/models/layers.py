@@ -136,22 +136,65 @@ def write_cache(cache: Cache, new_k, new_v, cache_index) -> Cache:
   """The cache with every layer's T new entries (k [L, N, J, W, T], v [L, N, J, T, W]) written
   at slots [cache_index, cache_index + T): one in-place update of the stacked arrays. A
   per-row cache_index [N] (T = 1, the continuous engine's slots) writes row n at its own slot
-  (one scatter)."""
+  (`write_rows`)."""
   zero = jnp.int32(0)
   if jnp.ndim(cache_index):
-    rows = jnp.arange(cache_index.shape[0])
-    return LayerCache(  # advanced indices (rows, slots) come first: values [N, L, J, W]
-        k=cache.k.at[:, rows, :, :, cache_index].set(
-            jnp.moveaxis(new_k[..., 0], 1, 0).astype(cache.k.dtype), unique_indices=True,
-            mode="promise_in_bounds"),
-        v=cache.v.at[:, rows, :, cache_index, :].set(
-            jnp.moveaxis(new_v[:, :, :, 0], 1, 0).astype(cache.v.dtype), unique_indices=True,
-            mode="promise_in_bounds"))
+    return write_rows(cache, new_k, new_v, cache_index)
   return LayerCache(
       k=jax.lax.dynamic_update_slice(cache.k, new_k.astype(cache.k.dtype),
                                      (zero, zero, zero, zero, cache_index)),
       v=jax.lax.dynamic_update_slice(cache.v, new_v.astype(cache.v.dtype),
                                      (zero, zero, zero, cache_index, zero)))
+
+
+def write_rows(cache: Cache, new_k, new_v, index_N, write_N=None) -> Cache:
+  """Row n's T new entries (k [L, N, J, W, T], v [L, N, J, T, W]) written at slots
+  [index_N[n], index_N[n] + T) (rows with write_N[n] False, if given, unchanged): one in-place
+  dynamic_update_slice per row, in a loop over the rows; under an ambient mesh inside a
+  `shard_map` over the cache's own sharding (logical axes CACHE_K_AXES / CACHE_V_AXES), so each
+  device loops over its own rows only. The continuous engine's decode writes (T = 1) and slot
+  inserts (T = P).
+
+  (One scatter of all rows, the earlier form, made XLA:TPU lay the cache out differently inside
+  the engine's decode loop than at its boundary, i.e. copy the whole cache into and out of every
+  `step` call; a row loop over the global rows of a sharded cache all-gathers the new entries in
+  every iteration. docs/accelerators.md, "Continuous engine on TPU".)"""
+  def rows(k, v, nk, nv, index, *write):
+    zero = jnp.int32(0)
+
+    def row(n, kv):
+      k, v = kv
+      k_at, v_at = (zero, n, zero, zero, index[n]), (zero, n, zero, index[n], zero)
+      k_n = jax.lax.dynamic_slice_in_dim(nk, n, 1, axis=1).astype(k.dtype)
+      v_n = jax.lax.dynamic_slice_in_dim(nv, n, 1, axis=1).astype(v.dtype)
+      if write:  # rows not written keep their entries
+        k_n = jnp.where(write[0][n], k_n, jax.lax.dynamic_slice(k, k_at, k_n.shape))
+        v_n = jnp.where(write[0][n], v_n, jax.lax.dynamic_slice(v, v_at, v_n.shape))
+      return (jax.lax.dynamic_update_slice(k, k_n, k_at),
+              jax.lax.dynamic_update_slice(v, v_n, v_at))
+    return jax.lax.fori_loop(0, index.shape[0], row, (k, v))
+
+  write = () if write_N is None else (write_N,)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return LayerCache(*rows(cache.k, cache.v, new_k, new_v, index_N, *write))
+  P = jax.sharding.PartitionSpec
+
+  def spec(axes, shape):  # the logical spec, an axis dropped where it does not divide
+    out = []
+    for ax, dim in zip(nn.logical_to_mesh_axes(axes), shape):
+      names = tuple(a for a in ((ax,) if isinstance(ax, str) else (ax or ()))
+                    if a in mesh.axis_names)
+      out.append((names or None) if dim % math.prod(mesh.shape[a] for a in names) == 0
+                 else None)
+    return P(*out)
+  k_spec, v_spec = spec(CACHE_K_AXES, cache.k.shape), spec(CACHE_V_AXES, cache.v.shape)
+  row_spec = P(k_spec[1])
+  k, v = jax.shard_map(rows, mesh=mesh,
+                       in_specs=(k_spec, v_spec, k_spec, v_spec) + (row_spec,) * (1 + len(write)),
+                       out_specs=(k_spec, v_spec), check_vma=False)(
+                           cache.k, cache.v, new_k, new_v, index_N, *write)
+  return LayerCache(k=k, v=v)
 
 
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:

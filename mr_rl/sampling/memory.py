@@ -78,6 +78,16 @@ def slot_cache_bytes(config, prompt_len: int, max_new_tokens: int, cache_dtype=N
   return 2 * config.n_layers * heads * config.head_dim * (prompt_len + max_new_tokens) * itemsize
 
 
+def decode_work_bytes(config, cols: int, tensor: int = 1) -> float:
+  """Estimated working memory of one slot in one decode step (float32 logits and their sampling
+  temporaries over the vocabulary share, attention scores over the C = `cols` columns, the MLP
+  hidden), on one device, heads and vocabulary split over `tensor` devices."""
+  heads = max(1, config.n_heads // tensor)
+  d_ff = max(config.d_ff, config.moe_d_ff * max(1, config.num_experts_per_tok))
+  return 4 * (LOGIT_COPIES * config.vocab_size / tensor + 2 * heads * cols + 3 * d_ff / tensor
+              + 8 * config.d_model)
+
+
 def slot_budget(config, *, hbm_bytes: float, prompt_len: int, max_new_tokens: int,
                 group_size: int = 1, mesh_shape: Optional[Mapping[str, int]] = None,
                 cache_dtype=None, params_count: Optional[int] = None,
@@ -126,8 +136,7 @@ def slot_budget(config, *, hbm_bytes: float, prompt_len: int, max_new_tokens: in
   shrink = 0.75 * (cache + buffers) if shrink_tail else 0.0
   heads = max(1, config.n_heads // tensor)
   d_ff = max(config.d_ff, config.moe_d_ff * max(1, config.num_experts_per_tok))
-  decode_work = 4 * (LOGIT_COPIES * config.vocab_size / tensor + 2 * heads * cols
-                     + 3 * d_ff / tensor + 8 * config.d_model)
+  decode_work = decode_work_bytes(config, cols, tensor)
   prefill_work = 4 * prompt_len * (heads * prompt_len + 3 * d_ff / tensor
                                    + 8 * config.d_model) / group_size
   work = decode_work + prefill_work

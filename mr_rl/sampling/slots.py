@@ -12,9 +12,12 @@ decode step s feeds one token at cache column P - 1 + s and RoPE position len - 
 the real prompt length) and writes response column s. Every slot has its own step s, so the
 model takes one cache index per slot (`Transformer`'s per-row `cache_index`): the matmuls are
 batched over all slots, each slot's attention masks the columns past its own, and the new keys
-and values are written by one scatter into the stacked cache, in place. (A `jax.vmap` of the
+and values are written into the stacked cache in place, slot by slot (`layers.write_rows`; one
+scatter made XLA:TPU copy the cache in and out of every `step` call). (A `jax.vmap` of the
 model over slots, the earlier form, made XLA copy the layer-stacked cache: 5x its size in
-temporaries at a 1.7B pool.)
+temporaries at a 1.7B pool.) Every program is traced and run under the mesh
+(`MeshProgram`), so Pallas kernels sit in their shard_map: docs/accelerators.md, "Continuous
+engine on TPU".
 
 Four jitted programs, each compiled once per (slots, prompt bucket):
   * `prefill`: M prompts through the model once into one half of the prompt store (the G
@@ -42,7 +45,7 @@ import jax.numpy as jnp
 
 from mr_rl import compilation
 from mr_rl.models import LayerCache, init_cache, positions_from_mask
-from mr_rl.models.layers import cache_batch, cache_length
+from mr_rl.models.layers import cache_batch, cache_length, write_rows
 from mr_rl.sampling import processing
 
 # Finished slots read out per `gather` call (fixed, so the program compiles once).
@@ -102,6 +105,33 @@ def unpack_report(report, slots: int):
   return live.astype(bool), s, eos.astype(bool), int(report[-2]), int(report[-1])
 
 
+class MeshProgram:
+  """A jitted program whose calls and lowerings run inside `sharding.activation_sharding(mesh,
+  rules)`, so every trace sees the mesh (`jax.sharding.get_abstract_mesh()`) and the logical
+  rules. The context is entered per call, not around the engine's host loop, whose generator
+  yields to code that must not run under it. Other attributes are the jitted function's."""
+
+  def __init__(self, jitted, mesh, rules):
+    from mr_rl.models import sharding as shd
+    self.jitted = jitted
+    self._context = functools.partial(shd.activation_sharding, mesh, rules)
+
+  def __call__(self, *args, **kwargs):
+    with self._context():
+      return self.jitted(*args, **kwargs)
+
+  def lower(self, *args, **kwargs):
+    with self._context():
+      return self.jitted.lower(*args, **kwargs)
+
+  def trace(self, *args, **kwargs):
+    with self._context():
+      return self.jitted.trace(*args, **kwargs)
+
+  def __getattr__(self, name):
+    return getattr(self.jitted, name)
+
+
 class SlotPrograms:
   """The jitted programs of one engine (model, decode settings, slot count).
 
@@ -144,10 +174,17 @@ class SlotPrograms:
                          else (lambda f: chex.assert_max_traces(f, n=max_traces)))
     self._init = functools.lru_cache(maxsize=None)(self._jit_init)
     named = lambda name, fn: compilation.program(f"engine_{name}", wrap(fn))
-    self.prefill = jax.jit(named("prefill", self._prefill), donate_argnums=1)
-    self.step = jax.jit(named("step", self._step), donate_argnums=1)
-    self.gather = jax.jit(named("gather", self._gather))
-    self.shrink = jax.jit(named("shrink", self._shrink))
+    self.prefill = self._on_mesh(jax.jit(named("prefill", self._prefill), donate_argnums=1))
+    self.step = self._on_mesh(jax.jit(named("step", self._step), donate_argnums=1))
+    self.gather = self._on_mesh(jax.jit(named("gather", self._gather)))
+    self.shrink = self._on_mesh(jax.jit(named("shrink", self._shrink)))
+
+  def _on_mesh(self, jitted):
+    """`jitted`, called and lowered under the mesh's activation-sharding context (as
+    `Sampler` runs its program): traced there, the model's logical constraints bind to the mesh
+    and each Pallas attention kernel sits in its `shard_map` over the mesh
+    (`mr_rl.models.attention`; XLA cannot partition a Mosaic kernel). As is without a mesh."""
+    return jitted if self.mesh is None else MeshProgram(jitted, self.mesh, self.rules)
 
   # --------------------------------------------------------------------------- shardings
   def _batch_sharded(self, x, batch_axis_size: int):
@@ -185,6 +222,10 @@ class SlotPrograms:
     """A fresh slot pool (all slots free) and an empty prompt store for prompt bucket P."""
     return self._init(bucket)(key)
 
+  def init_program(self, bucket: int):
+    """The jitted program `init(key, bucket)` runs (e.g. to `.lower` it)."""
+    return self._init(bucket)
+
   def _jit_init(self, bucket: int):
     rows, n_new, m2 = self.slots, self.max_new_tokens, 2 * self.prefill_prompts
     cfg = self.model.config
@@ -205,7 +246,7 @@ class SlotPrograms:
           length=zeros((m2,), jnp.int32))
       return state, store
 
-    return jax.jit(compilation.program("engine_init", self._wrap(init)))
+    return self._on_mesh(jax.jit(compilation.program("engine_init", self._wrap(init))))
 
   def _prefill(self, params, store: PromptStore, tokens_MP, mask_MP, half) -> PromptStore:
     """Runs M prompts' first P - 1 tokens through the model into store entries
@@ -231,16 +272,17 @@ class SlotPrograms:
     """Slots with src_N >= 0 take store entry src_N and rollout row row_N."""
     ins_N = src_N >= 0
     e_N = jnp.maximum(src_N, 0)
-    bucket = store.mask.shape[1]
     n_new = self.max_new_tokens
 
     def copy(c: LayerCache) -> LayerCache:
-      # The prompt's P columns of every inserted slot, all layers at once; the other columns
-      # keep stale entries of the slot's previous row, hidden by the key mask until overwritten.
-      p, ins = store.cache, ins_N[None, :, None, None, None]
-      k = c.k.at[..., :bucket].set(jnp.where(ins, p.k[:, e_N], c.k[..., :bucket]))
-      v = c.v.at[:, :, :, :bucket].set(jnp.where(ins, p.v[:, e_N], c.v[:, :, :, :bucket]))
-      return self._cache_sharded(LayerCache(k=k, v=v))
+      # The prompt's P columns of every inserted slot, all layers at once, written slot by slot
+      # in place (`write_rows`: a whole-pool select made XLA:TPU copy the cache); the other
+      # columns keep stale entries of the slot's previous row, hidden by the key mask until
+      # overwritten.
+      p = store.cache
+      prompts = self._cache_sharded(LayerCache(k=p.k[:, e_N], v=p.v[:, e_N]))  # [L, N, ..P..]
+      return self._cache_sharded(write_rows(c, prompts.k, prompts.v,
+                                            jnp.zeros_like(e_N), ins_N))
 
     cache = jax.lax.cond(jnp.any(ins_N), copy, lambda c: c, state.cache)
     pick = lambda new, old: jnp.where(ins_N.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)

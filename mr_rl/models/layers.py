@@ -126,12 +126,6 @@ def cache_batch(cache: Cache) -> int:
   return cache.v.shape[1]
 
 
-def grow_cache(cache: Cache, extra: int) -> Cache:
-  """Appends `extra` zero slots to every layer's cache (one copy; the sampler's segments)."""
-  pad = lambda a, axis: jnp.pad(a, [(0, extra) if i == axis else (0, 0) for i in range(a.ndim)])
-  return LayerCache(k=pad(cache.k, 4), v=pad(cache.v, 3))
-
-
 def write_cache(cache: Cache, new_k, new_v, cache_index) -> Cache:
   """The cache with every layer's T new entries (k [L, N, J, W, T], v [L, N, J, T, W]) written
   at slots [cache_index, cache_index + T): one in-place update of the stacked arrays. A
@@ -195,6 +189,23 @@ def write_rows(cache: Cache, new_k, new_v, index_N, write_N=None) -> Cache:
                        out_specs=(k_spec, v_spec), check_vma=False)(
                            cache.k, cache.v, new_k, new_v, index_N, *write)
   return LayerCache(k=k, v=v)
+
+
+def prefill_layer(cache: Cache, layer, new_k, new_v) -> Cache:
+  """An empty cache with layer `layer` (an int32 scalar) replaced by its T new entries (k
+  [N, J, W, T], v [N, J, T, W]) at slots [0, T) and zeros after them: one in-place update of
+  a whole layer (the prefill's write inside the layer scan). Whole layers, not [.., T] slabs:
+  XLA:TPU then keeps the cache in the layout the decode steps read (a T off the 128-lane
+  grid made it lay out the keys W-minor for the prefill and copy the cache for the decode)."""
+  zero = jnp.int32(0)
+  C = cache_length(cache)
+  pad = lambda x, axis: jnp.pad(x, [(0, C - x.shape[axis]) if i == axis else (0, 0)
+                                    for i in range(x.ndim)])
+  return LayerCache(
+      k=jax.lax.dynamic_update_slice(cache.k, pad(new_k, 3)[None].astype(cache.k.dtype),
+                                     (layer, zero, zero, zero, zero)),
+      v=jax.lax.dynamic_update_slice(cache.v, pad(new_v, 2)[None].astype(cache.v.dtype),
+                                     (layer, zero, zero, zero, zero)))
 
 
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:
@@ -263,10 +274,12 @@ class Attention(nn.Module):
     configured implementation): causally, real keys only, and with `segment_ids_NT` (packed
     rows) only keys of the query's own segment; new_kv is None.
   * layer_cache (this layer's k [N, J, W, C], v [N, J, C, W]) and cache_index (a scalar, or
-    one per row [N] when T = 1): the T new tokens sit at slots [cache_index, cache_index + T); query t attends to the cached slots
-    c < cache_index with kv_mask_NC[n, c] and to new token t' <= t with kv_mask_NC at its
-    slot. The cache is read once and not written here: new_kv = (k [N, J, W, T],
-    v [N, J, T, W]) in the cache dtype, which the caller writes (`layers.write_cache`).
+    one per row [N] when T = 1): the T new tokens sit at slots [cache_index, cache_index + T);
+    query t attends to the cached slots c < cache_index with kv_mask_NC[n, c] and to new token
+    t' <= t with kv_mask_NC at its slot. A key mask narrower than the cache ([N, C'], C' < C:
+    the Transformer's `attend_len`) reads the first C' slots only. The cache is read once and
+    not written here: new_kv = (k [N, J, W, T], v [N, J, T, W]) in the cache dtype, which the
+    caller writes (`layers.write_cache`).
   * `prefill` (a module attribute): the cache path at slot 0 of an empty cache (no cached
     slot is visible), computed as the self-attention of the first case.
   New keys and values are rounded to the cache dtype before they are attended to, so a token
@@ -328,8 +341,11 @@ class Attention(nn.Module):
     cache in place."""
     N, T, J, Q, W = q_NTJQW.shape
     dt = q_NTJQW.dtype
-    keys_NJWC, values_NJCW = layer_cache.k.astype(dt), layer_cache.v.astype(dt)
-    C = values_NJCW.shape[2]
+    # The key mask's width C is what is read: a prefix window of a longer cache (the
+    # Transformer's `attend_len`) is a static slice, which XLA fuses into the reads below.
+    C = kv_mask_NC.shape[1]
+    keys_NJWC, values_NJCW = layer_cache.k[..., :C], layer_cache.v[:, :, :C]
+    keys_NJWC, values_NJCW = keys_NJWC.astype(dt), values_NJCW.astype(dt)
     q_NJIW = jnp.transpose(q_NTJQW, (0, 2, 3, 1, 4)).reshape(N, J, Q * T, W)
     index_N1 = jnp.reshape(cache_index, (-1, 1))  # [1, 1], or [N, 1] per row (T = 1)
     old_NC = kv_mask_NC.astype(bool) & (jnp.arange(C, dtype=jnp.int32)[None] < index_N1)

@@ -25,7 +25,7 @@ import numpy as np
 
 from mr_rl.models.config import ModelConfig
 from mr_rl.models.layers import (MLP, Attention, LayerCache, RMSNorm, cache_batch, cache_length,
-                                 param_with_axes, precision_of, write_cache)
+                                 param_with_axes, precision_of, prefill_layer, write_cache)
 from mr_rl.models.moe import MoEBlock
 
 _RESID_AXES = ("activation_batch", "activation_length", "activation_embed")
@@ -39,7 +39,14 @@ def positions_from_mask(mask_NT: jax.Array) -> jax.Array:
 
 class Block(nn.Module):
   """One pre-norm decoder layer, in the scan's form: (x, this layer's cache slice, broadcast
-  inputs) -> (x, this layer's new K/V or None)."""
+  inputs) -> (x, this layer's new K/V or None).
+
+  With `prefill` (cache_index 0 of an empty cache, which attention does not read) the form is
+  ((x, the whole cache), this layer's index, ...) -> ((x, the cache with this layer's new K/V
+  written in place, `layers.prefill_layer`), None): the prefill's K/V go straight into the
+  cache, not through a stacked [L, ...] copy of their own (XLA:TPU's memory report,
+  docs/accelerators.md).
+  """
   config: ModelConfig
   prefill: bool = False
 
@@ -47,6 +54,9 @@ class Block(nn.Module):
   def __call__(self, x_NTD, layer_cache, positions_NT, kv_mask_NC, cache_index,
                segment_ids_NT=None):
     cfg = self.config
+    if self.prefill:
+      (x_NTD, cache), layer = x_NTD, layer_cache
+      layer_cache = cache  # attention reads only its dtypes (the prefill reads no slot)
     h = RMSNorm(cfg.norm_eps, cfg.param_dtype, name="attn_norm")(x_NTD)
     a, new_kv = Attention(cfg, self.prefill, name="attn")(h, positions_NT, kv_mask_NC,
                                                           layer_cache, cache_index,
@@ -54,7 +64,10 @@ class Block(nn.Module):
     x = nn.with_logical_constraint(x_NTD + a, _RESID_AXES)
     h = RMSNorm(cfg.norm_eps, cfg.param_dtype, name="mlp_norm")(x)
     m = MoEBlock(cfg, name="mlp")(h) if cfg.is_moe else MLP(cfg, name="mlp")(h)
-    return nn.with_logical_constraint(x + m, _RESID_AXES), new_kv
+    y = nn.with_logical_constraint(x + m, _RESID_AXES)
+    if self.prefill:
+      return (y, prefill_layer(cache, layer, *new_kv)), None
+    return y, new_kv
 
 
 def _layer_stack(cfg: ModelConfig, prefill: bool):
@@ -71,7 +84,7 @@ class Transformer(nn.Module):
   """Decoder-only LM.
 
   __call__(tokens_NT, positions_NT, *, kv_mask_NC=None, cache=None, cache_index=None,
-           return_hidden=False, segment_ids_NT=None, head_start=0)
+           return_hidden=False, segment_ids_NT=None, head_start=0, attend_len=None)
     -> (logits, new_cache[, hidden_NTD]), logits [N, T - head_start, V]
 
   * cache None (training / scoring): causal attention over the T tokens; kv_mask_NC ([N, T],
@@ -84,6 +97,11 @@ class Transformer(nn.Module):
     Python int 0 is a prefill into an empty cache: it runs the self-attention kernel of the
     first case (`attention_impl`) and never reads the cache. With T = 1, cache_index may be
     [N], one slot per row (the continuous engine: every slot at its own step).
+    `attend_len` (a static int, default C) narrows what attention reads to the cache's first
+    attend_len slots, a prefix window that must hold the new tokens' slots (a scalar
+    cache_index): the static sampler allocates its cache once at full length and decodes in
+    segments whose attention reads only the filled prefix, while the writes still go in
+    place into the full cache.
   hidden_NTD is the final-normed hidden state (input of the lm head), for every column.
   The lm head runs on columns [head_start, T) only (a static int): column j of the logits is
   position head_start + j (the policy step's response window,
@@ -93,7 +111,7 @@ class Transformer(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_NT, positions_NT, *, kv_mask_NC=None, cache=None, cache_index=None,
-               return_hidden=False, segment_ids_NT=None, head_start=0):
+               return_hidden=False, segment_ids_NT=None, head_start=0, attend_len=None):
     cfg = self.config
     if tokens_NT.ndim != 2 or positions_NT.shape != tokens_NT.shape:
       raise ValueError(f"tokens_NT must be [N, T] and positions_NT the same shape; got "
@@ -105,6 +123,7 @@ class Transformer(nn.Module):
       raise ValueError(f"segment_ids_NT must be [N, T] = {(N, T)} and used without a cache; got "
                        f"{segment_ids_NT.shape}, cache {'given' if cache is not None else 'None'}")
     prefill = False
+    cache_index_arg = cache_index
     if cache is None:
       if cache_index is not None:
         raise ValueError("cache_index given without a cache")
@@ -138,13 +157,31 @@ class Transformer(nn.Module):
       kv_mask_NC = jnp.ones((N, T), jnp.int32)
     elif kv_mask_NC.shape != (N, C):
       raise ValueError(f"kv_mask_NC must have shape {(N, C)}, got {kv_mask_NC.shape}")
+    if attend_len is not None:
+      if cache is None or jnp.ndim(cache_index) or not isinstance(attend_len, (int, np.integer)):
+        raise ValueError("attend_len must be a static int, given with a cache and a scalar "
+                         f"cache_index; got {attend_len!r}")
+      if not T <= attend_len <= C:
+        raise ValueError(f"attend_len must be in [T={T}, C={C}], got {attend_len}")
+      if isinstance(cache_index_arg, (int, np.integer)) and cache_index_arg + T > attend_len:
+        raise ValueError(f"the new tokens' slots [{cache_index_arg}, {cache_index_arg + T}) lie "
+                         f"beyond attend_len={attend_len}")
+      # Attention reads the first attend_len slots only (layers.Attention slices each layer's
+      # cache to the key mask's width); the writes below still go into the full cache.
+      kv_mask_NC = kv_mask_NC[:, :int(attend_len)]
 
     emb = param_with_axes(self, "embedding", nn.initializers.normal(0.02),
                           (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), cfg.param_dtype)
     x = jnp.take(emb, tokens_NT, axis=0).astype(cfg.dtype)
     x = nn.with_logical_constraint(x, _RESID_AXES)
-    x, new_kv = _layer_stack(cfg, prefill)(x, cache, positions_NT, kv_mask_NC, cache_index,
-                                           segment_ids_NT)
+    if prefill:  # each layer writes its K/V into the cache in place (Block)
+      (x, new_cache), _ = _layer_stack(cfg, prefill)(
+          (x, cache), jnp.arange(cfg.n_layers, dtype=jnp.int32), positions_NT, kv_mask_NC,
+          cache_index, segment_ids_NT)
+    else:
+      x, new_kv = _layer_stack(cfg, prefill)(x, cache, positions_NT, kv_mask_NC, cache_index,
+                                             segment_ids_NT)
+      new_cache = None if cache is None else write_cache(cache, *new_kv, cache_index)
     h = RMSNorm(cfg.norm_eps, cfg.param_dtype, name="final_norm")(x)
     h_head = h[:, int(head_start):] if head_start else h
     prec = precision_of(cfg)
@@ -159,7 +196,6 @@ class Transformer(nn.Module):
     logits = nn.with_logical_constraint(
         logits.astype(cfg.logits_dtype),
         ("activation_batch", "activation_length", "activation_vocab"))
-    new_cache = None if cache is None else write_cache(cache, *new_kv, cache_index)
     if return_hidden:
       return logits, new_cache, h
     return logits, new_cache

@@ -13,18 +13,20 @@ Layout of one call (all inside a single `jax.jit`):
     columns (powers of two by default, or a configured list), so one compilation serves every
     prompt length in the bucket. The compile key is (N, P, settings); the settings,
     `max_new_tokens` included, are fixed per `Sampler`.
-  * Prefill runs the first `P - 1` prompt tokens through the model, writing slots
-    `[0, P - 1)` of a KV cache of P slots (its attention covers the prompt's columns only;
-    its logits are unused and compiled away); the cache then grows to the first segment.
+  * The KV cache is allocated once, at its final `P + S` slots (on TPU rounded up to a
+    multiple of 128, `cache_slots`), and every write goes into it in place. Prefill runs the first `P - 1` prompt tokens through the model, writing
+    slots `[0, P - 1)` (its attention covers the prompt's columns only, reading no cache
+    slot; its logits are unused and compiled away).
   * Decode step `s` (s = 0 .. S-1) feeds one token per row -- the last prompt token at
     s = 0, the token sampled at step s-1 afterwards -- into slot `P - 1 + s`, at per-row
     position `len_n - 1 + s` (`len_n` = real prompt length of row n), and samples token `s`.
-  * The cache does not start at its full length: decoding runs in a few *segments*; each
-    segment is its own `lax.while_loop` over a cache whose length is a static bucket just
-    large enough for that segment (`P + end_of_segment`). Between segments the cache is
-    padded once. Attention therefore never scans far past the filled slots, which is
-    where a fixed-length loop loses most of its time on CPU (docs/architecture.md,
-    "Sampling").
+  * Attention does not read the whole cache: decoding runs in a few *segments*; each
+    segment is its own `lax.while_loop` whose attention reads a static prefix window of the
+    cache just large enough for that segment (`P + end_of_segment` slots; the Transformer's
+    `attend_len`), while the steps write into the one full-length cache. Attention therefore
+    never scans far past the filled slots, which is where a fixed-length loop loses most of
+    its time on CPU (docs/architecture.md, "Sampling"), and the cache is held once (no copy
+    per segment: XLA:TPU's memory report, docs/accelerators.md).
   * The loop stops when every row has produced EOS or after `max_new_tokens` tokens. The
     PRNG key travels in the loop state, as in gemma's `text/_sampler_loop.py` (which splits
     it every step); here the base key is carried unchanged from step to step and segment to
@@ -56,7 +58,7 @@ import numpy as np
 
 from mr_rl import compilation
 from mr_rl.models import init_cache, positions_from_mask
-from mr_rl.models.layers import cache_batch, cache_length, grow_cache
+from mr_rl.models.layers import cache_batch, cache_length
 from mr_rl.sampling import processing
 
 EosIds = Union[None, int, Sequence[int]]
@@ -67,6 +69,11 @@ MIN_PROMPT_BUCKET = 8
 DEFAULT_SEGMENT_TOKENS = 64
 # Upper bound on the number of segments (each one is a separately compiled loop body).
 MAX_SEGMENTS = 8
+# On TPU the cache's length and each segment's attention window are rounded up to a multiple
+# of this many slots (the lane width): XLA:TPU lays out a loop's cache for the width its
+# attention reads, and widths off the 128-lane grid got the keys' other layout, a full copy of
+# the cache between segments.
+TPU_WINDOW_ALIGN = 128
 # Key schedules of sampled draws (see `Sampler`).
 KEY_SCHEDULES = ("step", "row")
 
@@ -101,7 +108,8 @@ class DecodeState:
 
   Attributes:
     s: int32 scalar, the decode step (response column written next).
-    cache: the KV cache (`init_cache`), its length the current segment's window.
+    cache: the KV cache (`init_cache`), all its C = P + S slots (on TPU rounded up to the
+      128 lanes, `cache_slots`).
     kv_mask: bool [N, C], filled real key columns.
     x: int32 [N], the token fed at the next step (the last prompt token first).
     done: bool [N], the row has produced EOS.
@@ -140,6 +148,28 @@ def segment_ends(max_new_tokens: int, segment_tokens: int) -> tuple[int, ...]:
   """
   seg = max(segment_tokens, math.ceil(max_new_tokens / MAX_SEGMENTS))
   return tuple(min(e, max_new_tokens) for e in range(seg, max_new_tokens + seg, seg))
+
+
+def cache_slots(bucket: int, max_new_tokens: int, align: int = 1, max_len: int = 0) -> int:
+  """Slots of the sampler's cache: P + S, rounded up to a multiple of `align` if that fits in
+  `max_len` (the model's max_seq_len; 0: no limit)."""
+  slots = -(-(bucket + max_new_tokens) // align) * align
+  return slots if not max_len or slots <= max_len else bucket + max_new_tokens
+
+
+def segment_windows(bucket: int, max_new_tokens: int, ends: Sequence[int],
+                    align: int = 1, max_len: int = 0) -> tuple[tuple[int, int], ...]:
+  """(end step, attention window) of each decode loop: the window P + end rounded up to a
+  multiple of `align` (at most the cache's `cache_slots`); segments whose windows come out
+  equal run as one loop."""
+  loops = []
+  slots = cache_slots(bucket, max_new_tokens, align, max_len)
+  for end in ends:
+    window = min(slots, -(-(bucket + end) // align) * align)
+    if loops and loops[-1][1] == window:
+      loops.pop()
+    loops.append((end, window))
+  return tuple(loops)
 
 
 def prepare_prompts(prompts_NP, prompt_mask_NP, *, pad_id: int, vocab_size: int,
@@ -284,10 +314,18 @@ class Sampler:
             shd.activation_sharding(self.mesh, self.rules))
 
   # ------------------------------------------------------------------------------- device
-  def _apply(self, params, tokens, positions, kv_mask_NC, cache, cache_index):
-    """One model call on tokens / positions [N, T] (T = P - 1 at prefill, 1 per decode step)."""
+  def _apply(self, params, tokens, positions, kv_mask_NC, cache, cache_index, attend_len=None):
+    """One model call on tokens / positions [N, T] (T = P - 1 at prefill, 1 per decode step);
+    attention reads the cache's first `attend_len` slots (default all)."""
     return self.model.apply({"params": params}, tokens, positions, kv_mask_NC=kv_mask_NC,
-                            cache=cache, cache_index=cache_index)
+                            cache=cache, cache_index=cache_index, attend_len=attend_len)
+
+  def _platform(self) -> str:
+    """The platform the program is compiled for: the mesh's devices', else the default
+    backend's."""
+    if self.mesh is not None:
+      return self.mesh.devices.flat[0].platform
+    return jax.default_backend()
 
   def _constrain_cache(self, cache):
     if self.mesh is None:
@@ -304,20 +342,21 @@ class Sampler:
     len_N = jnp.sum(mask_NP, axis=1, dtype=jnp.int32)
     row_N = jnp.arange(rows, dtype=jnp.int32)  # row indices of the "row" key schedule
 
-    # Prefill: slots [0, P-1) of a cache of the prompt's P slots, so its attention covers the
-    # prompt's columns only; then the cache grows (one copy) to the first segment's window.
-    # Its logits are never used, so XLA drops the LM head.
-    window = bucket + self.segments[0]
+    # The cache is allocated once, at its final P + S slots, and written in place from the
+    # prefill to the last step. Prefill: slots [0, P-1), its attention the self-attention of
+    # the prompt's columns (it reads no cache slot). Its logits are never used, so XLA drops
+    # the LM head.
+    # On TPU the cache's length and the windows are multiples of the 128 lanes (one layout).
+    align = TPU_WINDOW_ALIGN if self._platform() == "tpu" else 1
+    max_len = self.model.config.max_seq_len
+    slots = cache_slots(bucket, n_new, align, max_len)
+    cache = self._constrain_cache(
+        init_cache(self.model.config, rows, slots, dtype=self.cache_dtype))
+    kv_mask_NC = _pad_seq_axis(mask_NP, slots - bucket)
     if bucket > 1:
-      cache = self._constrain_cache(
-          init_cache(self.model.config, rows, bucket, dtype=self.cache_dtype))
       _, cache = self._apply(params, tokens_NP[:, :-1], positions_from_mask(mask_NP)[:, :-1],
-                             mask_NP, cache, 0)  # (a static 0: the self-attention kernel)
-      cache = self._constrain_cache(grow_cache(cache, window - bucket))
-    else:
-      cache = self._constrain_cache(
-          init_cache(self.model.config, rows, window, dtype=self.cache_dtype))
-    kv_mask_NC = _pad_seq_axis(mask_NP, window - bucket)
+                             kv_mask_NC, cache, 0)  # (a static 0: the self-attention kernel)
+      cache = self._constrain_cache(cache)
 
     state = DecodeState(
         s=jnp.int32(0),
@@ -331,13 +370,15 @@ class Sampler:
         key=key,
     )
 
-    def body(st: DecodeState) -> DecodeState:
+    def body(st: DecodeState, window: int) -> DecodeState:
+      """Decode step s; attention reads the cache's first `window` slots (the segment's)."""
       s = st.s
       slot = bucket - 1 + s
       kv_mask = jax.lax.dynamic_update_slice(st.kv_mask, jnp.ones((rows, 1), jnp.bool_),
                                              (jnp.int32(0), slot))
       pos_N1 = (len_N - 1 + s)[:, None]
-      logits_N1V, cache = self._apply(params, st.x[:, None], pos_N1, kv_mask, st.cache, slot)
+      logits_N1V, cache = self._apply(params, st.x[:, None], pos_N1, kv_mask, st.cache, slot,
+                                      attend_len=window)
       logits_NV = logits_N1V[:, 0]
       if self.key_schedule == "row":
         tok_N = processing.sample_tokens_rows(
@@ -365,16 +406,12 @@ class Sampler:
           lengths=st.lengths + live_N.astype(jnp.int32),
       )
 
-    prev_end = 0
-    for i, end in enumerate(self.segments):
-      if i > 0:
-        # Grow the cache (and its key mask) to this segment's window: one copy per segment.
-        extra = end - prev_end
-        state = state.replace(cache=self._constrain_cache(grow_cache(state.cache, extra)),
-                              kv_mask=_pad_seq_axis(state.kv_mask, extra))
+    # One loop per segment over the same full-length cache (no copy between segments); its
+    # attention reads a static prefix window of P + end slots (on TPU rounded up to the lanes).
+    for end, window in segment_windows(bucket, n_new, self.segments, align, max_len):
       state = jax.lax.while_loop(
-          lambda st, end=end: (st.s < end) & ~jnp.all(st.done), body, state)
-      prev_end = end
+          lambda st, end=end: (st.s < end) & ~jnp.all(st.done),
+          functools.partial(body, window=window), state)
 
     lengths_N = state.lengths
     mask_NS = (jnp.arange(n_new)[None, :] < lengths_N[:, None]).astype(jnp.int32)

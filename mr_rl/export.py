@@ -145,9 +145,10 @@ def restore_params(workdir: str, step: int, model, mesh=None, lora=None):
   except (TypeError, ValueError):
     same = False
   if not same:
-    raise ValueError(f"the params of {path} do not match the base checkpoint's architecture "
-                     f"({model.config.family}, {model.config.n_layers} layers, d_model "
-                     f"{model.config.d_model}); was the run trained from another base?")
+    raise _ArchitectureError(
+        f"the params of {path} do not match the base checkpoint's architecture "
+        f"({model.config.family}, {model.config.n_layers} layers, d_model "
+        f"{model.config.d_model}); was the run trained from another base?")
   if mesh is not None:
     from mr_rl.models import sharding
     shardings = sharding.param_shardings(model, mesh) if lora is None else \
@@ -168,6 +169,10 @@ def restore_params(workdir: str, step: int, model, mesh=None, lora=None):
     handler.close()
   params = out["train"]["params"]
   return stack_layers(params, L) if per_layer else params
+
+
+class _ArchitectureError(ValueError):
+  """A checkpoint's params do not have the base checkpoint's shapes."""
 
 
 def _model_for(base_dir: str, dtype) -> models.Transformer:
@@ -291,6 +296,32 @@ def check_out_dir(out: str, overwrite: bool) -> None:
 FORMATS = ("merged", "peft")
 
 
+def _newest_readable(workdir, steps, base_dir, mesh, lora, log):
+  """(step, model, params) of the newest of `steps` whose params read back; each unreadable
+  one is named (and logged) before the next older one is tried.
+
+  Raises:
+    ValueError: the params do not have the base's architecture (no other step would).
+    OSError: none of `steps` reads back (each named with its error).
+  """
+  failures = []
+  for step in sorted(steps, reverse=True):
+    try:
+      dtype = jax.tree.leaves(params_metadata(workdir, step))[0].dtype
+      model = _model_for(base_dir, dtype)
+      params = restore_params(workdir, step, model, mesh, lora)
+    except _ArchitectureError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  # named, then the next older one
+      failures.append(f"checkpoint {_state_dir(workdir, step).parent} cannot be read "
+                      f"({type(e).__name__}: {str(e)[:300]})")
+      continue
+    if failures and log:
+      log("; ".join(failures) + f"; exporting step {step}, the newest readable checkpoint")
+    return step, model, params
+  raise OSError("\n".join(failures))
+
+
 def export(workdir: str, out: str, *, step: int | None = None, base: str | None = None,
            mesh=None, log=print, overwrite: bool = False, format: str = "merged") -> str:
   """Writes checkpoint `step` (default: the latest) of the run in `workdir` to `out`.
@@ -323,15 +354,13 @@ def export(workdir: str, out: str, *, step: int | None = None, base: str | None 
   if not steps:
     raise FileNotFoundError(f"no checkpoints under {os.path.join(workdir, 'checkpoints')!r}"
                             f"{workdir_lib.where_the_runs_are(workdir)}")
-  step = steps[-1] if step is None else int(step)
-  if step not in steps:
+  if step is not None and int(step) not in steps:
     raise FileNotFoundError(f"no checkpoint step {step} in {workdir!r}; saved steps: {steps}")
   base_dir = base_checkpoint(workdir, base)
   _check_not_base(out, base_dir)
   check_out_dir(out, overwrite)
-  dtype = jax.tree.leaves(params_metadata(workdir, step))[0].dtype
-  model = _model_for(base_dir, dtype)
-  params = restore_params(workdir, step, model, mesh, lora)
+  step, model, params = _newest_readable(workdir, steps if step is None else [int(step)],
+                                         base_dir, mesh, lora, log)
   if format == "peft":
     if jax.process_index() == 0:  # (the adapters are small: no gathers to join)
       with staged_dir.staged(out, keep=_not_export_file, log=log) as tmp:

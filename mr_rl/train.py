@@ -50,6 +50,7 @@ import numpy as np
 from mr_rl import async_rl, compilation, data, distributed, evaluation
 from mr_rl import metrics as metrics_lib, models, program_plan, train_step
 from mr_rl import rollout as rollout_lib
+from mr_rl import startup
 from mr_rl import workdir as workdir_lib
 from mr_rl.checkpointing import Checkpointer, check_resume
 from mr_rl.preemption import PREEMPTED_EXIT_CODE, Preempted, Preemption  # noqa: F401
@@ -174,6 +175,8 @@ def build(settings: RunSettings) -> Components:
   """Loads the policy, data and reward channels of a run (on a mesh with > 1 device)."""
   enable_compile_cache(settings)
   learner_mesh = None
+  if not settings.asynchrony.sampler_devices:  # (before a mesh or a sampler meets them)
+    startup.check_devices(settings, jax.device_count())
   if settings.asynchrony.sampler_devices:  # disjoint sampler / learner devices (config.mesh:
     mesh, learner_mesh = async_rl.split_meshes(  # the learner's devices)
         settings.mesh, settings.asynchrony.sampler_devices)
@@ -183,6 +186,8 @@ def build(settings: RunSettings) -> Components:
   if tokenizer is None:
     raise ValueError("config.model.preset gives random weights but no tokenizer; point "
                      "config.model.path at a checkpoint directory with a tokenizer")
+  startup.check_positions(settings, model.config.max_seq_len,
+                          settings.model.path or f"preset {settings.model.preset}")
   d = settings.data
   if d.template:
     template = data.make_template(d.template, model=settings.model.path)
@@ -202,6 +207,7 @@ def build(settings: RunSettings) -> Components:
   eval_sets = {n: check(ex, f"eval set {n!r}",
                         path=settings.data.eval_set_options.get(n, {}).get("path") or None)
                for n, ex in eval_sets.items()}
+  startup.check_rows(settings, len(train_ex), f"train split {d.split!r} of {where}")
   return Components(settings, policy, params, train_ex, eval_ex, build_runner(settings),
                     eval_sets, learner_mesh)
 

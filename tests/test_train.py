@@ -429,7 +429,8 @@ def test_continuous_engine_with_streamed_rewards_equals_the_static_engine(base_p
     c = _config(base_policy, 2, aggregator="additive")
     c.checkpoint_every = 0
     c.rewards.channels = "arith_acc,text_rewards:chars"
-    c.rollout.temperature = 0.0
+    c.rollout.temperature = 0.0  # (greedy: PPO, a group-relative advantage would be 0)
+    c.advantage.name = "ppo"
     c.rollout.engine, c.rollout.slots = engine, 6  # 16 rows through 6 slots
     histories.append(train_lib.train(settings_lib.from_config(c), None, log=None).history)
   static, cont = histories

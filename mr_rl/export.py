@@ -46,6 +46,7 @@ import dataclasses
 import fnmatch
 import json
 import os
+import sys
 from typing import Sequence
 
 import jax
@@ -56,6 +57,7 @@ from mr_rl import metrics as metrics_lib
 from mr_rl import models
 from mr_rl import staged_dir
 from mr_rl import workdir as workdir_lib
+from mr_rl.errors import DamagedFileError, UserError
 from mr_rl.models import hf_io
 from mr_rl.models import lora as lora_lib
 from mr_rl.models.transformer import LAYERS, stack_layers, unstack_layers
@@ -80,7 +82,14 @@ def saved_settings(workdir: str) -> dict:
         where if where else " (not a training run's workdir?); give the base checkpoint with "
         "--base=DIR"))
   with open(path) as f:
-    return json.load(f)
+    text = f.read()
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise DamagedFileError(
+        f"{path} is damaged (line {e.lineno}, column {e.colno}: {e.msg}); it names the run's "
+        "base checkpoint: give that with --base=DIR (and restore the file from a copy, or "
+        "from a settings.resume-<step>.json of the same run)") from None
 
 
 def base_checkpoint(workdir: str, base: str | None = None) -> str:
@@ -108,12 +117,30 @@ def params_metadata(workdir: str, step: int):
   return ocp.PyTreeCheckpointHandler().metadata(_state_dir(workdir, step)).tree["train"]["params"]
 
 
-def run_lora(workdir: str) -> lora_lib.LoraConfig | None:
-  """The LoRA config of a run (`model.lora` of its settings.json), or None (full fine-tuning
-  or no settings.json)."""
+def _export_settings(workdir: str, base: str | None, log) -> dict | None:
+  """The run's settings.json, or None where there is none, or where it is damaged and `base`
+  names the base checkpoint (logged: the export then goes as without one)."""
   if not os.path.exists(os.path.join(workdir, metrics_lib.SETTINGS_FILE)):
     return None
-  cfg = saved_settings(workdir)["model"].get("lora")
+  try:
+    return saved_settings(workdir)
+  except DamagedFileError as e:
+    if base is None:
+      raise
+    if log:
+      log(f"{e}; exporting with --base={base} as a run without its settings (full "
+          "fine-tuning, the base's chat template)")
+    return None
+
+
+def run_lora(workdir: str, settings: dict | None = None) -> lora_lib.LoraConfig | None:
+  """The LoRA config of a run (`model.lora` of its settings.json, or of `settings`), or None
+  (full fine-tuning or no settings.json)."""
+  if settings is None:
+    if not os.path.exists(os.path.join(workdir, metrics_lib.SETTINGS_FILE)):
+      return None
+    settings = saved_settings(workdir)
+  cfg = settings["model"].get("lora")
   return None if not cfg else lora_lib.LoraConfig(
       rank=cfg["rank"], alpha=cfg["alpha"], targets=tuple(cfg["targets"]),
       init_from=cfg.get("init_from", ""), dropout=float(cfg.get("dropout", 0.0)))
@@ -346,7 +373,8 @@ def export(workdir: str, out: str, *, step: int | None = None, base: str | None 
   """
   if format not in FORMATS:
     raise ValueError(f"--format must be one of {FORMATS}, got {format!r}")
-  lora = run_lora(workdir)
+  settings = _export_settings(workdir, base, log)
+  lora = None if settings is None else run_lora(workdir, settings)
   if format == "peft" and lora is None:
     raise ValueError(f"--format=peft needs a LoRA run (config.model.lora.rank > 0); {workdir!r} "
                      "trained every weight: export it merged")
@@ -370,15 +398,15 @@ def export(workdir: str, out: str, *, step: int | None = None, base: str | None 
       log(f"exported the adapters of step {step} of {workdir} to {out} (PEFT; base {base_dir})")
     return out
   if lora is not None:
+    dtype = jax.tree.leaves(params_metadata(workdir, step))[0].dtype
     _, base_params = models.load_pretrained(base_dir, dtype=dtype, mesh=mesh)
     params = lora_lib.Adapted(base_params, params, lora.scale)
-  has_settings = os.path.exists(os.path.join(workdir, metrics_lib.SETTINGS_FILE))
-  write_hf(model, params, out, base_dir, settings=saved_settings(workdir) if has_settings
-           else None, log=log)
+  has_settings = settings is not None
+  write_hf(model, params, out, base_dir, settings=settings, log=log)
   if log:
     log(f"exported step {step} of {workdir} to {out} (base {base_dir})"
-        + ("" if has_settings else f"; no {metrics_lib.SETTINGS_FILE} in the workdir: the "
-           "chat template is the base's"))
+        + ("" if has_settings else f"; no readable {metrics_lib.SETTINGS_FILE} in the "
+           "workdir: the chat template is the base's"))
   return out
 
 
@@ -400,6 +428,9 @@ def main(argv: Sequence[str] | None = None) -> str:
                   format=a.format)
   except FileExistsError as e:
     p.error(str(e))
+  except UserError as e:  # its message says what to fix (mr_rl.errors)
+    print(f"FATAL {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

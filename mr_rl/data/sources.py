@@ -169,6 +169,32 @@ def describe(hub_id: str, path: str | None) -> str:
   return f"file {path!r}" if path is not None else f"hub {hub_id!r}"
 
 
+def row_place(hub_id: str, path: str | None, i: int) -> str:
+  """Where row `i` (0-based, in file order) of a data set is, for messages: the line of a local
+  `.csv` / `.jsonl` file where the row starts (blank lines and the CSV header counted, as an
+  editor shows it), else the row's index counted from 0 and its source."""
+  ext = os.path.splitext(path or "")[1].lower()
+  if path is not None and ext in (".csv", ".jsonl") and os.path.isfile(path):
+    with open(path, encoding="utf-8", newline="") as f:
+      if ext == ".csv":
+        import csv
+        reader, start, n = csv.reader(f), 1, -1  # (row -1: the header)
+        for rec in reader:
+          if any(rec):
+            if n == i:
+              return f"line {start} of file {path!r}"
+            n += 1
+          start = reader.line_num + 1
+      else:
+        n = 0
+        for line_no, line in enumerate(f, 1):
+          if line.strip():
+            if n == i:
+              return f"line {line_no} of file {path!r}"
+            n += 1
+  return f"row {i} (counted from 0) of {describe(hub_id, path)}"
+
+
 def require_columns(ds, columns: Iterable[str], name: str) -> None:
   """Raises ValueError naming the missing columns of `ds` (a `datasets.Dataset`)."""
   missing = [c for c in columns if c not in ds.column_names]

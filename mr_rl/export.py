@@ -105,7 +105,7 @@ def base_checkpoint(workdir: str, base: str | None = None) -> str:
     return hf_io.resolve_path(base, ["*.json", "tokenizer*", "*.txt", "*.model", "*.tiktoken",
                                      "*.jinja"])
   except OSError as e:
-    raise OSError(f"{e} For mr_rl.export, give the local copy with --base=DIR.") from e
+    raise type(e)(f"{e} For mr_rl.export, give the local copy with --base=DIR.") from e
 
 
 def _state_dir(workdir: str, step: int) -> epath.Path:

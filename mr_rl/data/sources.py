@@ -20,14 +20,14 @@ import os
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from mr_rl.data.example import stable_hash
-from mr_rl.errors import DataError
+from mr_rl.errors import DataError, UserError
 
 T = TypeVar("T")
 
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
-class DatasetUnavailableError(FileNotFoundError):
+class DatasetUnavailableError(UserError, FileNotFoundError):
   """Raised when a data set is neither at the given local path nor reachable on the hub."""
 
 

@@ -53,7 +53,8 @@ RESUMABLE = ("total_steps", "checkpoint_every", "log_every", "kl_ref_every", "al
 
 # Settings added after runs were recorded without them, with the value that computes what those
 # runs computed: a checkpoint that lacks one of them resumes under that value.
-ADDED = {"model.compute_dtype": "", "model.attention_impl": "auto", "batch.column_buckets": 0}
+ADDED = {"model.compute_dtype": "", "model.attention_impl": "auto", "batch.column_buckets": 0,
+         "data.style": ""}
 # Settings recorded under another name by older runs: {old name: current name}.
 # (engine options: mr_rl.rollout_engines)
 MOVED = {"rollout.slots": "rollout.engine_options.slots"}

@@ -210,14 +210,15 @@ def _model_for(base_dir: str, dtype) -> models.Transformer:
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
-def _write_chat_template(out: str, settings) -> None:
+def _write_chat_template(out: str, settings, has_chat_template: bool) -> None:
   """Writes the run's prompt format as the export's chat template (module docstring); a
-  chat-style run keeps the base tokenizer's."""
+  chat-style run keeps the base tokenizer's (`has_chat_template`: whether it has one)."""
   from mr_rl.data import templates
   if dataclasses.is_dataclass(settings):
     settings = metrics_lib.settings_dict(settings)
   jinja = templates.chat_template_of_run(settings["data"]["template"],
-                                         settings["model"]["path"])
+                                         settings["model"]["path"],
+                                         settings["data"].get("style", ""), has_chat_template)
   if jinja is None:
     return
   for fn in ("chat_template.json", CHAT_TEMPLATE_FILE):  # the base's, replaced
@@ -303,7 +304,7 @@ def _write_ids_and_template(out: str, base_dir: str, settings) -> None:
     from transformers import GenerationConfig
     GenerationConfig(**{k: cfg[k] for k in ids}).save_pretrained(out)
   if settings is not None:
-    _write_chat_template(out, settings)
+    _write_chat_template(out, settings, bool(getattr(tok, "chat_template", None)))
 
 
 def check_out_dir(out: str, overwrite: bool) -> None:

@@ -53,6 +53,7 @@ from mr_rl import rollout as rollout_lib
 from mr_rl import startup
 from mr_rl import workdir as workdir_lib
 from mr_rl.checkpointing import Checkpointer, check_resume
+from mr_rl.errors import ConfigError
 from mr_rl.preemption import PREEMPTED_EXIT_CODE, Preempted, Preemption  # noqa: F401
 from mr_rl.models import sharding
 from mr_rl.rewards.runner import RewardRunner, get_reward, shared_pool
@@ -123,6 +124,21 @@ def load_policy(settings: RunSettings, mesh=None):
   return model, sharding.init_sharded(model, key, mesh), None
 
 
+def prompt_style(settings: RunSettings, tokenizer) -> str:
+  """`data.style` of the run (`mr_rl.data.templates.run_style`); chat style needs a tokenizer
+  with a chat template (ConfigError naming the field otherwise)."""
+  from mr_rl.data import templates
+  has = bool(getattr(tokenizer, "chat_template", None))
+  style = templates.run_style(settings.data.style, settings.model.path, has)
+  if style == "chat" and not has:
+    set_by = (f"config.data.style={settings.data.style!r}" if settings.data.style else
+              f"config.data.style='' (the listed style of {settings.model.path!r})")
+    raise ConfigError(f"{set_by} renders prompts with the tokenizer's chat template, and the "
+                      f"tokenizer of {settings.model.path} has none; set config.data.style="
+                      "'plain' (User:/Assistant: text) or give a tokenizer with a chat template")
+  return style
+
+
 def load_examples(settings: RunSettings) -> tuple[list, list]:
   """(train, eval) example lists of `data.name` (`mr_rl.data.load_dataset`)."""
   d = settings.data
@@ -190,7 +206,7 @@ def build(settings: RunSettings) -> Components:
                           settings.model.path or f"preset {settings.model.preset}")
   d = settings.data
   if d.template:
-    template = data.make_template(d.template, model=settings.model.path)
+    template = data.make_template(d.template, style=prompt_style(settings, tokenizer))
     render = lambda ex: template.render(ex, tokenizer)
   else:
     render = lambda ex: ex.prompt

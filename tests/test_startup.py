@@ -76,3 +76,31 @@ def test_rollout_rows_the_devices_cannot_split_are_refused():
           "3 ways") in line and "on 3 devices" in line, line
   p = _dry_run("--config.rollout.group_size=3", devices=3)  # 12 rows: 4 a device
   assert p.returncode == 0, p.stderr[-3000:]
+
+
+def test_the_prompt_style_is_a_setting_or_the_tokenizers_never_the_directory_name(
+    base_policy, tmp_path):
+  """`data.template` with a local model directory named `my-sft` was refused ("pass
+  style='chat' or 'plain' explicitly", which no field set); a chat-named directory whose
+  tokenizer has no chat template gave a bare ValueError."""
+  import shutil
+  from mr_rl import models
+  tokenizer = models.load_tokenizer(base_policy)  # (no chat template)
+  sft = shutil.copytree(base_policy, tmp_path / "my-sft")
+  c = arith_config(str(sft), 1)
+  c.data.template = "tag_math"
+  s = settings_lib.from_config(c)
+  assert train_lib.prompt_style(s, tokenizer) == "plain"  # the tokenizer's
+  c.data.style = "chat"
+  with pytest.raises(errors.ConfigError, match=r"^config.data.style='chat' renders prompts with "
+                                               r"the tokenizer's chat template, and the "
+                                               rf"tokenizer of {sft} has none; set "
+                                               r"config.data.style='plain'"):
+    train_lib.prompt_style(settings_lib.from_config(c), tokenizer)
+  chat_named = shutil.copytree(base_policy, tmp_path / "Qwen3-4B-Instruct-2507")
+  c = arith_config(str(chat_named), 1)
+  c.data.template = "tag_math"
+  with pytest.raises(errors.ConfigError, match=r"^config.data.style='' \(the listed style of "):
+    train_lib.build(settings_lib.from_config(c))  # before the first prompt is rendered
+  c.data.style = "plain"
+  assert train_lib.prompt_style(settings_lib.from_config(c), tokenizer) == "plain"

@@ -127,12 +127,7 @@ class RunSettings:
                        f"({self.advantage}) is 0 for every row and the run trains on nothing; "
                        "sample (temperature > 0, top_k 0 or > 1), or greedy evaluation: "
                        "config.eval.temperature=0")
-    if self.data.template and self.model.path:  # the style comes from the model (a preset has
-      from mr_rl.data import templates        # no tokenizer: build refuses)
-      try:
-        templates.make_template(self.data.template, model=self.model.path)
-      except ValueError as e:
-        raise ValueError(f"config.data.template={self.data.template!r}: {e}") from e
+    # (data.style '' for a model the papers do not list: its tokenizer decides, at build)
     # Build the aggregator so unknown hyperparameters fail now, not at step 1.
     from mr_rl import aggregators
     aggregators.get(self.aggregator.name, **self.aggregator.hp).init(self.num_channels)

@@ -181,10 +181,24 @@ def build_runner(settings: RunSettings) -> RewardRunner:
                       not_applicable_patience=r.not_applicable_patience)
 
 
+_CACHE_WARNED: set[str] = set()
+
+
 def enable_compile_cache(settings: RunSettings) -> None:
-  """jax's persistent compilation cache as `compile.cache_dir` says (`mr_rl.compilation`)."""
-  if settings.compile.cache:
-    compilation.enable_cache(settings.compile.cache)
+  """jax's persistent compilation cache as `compile.cache_dir` says (`mr_rl.compilation`); a
+  directory that cannot be made or written turns it off for the run, with one warning (the
+  cache is optional: it saves compile time, never changes what is computed)."""
+  d = settings.compile.cache
+  if not d:
+    return
+  try:
+    compilation.enable_cache(d)
+  except OSError as e:
+    if d not in _CACHE_WARNED and distributed.is_primary():
+      _CACHE_WARNED.add(d)
+      _LOG.warning("the compilation cache is off for this run: %s cannot be made or written "
+                   "(%s); set config.compile.cache_dir (or MR_RL_CACHE) to a writable "
+                   "directory, or config.compile.cache_dir='off'", d, e.strerror or e)
 
 
 def build(settings: RunSettings) -> Components:

@@ -104,3 +104,45 @@ def test_the_prompt_style_is_a_setting_or_the_tokenizers_never_the_directory_nam
     train_lib.build(settings_lib.from_config(c))  # before the first prompt is rendered
   c.data.style = "plain"
   assert train_lib.prompt_style(settings_lib.from_config(c), tokenizer) == "plain"
+
+
+_CACHE_CFG = """
+from mr_rl.testing.runs import arith_config
+
+def get_config(arg=None):
+  c = arith_config({base!r}, 1)
+  c.data.name, c.data.path, c.data.options = "math500", {path!r}, {{}}
+  c.rewards.channels = "arith_negative,arith_fmt"
+  c.checkpoint_every = 0
+  c.eval.num_prompts = 4
+  return c
+"""
+
+
+def test_an_unwritable_cache_directory_never_stops_a_run(base_policy, tmp_path):
+  """A HOME that cannot be created (a container user's): the optional compile cache under it
+  gave a 34-line traceback; with it off, the datasets library's cache directory was reported
+  as "data file 'good.jsonl' could not be read"."""
+  path = tmp_path / "good.jsonl"
+  path.write_text("".join(json.dumps(dict(problem=f"Q:{i}+1=", solution="", answer=str(i + 1),
+                                          subject="arith", level=1, unique_id=f"r{i}")) + "\n"
+                          for i in range(8)))
+  cfg = tmp_path / "cfg.py"
+  cfg.write_text(_CACHE_CFG.format(base=base_policy, path=str(path)))
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("MR_RL_CACHE", "HF_HOME", "HF_DATASETS_CACHE", "XDG_CACHE_HOME")}
+  env.update(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", HOME="/proc/no-such-home")
+  main = lambda wd, **e: subprocess.run(
+      [sys.executable, "-m", "mr_rl.main", f"--config={cfg}", f"--workdir={wd}"], cwd=ROOT,
+      env={**env, **e}, capture_output=True, text=True, timeout=600)
+  p = main(tmp_path / "a")
+  assert p.returncode == 1, p.stderr[-3000:]
+  fatal = [l for l in p.stderr.splitlines() if l.startswith("FATAL")]
+  assert len(fatal) == 1 and "datasets library's cache directory /proc/no-such-home/" in \
+      fatal[0] and "HF_DATASETS_CACHE" in fatal[0] and "good.jsonl" not in fatal[0], p.stderr
+  assert "Traceback" not in p.stderr
+  p = main(tmp_path / "b", HF_DATASETS_CACHE=str(tmp_path / "ds_cache"))
+  assert p.returncode == 0, p.stderr[-3000:]
+  warned = [l for l in p.stderr.splitlines() if "compilation cache is off" in l]
+  assert len(warned) == 1 and "/proc/no-such-home/.cache/mr_rl/xla" in warned[0] and \
+      "config.compile.cache_dir (or MR_RL_CACHE)" in warned[0], p.stderr[-3000:]

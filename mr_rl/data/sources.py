@@ -59,6 +59,9 @@ def _load_local(path: str, split: str, config_name: str | None, cache_dir: str |
       ds = datasets.load_dataset(_FILE_BUILDERS[ext], data_files=path, split="train",
                                  cache_dir=cache_dir)
     except Exception as e:  # pylint: disable=broad-except  (datasets / pyarrow errors)
+      unwritable = _unwritable_cache(cache_dir)
+      if unwritable:
+        raise DataError(unwritable) from e
       raise DataError(f"data file {path!r} could not be read: {_file_problem(path, ext, e)}") \
           from e
     if len(ds) == 0:
@@ -74,6 +77,23 @@ def _load_local(path: str, split: str, config_name: str | None, cache_dir: str |
       ds = ds[split]
     return ds
   return datasets.load_dataset(path, name=config_name, split=split, cache_dir=cache_dir)
+
+
+def _unwritable_cache(cache_dir: str | None) -> str:
+  """Why the `datasets` cache directory (`cache_dir`, else HF_DATASETS_CACHE's) cannot be
+  written, or '' when it can."""
+  import datasets  # pylint: disable=g-import-not-at-top
+  d = os.path.expanduser(str(cache_dir or datasets.config.HF_DATASETS_CACHE))
+  try:
+    os.makedirs(d, exist_ok=True)
+    if os.access(d, os.W_OK):
+      return ""
+    why = "not writable"
+  except OSError as e:
+    why = e.strerror or str(e)
+  return (f"the datasets library's cache directory {d} cannot be made or written ({why}); the "
+          "data file was not the problem: set HF_DATASETS_CACHE (or HF_HOME) to a writable "
+          "directory")
 
 
 def _scan_text(path: str, chunk_bytes: int = 1 << 20) -> bool:

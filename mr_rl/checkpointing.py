@@ -207,7 +207,7 @@ class Checkpointer:
 
     A checkpoint that fails to restore (missing or truncated files, corrupt metadata, a train
     state holding NaN or inf) is skipped with a message naming it and the error, and moved
-    aside with its files (`set_aside`), so its step is saved again. If every checkpoint
+    aside with its files (`unreadable_name`), so its step is saved again. If every checkpoint
     fails, that is an error naming each (a run never silently restarts from scratch).
     """
     failures, bad = [], []
@@ -234,8 +234,8 @@ class Checkpointer:
     return None
 
   def _set_aside(self, steps: list[int], messages: list[str], log) -> None:
-    """Moves the unreadable checkpoints `steps` aside (`set_aside`, process 0; every process
-    waits for it), logging each with its message."""
+    """Moves the unreadable checkpoints `steps` to `unreadable_name` (process 0 renames; every
+    process waits for it and reloads the step list), logging each with its message."""
     for step, msg in zip(steps, messages):
       moved = unreadable_name(self.directory, step)
       if distributed.is_primary():

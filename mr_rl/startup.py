@@ -6,6 +6,7 @@ start-up")."""
 from __future__ import annotations
 
 import math
+import os
 from typing import Mapping
 
 from mr_rl.errors import ConfigError, DataError
@@ -28,9 +29,22 @@ def check_positions(s, max_seq_len: int, source: str) -> None:
 def check_rows(s, n: int, where: str) -> None:
   """The training rows give at least one batch of `data.batch_prompts` prompts."""
   if n < s.data.batch_prompts:
-    raise DataError(f"{where} has {n} rows after the checks, fewer than one batch of "
+    raise DataError(f"{where} has {n} rows, fewer than one batch of "
                     f"config.data.batch_prompts={s.data.batch_prompts}; give more rows or "
                     f"lower config.data.batch_prompts to <= {n}")
+
+
+def local_rows(path: str) -> int | None:
+  """The rows of a local `.jsonl` (non-blank lines) or `.csv` file (records after the header),
+  or None for anything else (a loader may drop rows, never add them: an upper bound)."""
+  ext = os.path.splitext(path)[1].lower()
+  if not path or ext not in (".jsonl", ".csv") or not os.path.isfile(path):
+    return None
+  with open(path, encoding="utf-8", errors="replace", newline="") as f:
+    if ext == ".jsonl":
+      return sum(1 for line in f if line.strip())
+    import csv
+    return max(0, sum(1 for rec in csv.reader(f) if any(rec)) - 1)
 
 
 def mesh_shape(sizes: Mapping[str, int], n_devices: int) -> dict[str, int]:

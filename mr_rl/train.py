@@ -237,7 +237,8 @@ def build(settings: RunSettings) -> Components:
   eval_sets = {n: check(ex, f"eval set {n!r}",
                         path=settings.data.eval_set_options.get(n, {}).get("path") or None)
                for n, ex in eval_sets.items()}
-  startup.check_rows(settings, len(train_ex), f"train split {d.split!r} of {where}")
+  startup.check_rows(settings, len(train_ex),
+                     f"train split {d.split!r} of {where} (after the length checks)")
   return Components(settings, policy, params, train_ex, eval_ex, build_runner(settings),
                     eval_sets, learner_mesh)
 

@@ -63,10 +63,19 @@ def test_fewer_rows_than_a_batch_are_refused_naming_the_file_and_field(base_poli
   c = arith_config(base_policy, 1)
   c.data.name, c.data.path, c.data.options = "math500", str(path), {}
   c.rewards.channels = "arith_negative,arith_fmt"
-  with pytest.raises(errors.DataError, match=r"has 3 rows after the checks, fewer than one batch "
-                                             r"of config.data.batch_prompts=4") as e:
+  with pytest.raises(errors.DataError, match=r"\(after the length checks\) has 3 rows, fewer "
+                                             r"than one batch of config.data.batch_prompts=4") \
+      as e:
     train_lib.build(settings_lib.from_config(c))
   assert str(path) in str(e.value)
+  cfg = tmp_path / "cfg.py"  # --dry_run counts a local file's rows (no loader, no model)
+  cfg.write_text(_CACHE_CFG.format(base=base_policy, path=str(path)))
+  p = subprocess.run([sys.executable, "-m", "mr_rl.main", f"--config={cfg}", "--dry_run"],
+                     cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"},
+                     capture_output=True, text=True, timeout=300)
+  assert _fatal(p) == (f"FATAL DataError: data file {str(path)!r} has 3 rows, fewer than one "
+                       "batch of config.data.batch_prompts=4; give more rows or lower "
+                       "config.data.batch_prompts to <= 3")
 
 
 def test_rollout_rows_the_devices_cannot_split_are_refused():

@@ -44,6 +44,9 @@ def dry_run(config) -> str:
   cfg, source = model_config(s, str(config.get("setup", "")))
   if cfg is not None:  # what start-up refuses (mr_rl.startup), without weights or data
     startup.check_positions(s, cfg.max_seq_len, source)
+  n = startup.local_rows(s.data.path)  # (the rows before the loader's filters)
+  if n is not None:
+    startup.check_rows(s, n, f"data file {s.data.path!r}")
   if not s.asynchrony.sampler_devices:
     import jax
     startup.check_devices(s, jax.device_count())

@@ -63,13 +63,14 @@ def mesh_shape(sizes: Mapping[str, int], n_devices: int) -> dict[str, int]:
 
 
 def check_devices(s, n_devices: int) -> None:
-  """The static engine's rollout rows `data.batch_prompts x rollout.group_size` split evenly
-  over the mesh's batch axes (`config.mesh` on `n_devices` devices; one device: nothing to
-  split; the continuous engine decodes in slots, which it checks itself)."""
+  """The rollout rows `data.batch_prompts x rollout.group_size` of an engine that splits them
+  (`EngineSpec.splits_rows`: the static one) split evenly over the mesh's batch axes
+  (`config.mesh` on `n_devices` devices; one device: nothing to split)."""
   if n_devices <= 1:
     return
   shape = mesh_shape(s.mesh, n_devices)
-  if s.rollout.engine != "static":
+  from mr_rl import rollout_engines
+  if not rollout_engines.ENGINES.get(s.rollout.engine).splits_rows:
     return
   ways = math.prod(shape.get(a, 1) for a in BATCH_AXES)
   if s.rows % ways:

@@ -8,7 +8,8 @@ One checkpoint per saved step under WORKDIR/checkpoints/<step>/ with two items:
 orbax writes each step to a temporary directory and renames it when complete, so a run
 killed mid-save leaves the previous checkpoint intact; `latest_step` only sees finished ones.
 A finished checkpoint that cannot be read (a truncated or deleted file) is skipped by
-`restore_latest`, which says which one and why and leaves it on disk. With several processes
+`restore_latest`, which says which one and why and moves it aside with its files
+(`checkpoints/unreadable-<step>`), so the run saves that step again. With several processes
 every process saves and restores its own shards of the same checkpoint.
 
 A state is saved only when every float in its train state is finite (`nonfinite_leaves`; the
@@ -52,7 +53,8 @@ RESUMABLE = ("total_steps", "checkpoint_every", "log_every", "kl_ref_every", "al
 
 # Settings added after runs were recorded without them, with the value that computes what those
 # runs computed: a checkpoint that lacks one of them resumes under that value.
-ADDED = {"model.compute_dtype": "", "model.attention_impl": "auto", "batch.column_buckets": 0}
+ADDED = {"model.compute_dtype": "", "model.attention_impl": "auto", "batch.column_buckets": 0,
+         "data.style": ""}
 # Settings recorded under another name by older runs: {old name: current name}.
 # (engine options: mr_rl.rollout_engines)
 MOVED = {"rollout.slots": "rollout.engine_options.slots"}
@@ -204,36 +206,62 @@ class Checkpointer:
     """The newest checkpoint that reads back whole and finite, or None if there is none.
 
     A checkpoint that fails to restore (missing or truncated files, corrupt metadata, a train
-    state holding NaN or inf) is
-    skipped with a message naming it and the error; it stays on disk. If every checkpoint
+    state holding NaN or inf) is skipped with a message naming it and the error, and moved
+    aside with its files (`unreadable_name`), so its step is saved again. If every checkpoint
     fails, that is an error naming each (a run never silently restarts from scratch).
     """
-    failures = []
+    failures, bad = [], []
     for step in sorted(self._mngr.all_steps(), reverse=True):
       path = os.path.join(self.directory, str(step))
       try:
         state, meta = self.restore(step, abstract_state)
         if int(meta["step"]) != step:
           raise ValueError(f"its meta says step {meta['step']}")
-        bad = nonfinite_leaves(_train_part(state))
-        if bad:
-          raise NonFiniteStateError(f"its train state holds NaN or inf ({', '.join(bad[:4])})")
+        nonfinite = nonfinite_leaves(_train_part(state))
+        if nonfinite:
+          raise NonFiniteStateError(
+              f"its train state holds NaN or inf ({', '.join(nonfinite[:4])})")
       except Exception as e:  # pylint: disable=broad-except  # reported, then the next one
         msg = f"skipping checkpoint {path}: it cannot be restored ({type(e).__name__}: {e})"
-        _LOG.warning(msg)
-        if log:
-          log(msg)
         failures.append(msg)
+        bad.append(step)
         continue
+      self._set_aside(bad, failures, log)
       return state, meta
     if failures:
       raise RuntimeError("no checkpoint in " + self.directory + " can be restored:\n" +
                          "\n".join(failures))
     return None
 
+  def _set_aside(self, steps: list[int], messages: list[str], log) -> None:
+    """Moves the unreadable checkpoints `steps` to `unreadable_name` (process 0 renames; every
+    process waits for it and reloads the step list), logging each with its message."""
+    for step, msg in zip(steps, messages):
+      moved = unreadable_name(self.directory, step)
+      if distributed.is_primary():
+        epath.Path(self.directory, str(step)).rename(moved)
+      msg += f"; moved to {moved} (its files kept), so step {step} is saved again"
+      _LOG.warning(msg)
+      if log:
+        log(msg)
+    if steps:
+      distributed.barrier("mr_rl.checkpointing.set_aside")
+      self._mngr.reload()
+
   def close(self) -> None:
     self._mngr.wait_until_finished()
     self._mngr.close()
+
+
+def unreadable_name(directory: str, step: int) -> str:
+  """Where checkpoint `step` of `directory` goes when it does not read back: a name orbax does
+  not take for a step (`unreadable-<step>`, `-2`, ... when taken)."""
+  base, n = os.path.join(directory, f"unreadable-{step}"), 1
+  out = base
+  while epath.Path(out).exists():
+    n += 1
+    out = f"{base}-{n}"
+  return out
 
 
 def _train_part(state: Any) -> Any:

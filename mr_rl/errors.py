@@ -17,3 +17,8 @@ class ConfigError(UserError, ValueError):
 class DataError(UserError, ValueError):
   """A data file or prompt the run cannot use: unreadable, empty, not UTF-8, a prompt over
   `data.max_prompt_len` (`mr_rl.data`), each named with its file (and line where known)."""
+
+
+class DamagedFileError(UserError, ValueError):
+  """A file the run reads that does not read back whole (a truncated `settings.json` or
+  `model.safetensors`), named with its path and what to do."""

@@ -46,6 +46,7 @@ import dataclasses
 import fnmatch
 import json
 import os
+import sys
 from typing import Sequence
 
 import jax
@@ -56,6 +57,7 @@ from mr_rl import metrics as metrics_lib
 from mr_rl import models
 from mr_rl import staged_dir
 from mr_rl import workdir as workdir_lib
+from mr_rl.errors import DamagedFileError, UserError
 from mr_rl.models import hf_io
 from mr_rl.models import lora as lora_lib
 from mr_rl.models.transformer import LAYERS, stack_layers, unstack_layers
@@ -80,7 +82,14 @@ def saved_settings(workdir: str) -> dict:
         where if where else " (not a training run's workdir?); give the base checkpoint with "
         "--base=DIR"))
   with open(path) as f:
-    return json.load(f)
+    text = f.read()
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise DamagedFileError(
+        f"{path} is damaged (line {e.lineno}, column {e.colno}: {e.msg}); it names the run's "
+        "base checkpoint: give that with --base=DIR (and restore the file from a copy, or "
+        "from a settings.resume-<step>.json of the same run)") from None
 
 
 def base_checkpoint(workdir: str, base: str | None = None) -> str:
@@ -96,7 +105,7 @@ def base_checkpoint(workdir: str, base: str | None = None) -> str:
     return hf_io.resolve_path(base, ["*.json", "tokenizer*", "*.txt", "*.model", "*.tiktoken",
                                      "*.jinja"])
   except OSError as e:
-    raise OSError(f"{e} For mr_rl.export, give the local copy with --base=DIR.") from e
+    raise type(e)(f"{e} For mr_rl.export, give the local copy with --base=DIR.") from e
 
 
 def _state_dir(workdir: str, step: int) -> epath.Path:
@@ -108,12 +117,30 @@ def params_metadata(workdir: str, step: int):
   return ocp.PyTreeCheckpointHandler().metadata(_state_dir(workdir, step)).tree["train"]["params"]
 
 
-def run_lora(workdir: str) -> lora_lib.LoraConfig | None:
-  """The LoRA config of a run (`model.lora` of its settings.json), or None (full fine-tuning
-  or no settings.json)."""
+def _export_settings(workdir: str, base: str | None, log) -> dict | None:
+  """The run's settings.json, or None where there is none, or where it is damaged and `base`
+  names the base checkpoint (logged: the export then goes as without one)."""
   if not os.path.exists(os.path.join(workdir, metrics_lib.SETTINGS_FILE)):
     return None
-  cfg = saved_settings(workdir)["model"].get("lora")
+  try:
+    return saved_settings(workdir)
+  except DamagedFileError as e:
+    if base is None:
+      raise
+    if log:
+      log(f"{e}; exporting with --base={base} as a run without its settings (full "
+          "fine-tuning, the base's chat template)")
+    return None
+
+
+def run_lora(workdir: str, settings: dict | None = None) -> lora_lib.LoraConfig | None:
+  """The LoRA config of a run (`model.lora` of its settings.json, or of `settings`), or None
+  (full fine-tuning or no settings.json)."""
+  if settings is None:
+    if not os.path.exists(os.path.join(workdir, metrics_lib.SETTINGS_FILE)):
+      return None
+    settings = saved_settings(workdir)
+  cfg = settings["model"].get("lora")
   return None if not cfg else lora_lib.LoraConfig(
       rank=cfg["rank"], alpha=cfg["alpha"], targets=tuple(cfg["targets"]),
       init_from=cfg.get("init_from", ""), dropout=float(cfg.get("dropout", 0.0)))
@@ -145,9 +172,10 @@ def restore_params(workdir: str, step: int, model, mesh=None, lora=None):
   except (TypeError, ValueError):
     same = False
   if not same:
-    raise ValueError(f"the params of {path} do not match the base checkpoint's architecture "
-                     f"({model.config.family}, {model.config.n_layers} layers, d_model "
-                     f"{model.config.d_model}); was the run trained from another base?")
+    raise _ArchitectureError(
+        f"the params of {path} do not match the base checkpoint's architecture "
+        f"({model.config.family}, {model.config.n_layers} layers, d_model "
+        f"{model.config.d_model}); was the run trained from another base?")
   if mesh is not None:
     from mr_rl.models import sharding
     shardings = sharding.param_shardings(model, mesh) if lora is None else \
@@ -170,6 +198,10 @@ def restore_params(workdir: str, step: int, model, mesh=None, lora=None):
   return stack_layers(params, L) if per_layer else params
 
 
+class _ArchitectureError(ValueError):
+  """A checkpoint's params do not have the base checkpoint's shapes."""
+
+
 def _model_for(base_dir: str, dtype) -> models.Transformer:
   hf = hf_io.read_config(base_dir)
   return models.Transformer(hf_io.config_from_hf(hf, param_dtype=dtype, dtype=dtype))
@@ -178,14 +210,15 @@ def _model_for(base_dir: str, dtype) -> models.Transformer:
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
-def _write_chat_template(out: str, settings) -> None:
+def _write_chat_template(out: str, settings, has_chat_template: bool) -> None:
   """Writes the run's prompt format as the export's chat template (module docstring); a
-  chat-style run keeps the base tokenizer's."""
+  chat-style run keeps the base tokenizer's (`has_chat_template`: whether it has one)."""
   from mr_rl.data import templates
   if dataclasses.is_dataclass(settings):
     settings = metrics_lib.settings_dict(settings)
   jinja = templates.chat_template_of_run(settings["data"]["template"],
-                                         settings["model"]["path"])
+                                         settings["model"]["path"],
+                                         settings["data"].get("style", ""), has_chat_template)
   if jinja is None:
     return
   for fn in ("chat_template.json", CHAT_TEMPLATE_FILE):  # the base's, replaced
@@ -271,7 +304,7 @@ def _write_ids_and_template(out: str, base_dir: str, settings) -> None:
     from transformers import GenerationConfig
     GenerationConfig(**{k: cfg[k] for k in ids}).save_pretrained(out)
   if settings is not None:
-    _write_chat_template(out, settings)
+    _write_chat_template(out, settings, bool(getattr(tok, "chat_template", None)))
 
 
 def check_out_dir(out: str, overwrite: bool) -> None:
@@ -289,6 +322,32 @@ def check_out_dir(out: str, overwrite: bool) -> None:
 
 
 FORMATS = ("merged", "peft")
+
+
+def _newest_readable(workdir, steps, base_dir, mesh, lora, log):
+  """(step, model, params) of the newest of `steps` whose params read back; each unreadable
+  one is named (and logged) before the next older one is tried.
+
+  Raises:
+    ValueError: the params do not have the base's architecture (no other step would).
+    OSError: none of `steps` reads back (each named with its error).
+  """
+  failures = []
+  for step in sorted(steps, reverse=True):
+    try:
+      dtype = jax.tree.leaves(params_metadata(workdir, step))[0].dtype
+      model = _model_for(base_dir, dtype)
+      params = restore_params(workdir, step, model, mesh, lora)
+    except _ArchitectureError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  # named, then the next older one
+      failures.append(f"checkpoint {_state_dir(workdir, step).parent} cannot be read "
+                      f"({type(e).__name__}: {str(e)[:300]})")
+      continue
+    if failures and log:
+      log("; ".join(failures) + f"; exporting step {step}, the newest readable checkpoint")
+    return step, model, params
+  raise OSError("\n".join(failures))
 
 
 def export(workdir: str, out: str, *, step: int | None = None, base: str | None = None,
@@ -315,7 +374,8 @@ def export(workdir: str, out: str, *, step: int | None = None, base: str | None 
   """
   if format not in FORMATS:
     raise ValueError(f"--format must be one of {FORMATS}, got {format!r}")
-  lora = run_lora(workdir)
+  settings = _export_settings(workdir, base, log)
+  lora = None if settings is None else run_lora(workdir, settings)
   if format == "peft" and lora is None:
     raise ValueError(f"--format=peft needs a LoRA run (config.model.lora.rank > 0); {workdir!r} "
                      "trained every weight: export it merged")
@@ -323,15 +383,13 @@ def export(workdir: str, out: str, *, step: int | None = None, base: str | None 
   if not steps:
     raise FileNotFoundError(f"no checkpoints under {os.path.join(workdir, 'checkpoints')!r}"
                             f"{workdir_lib.where_the_runs_are(workdir)}")
-  step = steps[-1] if step is None else int(step)
-  if step not in steps:
+  if step is not None and int(step) not in steps:
     raise FileNotFoundError(f"no checkpoint step {step} in {workdir!r}; saved steps: {steps}")
   base_dir = base_checkpoint(workdir, base)
   _check_not_base(out, base_dir)
   check_out_dir(out, overwrite)
-  dtype = jax.tree.leaves(params_metadata(workdir, step))[0].dtype
-  model = _model_for(base_dir, dtype)
-  params = restore_params(workdir, step, model, mesh, lora)
+  step, model, params = _newest_readable(workdir, steps if step is None else [int(step)],
+                                         base_dir, mesh, lora, log)
   if format == "peft":
     if jax.process_index() == 0:  # (the adapters are small: no gathers to join)
       with staged_dir.staged(out, keep=_not_export_file, log=log) as tmp:
@@ -341,15 +399,15 @@ def export(workdir: str, out: str, *, step: int | None = None, base: str | None 
       log(f"exported the adapters of step {step} of {workdir} to {out} (PEFT; base {base_dir})")
     return out
   if lora is not None:
+    dtype = jax.tree.leaves(params_metadata(workdir, step))[0].dtype
     _, base_params = models.load_pretrained(base_dir, dtype=dtype, mesh=mesh)
     params = lora_lib.Adapted(base_params, params, lora.scale)
-  has_settings = os.path.exists(os.path.join(workdir, metrics_lib.SETTINGS_FILE))
-  write_hf(model, params, out, base_dir, settings=saved_settings(workdir) if has_settings
-           else None, log=log)
+  has_settings = settings is not None
+  write_hf(model, params, out, base_dir, settings=settings, log=log)
   if log:
     log(f"exported step {step} of {workdir} to {out} (base {base_dir})"
-        + ("" if has_settings else f"; no {metrics_lib.SETTINGS_FILE} in the workdir: the "
-           "chat template is the base's"))
+        + ("" if has_settings else f"; no readable {metrics_lib.SETTINGS_FILE} in the "
+           "workdir: the chat template is the base's"))
   return out
 
 
@@ -371,6 +429,9 @@ def main(argv: Sequence[str] | None = None) -> str:
                   format=a.format)
   except FileExistsError as e:
     p.error(str(e))
+  except UserError as e:  # its message says what to fix (mr_rl.errors)
+    print(f"FATAL {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -206,18 +206,27 @@ class MetricsWriter:
     kept = []
     if os.path.exists(self.path):  # drop lines past the restored step (crash after logging)
       with open(self.path) as f:
-        for line in f:
+        for i, line in enumerate(f, 1):
           line = line.strip()
           if not line:
             continue
           try:
             rec = json.loads(line)
-          except json.JSONDecodeError:
-            break  # a torn last line from a killed run
+          except json.JSONDecodeError as e:  # one damaged (or torn last) line: it alone goes
+            _LOG.warning("%s: dropped line %d, which is not valid JSON (column %d: %s): %.80r",
+                         self.path, i, e.colno, e.msg, line)
+            continue
+          if not isinstance(rec, dict):
+            _LOG.warning("%s: dropped line %d, which is not a record: %.80r", self.path, i, line)
+            continue
           if rec.get("step", -1) < resume_step:
             kept.append(line)
-    with open(self.path, "w") as f:
+    tmp = f"{self.path}.tmp.{os.getpid()}"  # the rewrite is atomic: a kill keeps the old file
+    with open(tmp, "w") as f:
       f.writelines(l + "\n" for l in kept)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, self.path)
     self._tb = self._wandb = None
     if settings is not None:
       config = settings_dict(settings)

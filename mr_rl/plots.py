@@ -25,10 +25,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from typing import Callable, Mapping, Sequence
 
 from mr_rl import metrics as metrics_lib
 from mr_rl import workdir as workdir_lib
+from mr_rl.errors import DamagedFileError, UserError
 
 History = Sequence[Mapping[str, object]]
 ALARM_COLOR = "tab:red"
@@ -40,13 +42,20 @@ def load_history(workdir: str) -> list[dict]:
   """The per-step metrics of the run in `workdir` (its `metrics.jsonl`)."""
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
-    raise FileNotFoundError(f"no metrics.jsonl in {workdir!r}: give the workdir of a training "
-                            f"run (python -m mr_rl.main ... --workdir=WORKDIR)"
-                            f"{workdir_lib.where_the_runs_are(workdir)}")
-  history = metrics_lib.read_jsonl(path)
+    raise NotARunError(f"no metrics.jsonl in {workdir!r}: give the workdir of a training "
+                       f"run (python -m mr_rl.main ... --workdir=WORKDIR)"
+                       f"{workdir_lib.where_the_runs_are(workdir)}")
+  try:
+    history = metrics_lib.read_jsonl(path)
+  except ValueError as e:  # a damaged line inside (a torn last line is skipped)
+    raise DamagedFileError(str(e)) from None
   if not history:
-    raise ValueError(f"{path} has no steps yet")
+    raise DamagedFileError(f"{path} has no steps yet")
   return history
+
+
+class NotARunError(UserError, FileNotFoundError):
+  """A directory that holds no training run's metrics (perhaps runs below it)."""
 
 
 def channels(history: History) -> list[str]:
@@ -287,7 +296,11 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
   p.add_argument("workdir", help="a training run's workdir (with metrics.jsonl)")
   p.add_argument("--out", default=None, help="output directory (default WORKDIR/plots)")
   a = p.parse_args(argv)
-  paths = plot_run(a.workdir, a.out, log=print)
+  try:
+    paths = plot_run(a.workdir, a.out, log=print)
+  except UserError as e:  # its message says what to fix (mr_rl.errors)
+    print(f"FATAL {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    sys.exit(1)
   for path in paths:
     print(path)
   return paths

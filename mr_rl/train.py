@@ -50,8 +50,10 @@ import numpy as np
 from mr_rl import async_rl, compilation, data, distributed, evaluation
 from mr_rl import metrics as metrics_lib, models, program_plan, train_step
 from mr_rl import rollout as rollout_lib
+from mr_rl import startup
 from mr_rl import workdir as workdir_lib
 from mr_rl.checkpointing import Checkpointer, check_resume
+from mr_rl.errors import ConfigError
 from mr_rl.preemption import PREEMPTED_EXIT_CODE, Preempted, Preemption  # noqa: F401
 from mr_rl.models import sharding
 from mr_rl.rewards.runner import RewardRunner, get_reward, shared_pool
@@ -122,6 +124,21 @@ def load_policy(settings: RunSettings, mesh=None):
   return model, sharding.init_sharded(model, key, mesh), None
 
 
+def prompt_style(settings: RunSettings, tokenizer) -> str:
+  """`data.style` of the run (`mr_rl.data.templates.run_style`); chat style needs a tokenizer
+  with a chat template (ConfigError naming the field otherwise)."""
+  from mr_rl.data import templates
+  has = bool(getattr(tokenizer, "chat_template", None))
+  style = templates.run_style(settings.data.style, settings.model.path, has)
+  if style == "chat" and not has:
+    set_by = (f"config.data.style={settings.data.style!r}" if settings.data.style else
+              f"config.data.style='' (the listed style of {settings.model.path!r})")
+    raise ConfigError(f"{set_by} renders prompts with the tokenizer's chat template, and the "
+                      f"tokenizer of {settings.model.path} has none; set config.data.style="
+                      "'plain' (User:/Assistant: text) or give a tokenizer with a chat template")
+  return style
+
+
 def load_examples(settings: RunSettings) -> tuple[list, list]:
   """(train, eval) example lists of `data.name` (`mr_rl.data.load_dataset`)."""
   d = settings.data
@@ -164,16 +181,32 @@ def build_runner(settings: RunSettings) -> RewardRunner:
                       not_applicable_patience=r.not_applicable_patience)
 
 
+_CACHE_WARNED: set[str] = set()
+
+
 def enable_compile_cache(settings: RunSettings) -> None:
-  """jax's persistent compilation cache as `compile.cache_dir` says (`mr_rl.compilation`)."""
-  if settings.compile.cache:
-    compilation.enable_cache(settings.compile.cache)
+  """jax's persistent compilation cache as `compile.cache_dir` says (`mr_rl.compilation`); a
+  directory that cannot be made or written turns it off for the run, with one warning (the
+  cache is optional: it saves compile time, never changes what is computed)."""
+  d = settings.compile.cache
+  if not d:
+    return
+  try:
+    compilation.enable_cache(d)
+  except OSError as e:
+    if d not in _CACHE_WARNED and distributed.is_primary():
+      _CACHE_WARNED.add(d)
+      _LOG.warning("the compilation cache is off for this run: %s cannot be made or written "
+                   "(%s); set config.compile.cache_dir (or MR_RL_CACHE) to a writable "
+                   "directory, or config.compile.cache_dir='off'", d, e.strerror or e)
 
 
 def build(settings: RunSettings) -> Components:
   """Loads the policy, data and reward channels of a run (on a mesh with > 1 device)."""
   enable_compile_cache(settings)
   learner_mesh = None
+  if not settings.asynchrony.sampler_devices:  # (before a mesh or a sampler meets them)
+    startup.check_devices(settings, jax.device_count())
   if settings.asynchrony.sampler_devices:  # disjoint sampler / learner devices (config.mesh:
     mesh, learner_mesh = async_rl.split_meshes(  # the learner's devices)
         settings.mesh, settings.asynchrony.sampler_devices)
@@ -183,9 +216,11 @@ def build(settings: RunSettings) -> Components:
   if tokenizer is None:
     raise ValueError("config.model.preset gives random weights but no tokenizer; point "
                      "config.model.path at a checkpoint directory with a tokenizer")
+  startup.check_positions(settings, model.config.max_seq_len,
+                          settings.model.path or f"preset {settings.model.preset}")
   d = settings.data
   if d.template:
-    template = data.make_template(d.template, model=settings.model.path)
+    template = data.make_template(d.template, style=prompt_style(settings, tokenizer))
     render = lambda ex: template.render(ex, tokenizer)
   else:
     render = lambda ex: ex.prompt
@@ -202,6 +237,8 @@ def build(settings: RunSettings) -> Components:
   eval_sets = {n: check(ex, f"eval set {n!r}",
                         path=settings.data.eval_set_options.get(n, {}).get("path") or None)
                for n, ex in eval_sets.items()}
+  startup.check_rows(settings, len(train_ex),
+                     f"train split {d.split!r} of {where} (after the length checks)")
   return Components(settings, policy, params, train_ex, eval_ex, build_runner(settings),
                     eval_sets, learner_mesh)
 

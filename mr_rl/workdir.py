@@ -49,6 +49,10 @@ class WorkdirNotSharedError(UserError, RuntimeError):
   """The processes of one job do not see the same workdir."""
 
 
+class WorkdirNotADirectoryError(UserError, NotADirectoryError):
+  """The workdir (or a directory above it) is a file, or cannot be made."""
+
+
 def _is_url(path: str) -> bool:
   return "://" in path
 
@@ -166,7 +170,7 @@ def claim(workdir: str, *, break_lock: bool = False,
         del _held[real]
     return
   primary, multi = jax.process_index() == 0, jax.process_count() > 1
-  nonce, fd, error = secrets.token_hex(8), None, None
+  nonce, fd, error, created = secrets.token_hex(8), None, None, None
   if primary:
     try:
       if url:
@@ -177,7 +181,7 @@ def claim(workdir: str, *, break_lock: bool = False,
           log(f"workdir {workdir} is a URL: it cannot be locked; make sure one run alone "
               f"writes it")
       else:
-        os.makedirs(workdir, exist_ok=True)
+        created = _make(workdir)
         fd = _lock(workdir, break_lock, nonce)
         if fd is None and log:
           log(f"workdir {workdir}: no file locks on its file system; running unlocked "
@@ -205,14 +209,52 @@ def claim(workdir: str, *, break_lock: bool = False,
   if error is not None:
     if fd is not None:
       os.close(fd)
+    _remove_unused(created, workdir)
     raise error
   _held[real] = 1
   try:
     yield workdir
+  except BaseException:
+    if fd is not None:
+      os.close(fd)
+      fd = None
+    _remove_unused(created, workdir)  # a run refused at start-up leaves no workdir it made
+    raise
   finally:
-    del _held[real]
+    _held.pop(real, None)
     if fd is not None:
       os.close(fd)  # (the lock file stays: its record says who held it last)
+
+
+def _make(workdir: str) -> str | None:
+  """Makes `workdir` (and its missing parents); returns the topmost directory it made (None:
+  it existed). A file in its place is a `WorkdirNotADirectoryError` naming it."""
+  top, d = None, os.path.abspath(workdir)
+  while not os.path.lexists(d) and d != os.path.dirname(d):
+    top, d = d, os.path.dirname(d)
+  if os.path.lexists(d) and not os.path.isdir(d):
+    raise WorkdirNotADirectoryError(
+        f"--workdir {workdir}: {d} is a file, not a directory; give a directory (a new one is "
+        f"made)")
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise WorkdirNotADirectoryError(f"--workdir {workdir} cannot be made: {e.strerror or e} "
+                                    f"({e.filename or workdir})") from None
+  return top
+
+
+def _remove_unused(created: str | None, workdir: str) -> None:
+  """Removes the directories this claim made (`created`: the topmost) when the run wrote
+  nothing in them but the lock file."""
+  if created is None:
+    return
+  lock = os.path.join(os.path.abspath(workdir), LOCK_NAME)
+  for d, _, files in os.walk(created):
+    if any(os.path.join(d, f) != lock for f in files):
+      return
+  import shutil
+  shutil.rmtree(created, ignore_errors=True)
 
 
 def runs_under(path: str, max_depth: int = 3) -> list[str]:

@@ -159,3 +159,25 @@ def test_staged_keeps_the_entries_keep_accepts_and_follows_a_symlink(tmp_path):
   assert link.is_symlink() and sorted(os.listdir(real)) == ["new.json", "notes"]
   assert (real / "notes" / "a.txt").read_text() == "mine"
   assert staged_dir.leftovers(str(real)) == []
+
+
+def test_a_damaged_settings_json_is_named_with_its_path_and_base(tmp_path):
+  """A settings.json cut short ended the export in a bare JSONDecodeError naming no file."""
+  wd = tmp_path / "run"
+  (wd / "checkpoints").mkdir(parents=True)
+  settings = wd / "settings.json"
+  settings.write_text(json.dumps({"model": {"path": BASE, "lora": {}}})[:20])
+  p = subprocess.run([sys.executable, "-m", "mr_rl.export", f"--workdir={wd}",
+                      f"--out={tmp_path / 'hf'}"], capture_output=True, text=True, cwd=REPO,
+                     env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu"), timeout=300)
+  assert p.returncode == 1, p.stderr[-3000:]
+  assert p.stderr.strip().splitlines() == [
+      f"FATAL DamagedFileError: {settings} is damaged (line 1, column 20: Unterminated string "
+      "starting at); it names the run's base checkpoint: give that with --base=DIR (and "
+      "restore the file from a copy, or from a settings.resume-<step>.json of the same run)"], \
+      p.stderr[-3000:]
+  logs = []  # with --base the export goes on (to the checkpoints: none here)
+  with pytest.raises(FileNotFoundError, match="no checkpoints under"):
+    export_lib.export(str(wd), str(tmp_path / "hf"), base=BASE, log=logs.append)
+  assert any(f"{settings} is damaged" in l and f"exporting with --base={BASE}" in l
+             for l in logs), logs

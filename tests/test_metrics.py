@@ -63,3 +63,18 @@ def test_a_resume_in_the_same_second_keeps_the_first_starts_tensorboard_events(t
         f.read(4)
         steps |= {ev.step for v in ev.summary.value if v.tag == "loss/policy"}
   assert steps == {0, 1}
+
+
+def test_a_damaged_metrics_line_is_dropped_alone_on_resume(tmp_path, caplog):
+  """A resume rewrites metrics.jsonl up to the restored step: a damaged line in the middle goes
+  with a warning naming it, and the intact records after it stay (they were all dropped)."""
+  import logging
+  path = tmp_path / "metrics.jsonl"
+  lines = [json.dumps({"step": i, "loss/policy": 0.1 * i}) for i in range(5)]
+  lines[1] = lines[1][:9]  # step 1's line cut short
+  path.write_text("\n".join(lines) + "\n")
+  with caplog.at_level(logging.WARNING, logger="mr_rl.metrics"):
+    metrics_lib.MetricsWriter(str(tmp_path), resume_step=5, tensorboard=False).close()
+  assert [r["step"] for r in metrics_lib.read_jsonl(str(path))] == [0, 2, 3, 4]
+  assert any(f"{path}: dropped line 2" in r.getMessage() for r in caplog.records), caplog.text
+  assert not list(tmp_path.glob("metrics.jsonl.tmp*"))  # (written aside, then renamed)

@@ -145,3 +145,16 @@ def test_cli(tmp_path):
       ["rewards.png", "scalar_reward.png", "weights.png", "profiles.png", "kl_ref.png",
        "entropy.png", "response_length.png"])
   assert "shortcut alarm fired at steps 5-7, 10" in out.stdout
+
+
+def test_the_cli_on_a_directory_of_runs_is_one_fatal_line_naming_them(tmp_path):
+  """The demo's top directory (W/<task>/<method>) was a 14-line traceback."""
+  for method in ("tag", "additive"):
+    _write_run(str(tmp_path / "demo" / "arith" / method), _history(steps=2))
+  out = subprocess.run([sys.executable, "-m", "mr_rl.plots", str(tmp_path / "demo")],
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 1 and len(lines) == 1, out.stderr
+  assert lines[0].startswith(f"FATAL NotARunError: no metrics.jsonl in '{tmp_path / 'demo'}'")
+  assert "holds 2 runs in its subdirectories" in lines[0] and \
+      str(tmp_path / "demo" / "arith" / "tag") in lines[0], lines[0]

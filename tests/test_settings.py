@@ -90,8 +90,7 @@ def test_the_demo_config_resolves():
     ("log_every", 0, r"config.log_every must be > 0"),
     ("data.batch_prompts", 0, r"config.data.batch_prompts must be > 0"),
     ("data.template", "amrp_maths", r"config.data.template='amrp_maths' is not valid"),
-    ("data.template", "amrp_math", r"config.data.template='amrp_math': model .* has no known "
-                                   r"template style"),
+    ("data.style", "chatty", r"config.data.style='chatty' is not valid"),
     ("model.path", 5, r"config.model.path must be a str"),
     ("model.moe_impl", "sparse", r"config.model.moe_impl='sparse' is not valid"),
 ])

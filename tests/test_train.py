@@ -255,8 +255,9 @@ def test_the_end_of_training_is_checkpointed_whatever_checkpoint_every(base_poli
 
 @pytest.mark.parametrize("damage", ["truncated_data", "corrupt_metadata", "deleted_state"])
 def test_resume_skips_a_corrupt_latest_checkpoint(base_policy, tmp_path, damage):
-  """The newest checkpoint cannot be read: resume says so, leaves it on disk, and continues
-  from the previous one; the run then equals an uninterrupted one."""
+  """The newest checkpoint cannot be read: resume says so, moves it aside with its files, and
+  continues from the previous one; the run then equals an uninterrupted one and saves the
+  step again."""
   c = _config(base_policy, 4)
   c.checkpoint_every = 2
   s = settings_lib.from_config(c)
@@ -278,12 +279,25 @@ def test_resume_skips_a_corrupt_latest_checkpoint(base_policy, tmp_path, damage)
   else:
     import shutil
     shutil.rmtree(os.path.join(latest, "state"))
+  if damage == "truncated_data":  # (export reads the params alone)
+    from mr_rl import export as export_lib
+    logs = []
+    export_lib.export(wd, str(tmp_path / "hf"), log=logs.append)
+    assert any(f"checkpoint {latest} cannot be read" in l and "exporting step 2, the newest "
+               "readable" in l for l in logs), logs
   logs = []
   res = train_lib.train(s, wd, comp=comp, log=logs.append)
-  assert any("skipping checkpoint" in l and latest in l for l in logs), logs
-  assert os.path.isdir(latest) or damage == "deleted_state"
+  aside = os.path.join(wd, "checkpoints", "unreadable-4")
+  assert any("skipping checkpoint" in l and latest in l and f"moved to {aside}" in l
+             for l in logs), logs
+  assert os.path.isdir(os.path.join(aside, "meta"))  # moved aside with its files
   assert [h["step"] for h in res.history] == [2, 3]
   _assert_same_metrics(metrics_lib.read_jsonl(os.path.join(wd, "metrics.jsonl")), straight)
+  # Step 4 was saved again (it was never replaced: the damaged one blocked its own save), and
+  # reads back.
+  logs = []
+  assert train_lib.train(s, wd, comp=comp, log=logs.append).history == []
+  assert not any("skipping" in l for l in logs) and any("at step 4" in l for l in logs), logs
 
 
 _TERM_RUNNER = textwrap.dedent("""
@@ -415,7 +429,8 @@ def test_continuous_engine_with_streamed_rewards_equals_the_static_engine(base_p
     c = _config(base_policy, 2, aggregator="additive")
     c.checkpoint_every = 0
     c.rewards.channels = "arith_acc,text_rewards:chars"
-    c.rollout.temperature = 0.0
+    c.rollout.temperature = 0.0  # (greedy: PPO, a group-relative advantage would be 0)
+    c.advantage.name = "ppo"
     c.rollout.engine, c.rollout.slots = engine, 6  # 16 rows through 6 slots
     histories.append(train_lib.train(settings_lib.from_config(c), None, log=None).history)
   static, cont = histories

@@ -155,3 +155,29 @@ def test_a_run_stuck_inside_a_step_exits_in_bounded_time(tmp_path, why):
   assert proc.returncode == (75 if why == "sigterm" else 1), (out, err)
   assert "left the step" not in out and "up to step 4" in err, err
   assert took > 1.5, took  # (the timeout was waited for; communicate bounds it above)
+
+
+def test_a_file_as_workdir_is_one_fatal_line_and_a_refused_run_leaves_no_workdir(
+    base_policy, tmp_path):
+  """A file given as --workdir was a 25-line FileExistsError; a run refused at start-up (here
+  by its settings, after the claim) left the workdir it made, holding a run.lock."""
+  cfg = tmp_path / "cfg.py"
+  cfg.write_text(_CFG_FILE.format(base=base_policy))
+  main = lambda wd, *a: subprocess.run(
+      [sys.executable, "-m", "mr_rl.main", f"--config={cfg}", f"--workdir={wd}", *a], cwd=REPO,
+      env=ENV, capture_output=True, text=True, timeout=300)
+  afile = tmp_path / "notes.txt"
+  afile.write_text("mine")
+  for wd in (afile, afile / "run"):
+    p = main(wd)
+    assert p.returncode == 1 and p.stderr.strip().splitlines() == [
+        f"FATAL WorkdirNotADirectoryError: --workdir {wd}: {afile} is a file, not a directory; "
+        "give a directory (a new one is made)"], p.stderr[-3000:]
+  assert afile.read_text() == "mine"
+  p = main(tmp_path / "new" / "run", "--config.rollout.temperature=0")
+  assert p.returncode == 1 and p.stderr.strip().startswith(
+      "FATAL ConfigError: config.rollout.temperature=0"), p.stderr[-3000:]
+  assert not (tmp_path / "new").exists()
+  (tmp_path / "mine").mkdir()  # a directory the user made stays, and what the run wrote does
+  p = main(tmp_path / "mine", "--config.rollout.temperature=0")
+  assert p.returncode == 1 and (tmp_path / "mine").is_dir()

@@ -10,6 +10,7 @@ import os
 from mr_rl import metrics as metrics_lib
 from mr_rl import models
 from mr_rl import settings as settings_lib
+from mr_rl import startup
 from mr_rl.config_lib import estimates
 from mr_rl.models import hf_io
 from mr_rl.registry import import_plugins
@@ -41,6 +42,14 @@ def dry_run(config) -> str:
   s = settings_lib.from_config(config)
   lines = ["resolved settings:", json.dumps(metrics_lib.settings_dict(s), indent=1)]
   cfg, source = model_config(s, str(config.get("setup", "")))
+  if cfg is not None:  # what start-up refuses (mr_rl.startup), without weights or data
+    startup.check_positions(s, cfg.max_seq_len, source)
+  n = startup.local_rows(s.data.path)  # (the rows before the loader's filters)
+  if n is not None:
+    startup.check_rows(s, n, f"data file {s.data.path!r}")
+  if not s.asynchrony.sampler_devices:
+    import jax
+    startup.check_devices(s, jax.device_count())
   rows = s.data.batch_prompts * s.rollout.group_size
   lines.append(f"run: pipeline {s.pipeline}, {s.total_steps} steps x {rows} rollouts "
                f"(B={s.data.batch_prompts} x G={s.rollout.group_size}), prompts <= "

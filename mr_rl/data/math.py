@@ -18,6 +18,7 @@ import re
 
 from mr_rl.data import sources
 from mr_rl.data.example import Example, replicate
+from mr_rl.errors import DataError
 
 BIG_MATH_HUB = "SynthLabsAI/Big-Math-RL-Verified"
 NUMINA_HUB = "AI-MO/NuminaMath-1.5"
@@ -47,11 +48,12 @@ def format_answer(value) -> str:
 
 
 def _row_answer(row, i: int, name: str, hub_id: str, path: str | None) -> str:
-  """`format_answer(row["answer"])`; a bad answer names the data set, its file and the row."""
+  """`format_answer(row["answer"])`; a bad answer names the data set, its file and the row's
+  line (`sources.row_place`)."""
   try:
     return format_answer(row["answer"])
   except ValueError as e:
-    raise ValueError(f"data set {name!r} ({sources.describe(hub_id, path)}) row {i}: {e}") from e
+    raise DataError(f"data set {name!r}, {sources.row_place(hub_id, path, i)}: {e}") from e
 
 
 def load_big_math(*, subset: str, split: str = "train", path: str | None = None,

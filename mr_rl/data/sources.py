@@ -20,14 +20,14 @@ import os
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from mr_rl.data.example import stable_hash
-from mr_rl.errors import DataError
+from mr_rl.errors import DataError, UserError
 
 T = TypeVar("T")
 
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
-class DatasetUnavailableError(FileNotFoundError):
+class DatasetUnavailableError(UserError, FileNotFoundError):
   """Raised when a data set is neither at the given local path nor reachable on the hub."""
 
 
@@ -59,6 +59,9 @@ def _load_local(path: str, split: str, config_name: str | None, cache_dir: str |
       ds = datasets.load_dataset(_FILE_BUILDERS[ext], data_files=path, split="train",
                                  cache_dir=cache_dir)
     except Exception as e:  # pylint: disable=broad-except  (datasets / pyarrow errors)
+      unwritable = _unwritable_cache(cache_dir)
+      if unwritable:
+        raise DataError(unwritable) from e
       raise DataError(f"data file {path!r} could not be read: {_file_problem(path, ext, e)}") \
           from e
     if len(ds) == 0:
@@ -74,6 +77,23 @@ def _load_local(path: str, split: str, config_name: str | None, cache_dir: str |
       ds = ds[split]
     return ds
   return datasets.load_dataset(path, name=config_name, split=split, cache_dir=cache_dir)
+
+
+def _unwritable_cache(cache_dir: str | None) -> str:
+  """Why the `datasets` cache directory (`cache_dir`, else HF_DATASETS_CACHE's) cannot be
+  written, or '' when it can."""
+  import datasets  # pylint: disable=g-import-not-at-top
+  d = os.path.expanduser(str(cache_dir or datasets.config.HF_DATASETS_CACHE))
+  try:
+    os.makedirs(d, exist_ok=True)
+    if os.access(d, os.W_OK):
+      return ""
+    why = "not writable"
+  except OSError as e:
+    why = e.strerror or str(e)
+  return (f"the datasets library's cache directory {d} cannot be made or written ({why}); the "
+          "data file was not the problem: set HF_DATASETS_CACHE (or HF_HOME) to a writable "
+          "directory")
 
 
 def _scan_text(path: str, chunk_bytes: int = 1 << 20) -> bool:
@@ -167,6 +187,32 @@ def read_rows(name: str, hub_id: str, *, path: str | None = None, split: str = "
 def describe(hub_id: str, path: str | None) -> str:
   """Where a data set's rows came from, for messages: its local path or its hub id."""
   return f"file {path!r}" if path is not None else f"hub {hub_id!r}"
+
+
+def row_place(hub_id: str, path: str | None, i: int) -> str:
+  """Where row `i` (0-based, in file order) of a data set is, for messages: the line of a local
+  `.csv` / `.jsonl` file where the row starts (blank lines and the CSV header counted, as an
+  editor shows it), else the row's index counted from 0 and its source."""
+  ext = os.path.splitext(path or "")[1].lower()
+  if path is not None and ext in (".csv", ".jsonl") and os.path.isfile(path):
+    with open(path, encoding="utf-8", newline="") as f:
+      if ext == ".csv":
+        import csv
+        reader, start, n = csv.reader(f), 1, -1  # (row -1: the header)
+        for rec in reader:
+          if any(rec):
+            if n == i:
+              return f"line {start} of file {path!r}"
+            n += 1
+          start = reader.line_num + 1
+      else:
+        n = 0
+        for line_no, line in enumerate(f, 1):
+          if line.strip():
+            if n == i:
+              return f"line {line_no} of file {path!r}"
+            n += 1
+  return f"row {i} (counted from 0) of {describe(hub_id, path)}"
 
 
 def require_columns(ds, columns: Iterable[str], name: str) -> None:

@@ -7,7 +7,9 @@ Two styles:
     template is an error, never a silent switch to plain text.
   * `plain` (base models: DeepSeek-Math-7B-Base, Qwen3-1.7B-Base, Llama-3.2-3B,
     Llama-3.1-8B): `<system>\\n\\nUser: <turn>\\nAssistant: <turn>\\n...User: <turn>\\nAssistant:`.
-Each model's style is listed by its family (`FamilySpec.model_styles`, mr_rl/models/families).
+Each paper model's style is listed by its family (`FamilySpec.model_styles`,
+mr_rl/models/families); a run sets it with `config.data.style`, or leaves it '' (`run_style`:
+the listed style of the model's name, else the tokenizer's: chat with a chat template).
 
 Task instructions:
   * AMRP math (`amrp_math`): a system instruction asking for
@@ -128,14 +130,35 @@ UNTEMPLATED_JINJA = (
     "{{ bos_token }}{{ messages[0]['content'] }}")
 
 
-def chat_template_of_run(template_task: str, model: str) -> str | None:
+def chat_template_of_run(template_task: str, model: str, style: str = "",
+                         has_chat_template: bool | None = None) -> str | None:
   """The chat template (Jinja) that writes prompts the way a run with `config.data.template =
-  template_task` and `config.model.path = model` wrote them, or None where that is the
-  tokenizer's own chat template (chat style)."""
+  template_task`, `config.data.style = style` and `config.model.path = model` wrote them
+  (`run_style`; `has_chat_template`: whether the model's tokenizer has one), or None where
+  that is the tokenizer's own chat template (chat style)."""
   if not template_task:
     return UNTEMPLATED_JINJA
-  template = make_template(template_task, model=model)
+  template = make_template(template_task, style=run_style(style, model, has_chat_template))
   return None if template.style == "chat" else template.jinja()
+
+
+def run_style(style: str, model: str, has_chat_template: bool | None) -> str:
+  """The prompt style of a run (`config.data.style`): `style` when set; else the listed style
+  of a paper model's hub id or preset name (a local copy keeps the model's name); else the
+  tokenizer's: 'chat' when it has a chat template (`has_chat_template`), 'plain' otherwise.
+
+  Raises:
+    ValueError: '' for a model the papers do not list, and `has_chat_template` is None.
+  """
+  if style:
+    return style
+  from mr_rl.models import families
+  listed = families.model_styles().get(_model_key(model))
+  if listed:
+    return listed
+  if has_chat_template is None:
+    raise ValueError(f"the prompt style of {model!r} is read from its tokenizer; none at hand")
+  return "chat" if has_chat_template else "plain"
 
 
 TASK_INSTRUCTIONS = {
@@ -159,8 +182,8 @@ def style_for_model(model: str) -> str:
   from mr_rl.models import families  # each family lists its models' styles
   key, styles = _model_key(model), families.model_styles()
   if key not in styles:
-    raise ValueError(f"model {model!r} has no known template style; pass style='chat' or "
-                     f"'plain' explicitly (known: {sorted(styles)})")
+    raise ValueError(f"model {model!r} has no known template style; set config.data.style "
+                     f"to 'chat' or 'plain' (known: {sorted(styles)})")
   return styles[key]
 
 

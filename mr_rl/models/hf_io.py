@@ -22,6 +22,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from mr_rl import distributed, package_paths
+from mr_rl.errors import DamagedFileError, UserError
 from mr_rl.models import families
 from mr_rl.models.config import ModelConfig, get_preset
 from mr_rl.models.transformer import LAYERS, Transformer, abstract_params
@@ -166,6 +167,24 @@ def expected_names(mapping: list[Mapped]) -> set[str]:
 
 
 # ----------------------------------------------------------------------------- path resolution
+class ModelPathError(UserError, FileNotFoundError):
+  """A model path that is no checkpoint directory (a PEFT adapter directory included)."""
+
+
+class HubUnavailableError(UserError, OSError):
+  """A hub id that cannot be fetched (offline, unknown, no access)."""
+
+
+def _safetensors(fn: str, handle=None, name: str = ""):
+  """`safe_open(fn)`, or with `handle` (fn's) its tensor `name`; a file that does not read
+  (truncated, damaged) is a DamagedFileError naming it."""
+  try:
+    return safe_open(fn, framework="np") if handle is None else handle.get_tensor(name)
+  except Exception as e:  # pylint: disable=broad-except  # (SafetensorError, OSError)
+    raise DamagedFileError(f"{fn} is incomplete or damaged (safetensors: {e}): copy or "
+                           "download the checkpoint again") from e
+
+
 def resolve_path(path_or_hub_id: str, allow_patterns: list[str] | None = None,
                  field: str = "model.path") -> str:
   """A local directory for a path or a hub id (snapshot_download; fails clearly offline).
@@ -179,12 +198,13 @@ def resolve_path(path_or_hub_id: str, allow_patterns: list[str] | None = None,
   if os.path.isdir(p):
     return p
   if os.path.exists(p) or p.startswith((".", "/", "~")) or p.count("/") != 1:
-    raise FileNotFoundError(f"{p!r} is not a checkpoint directory (and not a hub id 'org/name')")
+    raise ModelPathError(f"config.{field}={p!r} is not a checkpoint directory (and not a hub "
+                         "id 'org/name')")
   try:
     from huggingface_hub import snapshot_download
     return snapshot_download(repo_id=p, allow_patterns=allow_patterns)
   except Exception as e:  # network / auth / offline errors all end here
-    raise OSError(
+    raise HubUnavailableError(
         f"could not fetch {p!r} from the Hugging Face hub ({type(e).__name__}: {e}). If this "
         f"machine is offline, download it elsewhere (`huggingface-cli download {p} --local-dir "
         f"DIR`), copy DIR here and pass the local directory instead of the hub id: "
@@ -205,7 +225,7 @@ def tensor_index(path: str) -> dict[str, str]:
       raise FileNotFoundError(f"{index} names shard file(s) {missing} that are not in {path}")
     return {k: os.path.join(path, v) for k, v in weight_map.items()}
   if os.path.exists(single):
-    with safe_open(single, framework="np") as f:
+    with _safetensors(single) as f:
       return {k: single for k in f.keys()}
   others = [fn for fn in os.listdir(path) if fn.endswith((".bin", ".pt", ".pth"))]
   raise FileNotFoundError(
@@ -217,6 +237,17 @@ def tensor_index(path: str) -> dict[str, str]:
 # ----------------------------------------------------------------------------- load / save
 def read_config(path: str) -> dict:
   cfg_path = os.path.join(path, "config.json")
+  adapter = os.path.join(path, "adapter_config.json")
+  if not os.path.exists(cfg_path) and os.path.exists(adapter):
+    try:
+      with open(adapter) as f:
+        base = json.load(f).get("base_model_name_or_path") or "(not recorded)"
+    except (OSError, ValueError):
+      base = "(adapter_config.json does not read)"
+    raise ModelPathError(
+        f"{path} is a PEFT adapter directory (adapter_config.json), not a model: give its base "
+        f"model as config.model.path ({base}) and the adapters as "
+        f"config.model.lora.init_from={path}")
   if not os.path.exists(cfg_path):
     raise FileNotFoundError(f"no config.json in {path}")
   with open(cfg_path) as f:
@@ -282,8 +313,8 @@ def tensor_reader(index: dict[str, str]) -> Callable[[str], np.ndarray]:
   def read(name: str) -> np.ndarray:
     fn = index[name]
     if fn not in handles:
-      handles[fn] = safe_open(fn, framework="np")
-    t = handles[fn].get_tensor(name)
+      handles[fn] = _safetensors(fn)
+    t = _safetensors(fn, handles[fn], name)
     if not np.issubdtype(t.dtype, np.floating) and t.dtype != ml_dtypes.bfloat16:
       raise TypeError(f"tensor {name} in {fn} has dtype {t.dtype}; expected a float dtype")
     return t

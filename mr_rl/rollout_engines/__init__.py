@@ -66,6 +66,9 @@ class EngineSpec:
       with the static sampler, `eval_rows` extra row counts).
     check_programs: the launch/check.py programs that stand for this engine by default.
     options: the settings it owns (`EngineOption`).
+    splits_rows: it decodes the B * G rollout rows as one batch split over the mesh's batch
+      axes, so they must divide evenly (`mr_rl.startup.check_devices`); an engine of slots
+      checks its own sizes.
   """
   name: str
   doc: str
@@ -74,6 +77,7 @@ class EngineSpec:
   expected_programs: Callable[..., dict]
   check_programs: tuple[str, ...]
   options: tuple[EngineOption, ...] = ()
+  splits_rows: bool = True
 
 
 def _builtin_modules() -> tuple[str, ...]:

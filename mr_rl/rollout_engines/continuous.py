@@ -57,4 +57,5 @@ def _expected_programs(s, prompt_buckets: int, rollout_rows: int, eval_rows: int
 SPEC = rollout_engines.register(rollout_engines.EngineSpec(
     name="continuous", doc="a pool of `slots` decode slots kept full (sampling.Engine)",
     generate=_generate, warm_up=_warm_up, expected_programs=_expected_programs,
-    check_programs=("engine_prefill", "engine_step", "engine_shrink"), options=(SLOTS,)))
+    check_programs=("engine_prefill", "engine_step", "engine_shrink"), options=(SLOTS,),
+    splits_rows=False))

@@ -119,12 +119,15 @@ class RunSettings:
     if self.rollout.group_size < 2 and self.advantage in GROUP_RELATIVE:
       raise ValueError(f"config.rollout.group_size must be >= 2 for group-relative advantages "
                        f"({self.advantage}), got {self.rollout.group_size}")
-    if self.data.template and self.model.path:  # the style comes from the model (a preset has
-      from mr_rl.data import templates        # no tokenizer: build refuses)
-      try:
-        templates.make_template(self.data.template, model=self.model.path)
-      except ValueError as e:
-        raise ValueError(f"config.data.template={self.data.template!r}: {e}") from e
+    r = self.rollout
+    if self.advantage in GROUP_RELATIVE and (r.temperature == 0 or r.top_k == 1):
+      field = "rollout.temperature=0" if r.temperature == 0 else "rollout.top_k=1"
+      raise ValueError(f"config.{field} samples greedily: the {r.group_size} responses of a "
+                       f"group are the same, so the group-relative advantage "
+                       f"({self.advantage}) is 0 for every row and the run trains on nothing; "
+                       "sample (temperature > 0, top_k 0 or > 1), or greedy evaluation: "
+                       "config.eval.temperature=0")
+    # (data.style '' for a model the papers do not list: its tokenizer decides, at build)
     # Build the aggregator so unknown hyperparameters fail now, not at step 1.
     from mr_rl import aggregators
     aggregators.get(self.aggregator.name, **self.aggregator.hp).init(self.num_channels)

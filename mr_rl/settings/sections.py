@@ -119,6 +119,10 @@ class DataSettings:
   max_prompt_len: int = F.setting(512, "prompts are left-padded to this", F.Int(lo=1))
   template: str = F.setting("", "prompt template task for mr_rl.data.make_template ('' = the "
                             "data set's own prompt)", F.Choice(_templates))
+  style: str = F.setting("", "prompt style of data.template: 'chat' (the tokenizer's chat "
+                         "template), 'plain' (User:/Assistant: text), '' = a paper model's "
+                         "listed style, else chat when the tokenizer has a chat template",
+                         F.Choice(("", "chat", "plain")))
   options: Mapping[str, Any] = F.setting(
       help="loader options (thresholds, subset sizes)", check=F.mapping, factory=dict,
       free=True)

@@ -82,8 +82,9 @@ def make_tiny_checkpoint(directory: str, family: str = "qwen3", *, d_model: int 
 def tiny_checkpoint_for(model_name: str, family: str, root: str | None = None) -> str:
   """A tiny `family` checkpoint in a directory named `model_name` (e.g. 'Qwen3-4B-Instruct-2507').
 
-  The trainer picks the prompt template style from the checkpoint directory's name
-  (`mr_rl.data.style_for_model`), so the stand-in carries the name of the model it replaces.
+  With `config.data.style=''` the trainer takes a paper model's listed prompt style from the
+  model's name (`mr_rl.data.templates.run_style`), so the stand-in carries the name of the
+  model it replaces.
   All names of one family get byte-identical copies of one checkpoint.
   """
   source = make_tiny_checkpoint(os.path.join(asset_dir(root), "families", family), family)

@@ -157,20 +157,33 @@ def test_amc_aime_replication(tmp_path):
                                cache_dir=str(tmp_path))) == 6
 
 
-def test_a_row_without_answer_names_set_file_and_row(tmp_path):
+def test_a_row_without_answer_names_set_file_and_line(tmp_path):
+  """The row's line of the file, as an editor shows it (a CSV's header counted): "row 7",
+  counted from 0, was line 9 of the CSV."""
+  from mr_rl import errors
   rows = [{"problem": f"What is {i}?", "solution": "s", "answer": None if i == 3 else str(i),
            "subject": "Algebra", "level": 1, "unique_id": f"test/algebra/{i}.json"}
           for i in range(5)]
   path = _write_jsonl(tmp_path / "m.jsonl", rows)
-  with pytest.raises(ValueError, match=rf"^data set 'math500' \(file '{path}'\) row 3: answer "
-                                       r"is None$"):
+  with pytest.raises(errors.DataError, match=rf"^data set 'math500', line 4 of file '{path}': "
+                                             r"answer is None$"):
     data.load_dataset("math500", path=path, cache_dir=str(tmp_path))
   amc = [{"id": i, "problem": f"AMC {i}", "answer": float("nan") if i == 1 else 2.0}
          for i in range(3)]
   path = _write_jsonl(tmp_path / "amc.jsonl", amc)
-  with pytest.raises(ValueError, match=rf"^data set 'amc' \(file '{path}'\) row 1: answer nan "
-                                       r"is not finite$"):
+  with pytest.raises(errors.DataError, match=rf"^data set 'amc', line 2 of file '{path}': "
+                                             r"answer nan is not finite$"):
     data.load_dataset("amc", path=path, cache_dir=str(tmp_path))
+  import csv
+  path = str(tmp_path / "m.csv")
+  with open(path, "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows({**r, "answer": "" if i == 7 else str(i)} for i, r in
+                enumerate(rows + [dict(rows[0], unique_id=f"u{i}") for i in range(5)]))
+  with pytest.raises(errors.DataError, match=rf"^data set 'math500', line 9 of file '{path}': "
+                                             r"answer is None$"):
+    data.load_dataset("math500", path=path, cache_dir=str(tmp_path))
 
 
 # ------------------------------------------------------------------ unreadable local files

@@ -176,9 +176,9 @@ def _register_channels() -> None:
   specials = special_tokens()
   rewards.register_reward("bench_answer_suffix", lambda: rewards.RewardChannel(
       "bench_answer_suffix",
-      lambda resp, ex, n: answer_suffix(strip_special(resp, specials), ex["answer"])))
+      lambda resp, ex, n: answer_suffix(strip_special(resp, specials), ex["answer"]), on_failure=0.0))
   rewards.register_reward("bench_length_target", lambda target: rewards.RewardChannel(
-      "bench_length_target", lambda resp, ex, n: length_target(n, target)))
+      "bench_length_target", lambda resp, ex, n: length_target(n, target), on_failure=0.0))
 
 
 # ---------------------------------------------------------------------------------- baton

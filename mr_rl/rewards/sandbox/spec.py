@@ -146,6 +146,9 @@ class SandboxConfig:
   max_open_files: int = 256  # RLIMIT_NOFILE
   tmpfs_bytes: int = 64 << 20  # size of the private /tmp (namespace mode)
   max_ptys: int = 8  # pseudo-terminals a run may hold (its own devpts instance's max=)
+  # Per slot (its user namespace's own counts, charged to the slot's host uid, not root's):
+  max_pending_signals: int = 1024  # RLIMIT_SIGPENDING: queued signals and POSIX timers
+  max_mq_bytes: int = 819200  # RLIMIT_MSGQUEUE: bytes of POSIX message queues (Linux's default)
   # As root, each concurrent run slot (fork server) runs as a host uid of its own from
   # [first, first + count), claimed machine-wide (sandbox/uids.py): the kernel's per-uid
   # counts (descriptors in flight, pipe pages, epoll watches) are then per slot. None: every
@@ -170,7 +173,7 @@ class SandboxConfig:
 
   def __post_init__(self):
     for name in ("memory_bytes", "max_processes", "max_file_bytes", "max_open_files", "tmpfs_bytes",
-                 "max_ptys"):
+                 "max_ptys", "max_pending_signals", "max_mq_bytes"):
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")

@@ -1,0 +1,98 @@
+"""Issue 41, item 2: what a run holds is charged to its own slot and released before the slot
+serves again. Each attack runs for real beside an honest control, bounded in time and memory
+(each holds at most a few MB for 1-2 s)."""
+
+import os
+import textwrap
+import threading
+import time
+
+import pytest
+
+from mr_rl.rewards import sandbox
+
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT, reason="per-slot uids and the full sandbox need root")
+
+
+def _run_both(a, b, tests_a, tests_b, config, timeout_s=10.0):
+  import concurrent.futures as cf  # pylint: disable=import-outside-toplevel
+  with cf.ThreadPoolExecutor(2) as ex:
+    fa = ex.submit(sandbox.run, a, tests_a, timeout_s=timeout_s, config=config)
+    fb = ex.submit(sandbox.run, b, tests_b, timeout_s=timeout_s, config=config)
+    return fa.result(), fb.result()
+
+
+def _got(result):
+  import ast  # pylint: disable=import-outside-toplevel
+  assert result.error and "got " in result.error, result
+  return ast.literal_eval(result.error.rsplit("got ", 1)[1])
+
+
+# --------------------------------------------------- signals, POSIX timers, message queues
+_POSIX = """
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+class Attr(ctypes.Structure):
+  _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long), ("msgsize", ctypes.c_long),
+              ("curmsgs", ctypes.c_long), ("pad", ctypes.c_long * 4)]
+def timers(n):
+  t, made = ctypes.c_void_p(), 0
+  while made < n and libc.timer_create(1, None, ctypes.byref(t)) == 0:  # CLOCK_MONOTONIC
+    made += 1
+  return made
+def queues(n, msgsize):
+  made = 0
+  attr = Attr(0, 10, msgsize, 0)
+  while made < n and libc.mq_open(b"/q%d" % made, os.O_CREAT | os.O_RDWR, 0o600,
+                                  ctypes.byref(attr)) >= 0:
+    made += 1
+  return made
+"""
+_POOL_HOG = _POSIX + textwrap.dedent("""
+    def f(hold_s):
+      got = [timers(2000), queues(16, 8192)]  # 2,000 timers; 16 x 80 KiB queues
+      time.sleep(hold_s)
+      return got
+    """)
+_POOL_HONEST = _POSIX + textwrap.dedent("""
+    def f(hold_s):
+      time.sleep(0.5)  # the other slot's run holds its timers and queues now
+      return [timers(8), queues(1, 1024)]
+    """)
+
+
+def _root_sigq():
+  """Signals queued and timers held by root's processes (the host's count of uid 0)."""
+  with open("/proc/self/status") as f:
+    line = next(l for l in f if l.startswith("SigQ:"))
+  return int(line.split()[1].split("/")[0])
+
+
+@needs_root
+def test_a_run_cannot_drain_the_signal_and_message_queue_pools_of_another_slot_or_root():
+  """Attack (issue 41, 7): the slots' user namespaces were made by root, so their timers,
+  pending signals and queue bytes were charged to root's host counts too: one run's 96k
+  timers made another slot's and root's timer_create fail (EAGAIN), 800 KB of queues their
+  mq_open (EMFILE). Now each slot's namespace is made by (and charged to) its own host uid,
+  bounded by max_pending_signals / max_mq_bytes; the control runs in another slot at once."""
+  cfg = sandbox.SandboxConfig()
+  before, peak, done = _root_sigq(), [0], threading.Event()
+
+  def watch():
+    while not done.is_set():
+      peak[0] = max(peak[0], _root_sigq() - before)
+      time.sleep(0.01)
+  watcher = threading.Thread(target=watch)
+  watcher.start()
+  try:
+    hog, honest = _run_both(_POOL_HOG, _POOL_HONEST, sandbox.CodeTests.call("f", [[1.5]], [-1]),
+                            sandbox.CodeTests.call("f", [[0]], [[8, 1]]), cfg)
+  finally:
+    done.set()
+    watcher.join()
+  held_timers, held_queues = _got(hog)
+  assert 0 < held_timers <= cfg.max_pending_signals and held_queues > 0, (held_timers,
+                                                                         held_queues)
+  assert honest.passed, honest.error
+  assert peak[0] < 200, peak[0]  # root's count did not carry the run's 1,024 timers

@@ -54,7 +54,7 @@ Isolation (each run; see ``harness.py`` for the process layout and docs/rewards.
   * a seccomp filter on the zygote and everything it forks (``seccomp.DENIED`` and
     ``seccomp.ARG_RULES``: ptrace, keyrings, mount, namespaces, bpf, perf, userfaultfd,
     io_uring, Linux AIO, kexec and modules, mincore, file locks and leases, hugetlb pages,
-    socket families other than unix/inet/inet6/netlink, getrusage and rusage of waits,
+    socket families other than unix/inet/inet6, getrusage and rusage of waits,
     PR_SET_DUMPABLE, sysinfo, ...);
   * memory: ``memory_limit="cgroup"`` (default) puts each server, and so every process of
     its runs, in a memory cgroup of ``memory_bytes`` (v2, or v1; swap included), with the

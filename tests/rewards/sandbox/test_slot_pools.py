@@ -134,3 +134,62 @@ def test_a_run_cannot_queue_socket_buffers_the_memory_cgroup_does_not_charge():
   r = sandbox.run(_HONEST_SOCKETS, sandbox.CodeTests.call("f", [[]], [[True, True]]),
                   timeout_s=10, config=cfg)
   assert r.passed, r.error
+
+
+# ------------------------------------------------ what a run leaves in flight (slot reuse)
+_IN_FLIGHT = textwrap.dedent("""
+    import os, socket
+    def f(n_pairs, n_ptys):
+      queued = 0
+      for i in range(n_pairs):
+        a, b = socket.socketpair()
+        fds = [b.fileno()]
+        if i < n_ptys:
+          master, slave = os.openpty()
+          fds += [master, slave]
+        socket.send_fds(a, [b"x"], fds)  # b in its own queue: a cycle only in flight
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 24)
+        a.setblocking(False)
+        sent = 0
+        try:
+          while sent < (768 << 10):  # 768 KiB a pair
+            sent += a.send(b"x" * 65536)
+        except BlockingIOError:
+          pass
+        queued += sent
+        for fd in fds[1:]:
+          os.close(fd)
+        a.close()
+        b.close()
+      return queued >> 20
+    """)
+_NEEDS_MEMORY = textwrap.dedent("""
+    def f(mib):
+      block = b"x" * (mib << 20)  # touched: charged to the memory cgroup
+      return len(block) >> 20
+    """)
+
+
+def _pty_count():
+  with open("/proc/sys/kernel/pty/nr") as f:
+    return int(f.read())
+
+
+@needs_root
+def test_what_a_run_leaves_in_flight_is_freed_before_its_slot_serves_again():
+  """Attack (issue 41, 3): a run leaves socket cycles that exist only in flight (a socket's
+  own descriptor in its own queue) holding 90 MiB of buffers and 4 terminals. Reported on
+  another kernel: with no run alive the slot's cgroup still held them until the lazy
+  collector ran, and the next honest run in that slot was OOM-killed. On 6.18 the collector
+  frees them before the run returns, with no change to the sandbox (this test passes on
+  43101ac too): a guard, not a fix. The control is that next run, in the same slot."""
+  cfg = sandbox.SandboxConfig(memory_bytes=176 << 20)  # a pool (and slot) of its own
+  ptys = _pty_count()
+  attack = sandbox.run(_IN_FLIGHT, sandbox.CodeTests.call("f", [[120, 4]], [-1]), timeout_s=10,
+                       config=cfg)
+  assert _got(attack) >= 80, attack.error  # MiB it left in flight
+  time.sleep(2 * sandbox.host.ForkServer.FRESH_S)  # the same slot serves the next run
+  honest = sandbox.run(_NEEDS_MEMORY, sandbox.CodeTests.call("f", [[100]], [100]), timeout_s=10,
+                       config=cfg)
+  assert honest.passed, honest.error
+  assert _pty_count() - ptys < 4  # the terminals sent in flight were freed too

@@ -193,3 +193,35 @@ def test_what_a_run_leaves_in_flight_is_freed_before_its_slot_serves_again():
                        config=cfg)
   assert honest.passed, honest.error
   assert _pty_count() - ptys < 4  # the terminals sent in flight were freed too
+
+
+# ------------------------------------------------------------------------ disk I/O (item 3)
+_DIRECT_READS = textwrap.dedent("""
+    import mmap, os, sys, time
+    def f(seconds):
+      path = os.path.realpath(sys.executable)  # a file of the host's disk every run sees
+      fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+      size = os.fstat(fd).st_size // 4096 * 4096
+      buf = mmap.mmap(-1, 4096)  # aligned, as O_DIRECT needs
+      reads, t0, off = 0, time.monotonic(), 0
+      while time.monotonic() - t0 < seconds:
+        off = (off + 7 * 4096 * 1021) % size  # scattered, never cached (direct)
+        os.lseek(fd, off, os.SEEK_SET)
+        os.readv(fd, [buf])
+        reads += 1
+      return round(reads / (time.monotonic() - t0))
+    """)
+
+
+@needs_root
+def test_a_run_cannot_take_more_than_its_disk_io_share():
+  """Attack (issue 41, 4): a run reading the host's files with O_DIRECT made the host's 4 KiB
+  reads 81-90x slower; runs had only memory and CPU cgroups. Now an io (v2) / blkio (v1)
+  cgroup caps each run at io_iops operations and io_bps bytes per second, read and write.
+  The control: an honest run still passes."""
+  cfg = sandbox.SandboxConfig()
+  r = sandbox.run(_DIRECT_READS, sandbox.CodeTests.call("f", [[1.0]], [-1]), timeout_s=10,
+                  config=cfg)
+  assert _got(r) <= cfg.io_iops * 1.3, r.error  # reads per second, throttled
+  assert sandbox.run("def f(a, b): return a + b", sandbox.CodeTests.call("f", [[1, 2]], [3]),
+                     config=cfg).passed

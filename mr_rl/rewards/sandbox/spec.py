@@ -134,7 +134,9 @@ class SandboxConfig:
   ``SandboxError`` where there is none; "per-process" only as ``RLIMIT_AS`` of each process,
   so a run can hold up to ``memory_bytes * max_processes`` plus ``tmpfs_bytes`` of files.
   ``cpus`` bounds a run's CPU time per wall-clock second (every process together), through
-  a CPU cgroup (root only; ``SandboxError`` where there is none, unless ``cpus=None``).
+  a CPU cgroup (root only; ``SandboxError`` where there is none, unless ``cpus=None``);
+  ``io_bps`` / ``io_iops`` its disk reads and writes through an io / blkio cgroup (the same,
+  unless both are None).
   A run's root shows only ``visible_paths`` of the host (read-only, less ``hidden_paths``),
   the interpreter and a private ``/dev``, ``/proc`` and ``/tmp``.
   """

@@ -50,8 +50,8 @@ reserved parameter ``applies``, an import path or a function, for any channel bu
 and scores NaN ("does not apply"), which the aggregators skip. So no response, and no group
 of responses ("I don't know" G times), can take a prompt out of a channel. A *failure* (the
 scorer raised, timed out or its worker died on this response) scores the channel's
-``on_failure`` value, never above the channel's lowest honest score. A ``RewardConfigError`` says the scorer cannot run
-here at all (see ``mr_rl.rewards.runner`` for where the line is drawn).
+``on_failure`` value, never above the channel's lowest honest score. A ``RewardConfigError``
+says the scorer cannot run here at all (see ``mr_rl.rewards.runner`` for where the line is drawn).
 """
 
 from __future__ import annotations

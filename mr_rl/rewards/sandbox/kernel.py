@@ -161,7 +161,8 @@ def slot_rlimits(lim):
   if not lim:
     return ()
   out = []
-  for name, key in (("RLIMIT_SIGPENDING", "max_pending_signals"), ("RLIMIT_MSGQUEUE", "max_mq_bytes")):
+  for name, key in (("RLIMIT_SIGPENDING", "max_pending_signals"),
+                    ("RLIMIT_MSGQUEUE", "max_mq_bytes")):
     hard = resource.getrlimit(getattr(resource, name))[1]
     out.append((name, lim[key] if hard == resource.RLIM_INFINITY else min(lim[key], hard)))
   return tuple(out)

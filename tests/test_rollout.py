@@ -53,9 +53,11 @@ def _batch_rank(responses, examples, num_tokens):
 
 
 def _runner():
-  return rr.RewardRunner([rr.RewardChannel("chars", _chars, applies=lambda ex: not ex["skip"], on_failure=0.0),
+  return rr.RewardRunner([rr.RewardChannel("chars", _chars, applies=lambda ex: not ex["skip"],
+                                           on_failure=0.0),
                           "accuracy",
-                          rr.RewardChannel("rank", _batch_rank, batched=True, on_failure=0.0)], timeout_s=60)
+                          rr.RewardChannel("rank", _batch_rank, batched=True,
+                                           on_failure=0.0)], timeout_s=60)
 
 
 @pytest.mark.parametrize("engine", ["continuous", "static"])
@@ -154,7 +156,8 @@ def test_a_process_channel_reads_nested_metadata(policy_params):
   examples = [Example.single_turn(f"n/{i}", "n", p, reference=str(i),
                                   meta={"depth": i, "tags": ["a", "b"]})
               for i, p in enumerate(PROMPTS[:3])]
-  runner = rr.RewardRunner([rr.RewardChannel("depth", _nested_depth, "process", on_failure=0.0)], timeout_s=60)
+  runner = rr.RewardRunner([rr.RewardChannel("depth", _nested_depth, "process", on_failure=0.0)],
+                           timeout_s=60)
   ro = rollout(policy, params, examples, jax.random.PRNGKey(0), settings)
   r_BGK, _ = score(runner, ro, examples)
   np.testing.assert_array_equal(r_BGK[..., 0], [[2.0, 2.0], [3.0, 3.0], [4.0, 4.0]])

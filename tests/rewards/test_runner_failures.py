@@ -141,7 +141,8 @@ def test_an_unparseable_response_earns_no_more_than_a_bad_one_under_every_aggreg
 
 
 def test_a_channel_that_applies_to_no_prompt_stops_the_run_after_its_patience():
-  runner = rr.RewardRunner(["format", rr.RewardChannel("parsed", _parsed, on_failure=0.0)], timeout_s=30,
+  runner = rr.RewardRunner(["format", rr.RewardChannel("parsed", _parsed, on_failure=0.0)],
+                           timeout_s=30,
                            not_applicable_patience=2)
   nt = np.array([[1, 1]])
   never = [["x", "y"]]  # 'parsed' is None on every response: scores no response
@@ -154,7 +155,8 @@ def test_a_channel_that_applies_to_no_prompt_stops_the_run_after_its_patience():
                            r"batches \(not_applicable_patience=2; this batch: 0 of 2 where it "
                            r"does not apply, 2 unscorable \(None / NaN\), 0 failed\)"):
     runner(never, [{}], nt)
-  nowhere = rr.RewardRunner([rr.RewardChannel("none", _parsed, applies=lambda ex: False, on_failure=0.0)],
+  nowhere = rr.RewardRunner([rr.RewardChannel("none", _parsed, applies=lambda ex: False,
+                                              on_failure=0.0)],
                             not_applicable_patience=1)
   with pytest.raises(rr.RewardFailureError, match=r"'none' scored no response .* 2 of 2 where"):
     nowhere(never, [{}], nt)
@@ -249,7 +251,8 @@ def _fail_when(response, example, num_tokens):
 
 
 def test_guard_stops_a_channel_that_keeps_failing():
-  runner = rr.RewardRunner(["format", rr.RewardChannel("flaky", _fail_when, on_failure=0.0)], timeout_s=30,
+  runner = rr.RewardRunner(["format", rr.RewardChannel("flaky", _fail_when, on_failure=0.0)],
+                           timeout_s=30,
                            max_failure_share=0.5, failure_patience=2)
   many = [["fail 1", "fail 2", "ok"]]  # 2 of 3 fail: over the limit
   half = [["fail 1", "ok"]]            # exactly half: not over it
@@ -293,13 +296,15 @@ def _raises_config(response, example, num_tokens):
 
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_missing_example_field_stops_the_run_naming_channel_field_and_keys(kind):
-  runner = rr.RewardRunner([rr.RewardChannel("gold", _reads_field, kind, on_failure=0.0)], timeout_s=30)
+  runner = rr.RewardRunner([rr.RewardChannel("gold", _reads_field, kind, on_failure=0.0)],
+                           timeout_s=30)
   with pytest.raises(rr.RewardConfigError,
                      match=r"^reward channel 'gold' cannot run on this data \(6 of its calls in "
                            r"this batch\): MissingFieldError: example has no field 'gold' "
                            r"\(keys: \['reference'\]\)$"):
     runner(RESPONSES, EXAMPLES, TOKENS)
-  tolerant = rr.RewardRunner([rr.RewardChannel("gold", _tolerates_missing, kind, on_failure=0.0)], timeout_s=30)
+  tolerant = rr.RewardRunner([rr.RewardChannel("gold", _tolerates_missing, kind,
+                                               on_failure=0.0)], timeout_s=30)
   r_BGK, metrics = tolerant(RESPONSES, EXAMPLES, TOKENS)
   assert (r_BGK == 0).all() and metrics["rewards/gold/unscorable"] == 6
 
@@ -331,7 +336,8 @@ def test_process_channel_that_cannot_reach_a_worker_fails_when_built_or_run():
   with pytest.raises(TypeError, match="fn of process channel 'local' must be importable"):
     rr.RewardChannel("local", local, "process", on_failure=0.0)
   main_fn = functools.partial(_reads_field)
-  assert rr.RewardChannel("ok", main_fn, "process", on_failure=0.0).kind == "process"  # a module's: fine
+  assert rr.RewardChannel("ok", main_fn, "process",
+                          on_failure=0.0).kind == "process"  # a module's: fine
   _reads_field.__module__ = "__main__"
   try:
     with pytest.raises(TypeError, match="_reads_field is defined in __main__"):
@@ -340,7 +346,8 @@ def test_process_channel_that_cannot_reach_a_worker_fails_when_built_or_run():
     _reads_field.__module__ = __name__
   broken_pool = pl.HardTimeoutPool(1, preload=("no_such_reward_plugin_xyz",))
   try:
-    runner = rr.RewardRunner([rr.RewardChannel("p", _reads_field, "process", on_failure=0.0)], pool=broken_pool)
+    runner = rr.RewardRunner([rr.RewardChannel("p", _reads_field, "process", on_failure=0.0)],
+                             pool=broken_pool)
     with pytest.raises(rr.RewardConfigError, match=r"'p' cannot run on this data .*"
                        r"WorkerSetupError: worker pool failed to start: ModuleNotFoundError"):
       runner(RESPONSES, [{"gold": "1"}] * 2, TOKENS)

@@ -107,7 +107,8 @@ def _example():
 @pytest.mark.parametrize("kind", ["thread", "process"])
 @pytest.mark.parametrize("buggy", [rewrites_reference, rewrites_nested])
 def test_a_channel_cannot_change_the_example_another_channel_scores_against(kind, buggy):
-  runner = rr.RewardRunner([rr.RewardChannel("bug", buggy, kind, on_failure=0.0), rr.RewardChannel("exact", exact, on_failure=0.0)],
+  runner = rr.RewardRunner([rr.RewardChannel("bug", buggy, kind, on_failure=0.0),
+                            rr.RewardChannel("exact", exact, on_failure=0.0)],
                            timeout_s=30, num_threads=1)
   example = _example()
   with pytest.raises(rr.RewardConfigError, match=r"^reward channel 'bug' cannot run on this data "
@@ -196,7 +197,8 @@ def test_a_declared_prompt_is_left_out_and_never_called():
     seen.append(example["reference"])
     return parsed_answer(response, example, num_tokens)
 
-  ch = rr.RewardChannel("parsed", parsed_and_seen, applies=lambda ex: ex["reference"] != "-", on_failure=0.0)
+  ch = rr.RewardChannel("parsed", parsed_and_seen, applies=lambda ex: ex["reference"] != "-",
+                        on_failure=0.0)
   r_BGK, metrics = rr.RewardRunner([ch])([["7", "x"], ["7", "7"]], [{"reference": "7"},
                                                                      {"reference": "-"}],
                                          np.ones((2, 2), np.int64))

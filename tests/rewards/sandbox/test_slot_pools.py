@@ -1,6 +1,7 @@
-"""Issue 41, item 2: what a run holds is charged to its own slot and released before the slot
-serves again. Each attack runs for real beside an honest control, bounded in time and memory
-(each holds at most a few MB for 1-2 s)."""
+"""Issue 41, items 2 and 3: what a run holds is charged to its own slot (signals, timers,
+message queues, socket buffers, disk I/O) and released before the slot serves again. Each
+attack runs for real beside an honest control, bounded in time and memory (at most ~90 MiB,
+inside the run's own cgroup, for 1-2 s)."""
 
 import os
 import textwrap

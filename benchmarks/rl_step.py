@@ -179,9 +179,11 @@ def _register_channels() -> None:
   specials = special_tokens()
   rewards.register_reward("bench_answer_suffix", lambda: rewards.RewardChannel(
       "bench_answer_suffix",
-      lambda resp, ex, n: answer_suffix(strip_special(resp, specials), ex["answer"])))
+      lambda resp, ex, n: answer_suffix(strip_special(resp, specials), ex["answer"]),
+      value_range=(0.0, 1.0)))
   rewards.register_reward("bench_length_target", lambda target: rewards.RewardChannel(
-      "bench_length_target", lambda resp, ex, n: length_target(n, target)))
+      "bench_length_target", lambda resp, ex, n: length_target(n, target),
+      value_range=(-1e6, 0.0)))  # -|L - target|: a failure (none expected) scores the floor
 
 
 # ---------------------------------------------------------------------------------- baton

@@ -60,7 +60,7 @@ def humaneval_reward(problems):
     p = problems[example["problem"]]
     return float(sandbox.run(p["prompt"] + p["canonical_solution"], tests[example["problem"]],
                              timeout_s=sandbox.SMALL_TEST_TIMEOUT_S).passed)
-  return RewardChannel("humaneval", fn, "thread"), ids
+  return RewardChannel("humaneval", fn, "thread", value_range=(0.0, 1.0)), ids
 
 
 def latency_reward(seconds: float):
@@ -69,7 +69,7 @@ def latency_reward(seconds: float):
     del response, example, num_tokens
     time.sleep(seconds)
     return 1.0
-  return RewardChannel("latency", fn, "thread")
+  return RewardChannel("latency", fn, "thread", value_range=(0.0, 1.0))
 
 
 def main(argv=None):

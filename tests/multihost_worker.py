@@ -81,7 +81,8 @@ def run(scenario: str, base_policy: str, out: str) -> dict:
                                    "optim.loss.kl_coef": 0.01, "rewards.timeout_s": 300.0})
     c.rewards.channels = "arith_len,arith_brief,reward_model"
     c.rewards.params.reward_model = dict(objective="helpsteer-helpfulness",
-                                         path=tiny_reward_model(), mesh={"fsdp": -1})
+                                         path=tiny_reward_model(), mesh={"fsdp": -1},
+                                         on_failure=-100.0)  # raw scores: no floor
     res = train_lib.train(settings_lib.from_config(c), None, log=None)
     return {"history": res.history}
   if scenario == "demo_smoke":
@@ -142,7 +143,7 @@ def run(scenario: str, base_policy: str, out: str) -> dict:
     comp = train_lib.build(s)
     examples = list(comp.train_examples[:s.data.batch_prompts])
     key = jax.random.PRNGKey(5)
-    runner = lambda: rr.RewardRunner([rr.RewardChannel("calls", counted_length),
+    runner = lambda: rr.RewardRunner([rr.RewardChannel("calls", counted_length, on_failure=0.0),
                                       rr.get_reward("arith_fmt")], timeout_s=60)
     CALLS.clear()
     ro = rollout_lib.rollout(comp.policy, comp.base_params, examples, key, s.rollout)

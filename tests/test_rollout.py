@@ -53,9 +53,11 @@ def _batch_rank(responses, examples, num_tokens):
 
 
 def _runner():
-  return rr.RewardRunner([rr.RewardChannel("chars", _chars, applies=lambda ex: not ex["skip"]),
+  return rr.RewardRunner([rr.RewardChannel("chars", _chars, applies=lambda ex: not ex["skip"],
+                                           on_failure=0.0),
                           "accuracy",
-                          rr.RewardChannel("rank", _batch_rank, batched=True)], timeout_s=60)
+                          rr.RewardChannel("rank", _batch_rank, batched=True,
+                                           on_failure=0.0)], timeout_s=60)
 
 
 @pytest.mark.parametrize("engine", ["continuous", "static"])
@@ -107,7 +109,7 @@ def test_continuous_engine_scores_rows_before_the_last_one_finishes(policy_param
   SCORED.clear()
   settings = SamplingSettings(group_size=3, max_new_tokens=10, temperature=1.0, top_k=0,
                               top_p=1.0, engine="continuous", engine_options={"slots": 4})
-  runner = rr.RewardRunner([rr.RewardChannel("record", _record)], timeout_s=60)
+  runner = rr.RewardRunner([rr.RewardChannel("record", _record, on_failure=0.0)], timeout_s=60)
   scoring = StreamingScore(runner, policy, _examples(), settings.group_size)
   started_in_time = []
 
@@ -154,7 +156,8 @@ def test_a_process_channel_reads_nested_metadata(policy_params):
   examples = [Example.single_turn(f"n/{i}", "n", p, reference=str(i),
                                   meta={"depth": i, "tags": ["a", "b"]})
               for i, p in enumerate(PROMPTS[:3])]
-  runner = rr.RewardRunner([rr.RewardChannel("depth", _nested_depth, "process")], timeout_s=60)
+  runner = rr.RewardRunner([rr.RewardChannel("depth", _nested_depth, "process", on_failure=0.0)],
+                           timeout_s=60)
   ro = rollout(policy, params, examples, jax.random.PRNGKey(0), settings)
   r_BGK, _ = score(runner, ro, examples)
   np.testing.assert_array_equal(r_BGK[..., 0], [[2.0, 2.0], [3.0, 3.0], [4.0, 4.0]])

@@ -67,6 +67,7 @@ def runlocal(c, model_key: str):
     params["length"] = dict(max_full=4, zero_at=8)
   for ch in [ch for ch in params if ch.startswith("armorm_")]:  # a tiny 3-objective scorer
     params[ch] = dict(rescale=params[ch].get("rescale"), dtype="float32",
+                      on_failure=params[ch].get("on_failure"),
                       path=testing.tiny_reward_model_path())
   c.rewards.params = ml_collections.ConfigDict(params)
   hooks = [h.strip() for h in str(c.setup).split(",") if h.strip()]

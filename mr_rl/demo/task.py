@@ -139,9 +139,20 @@ def sample_problems(rng: np.random.Generator, n: int, *, min_terms: int = 2,
   return out
 
 
-_ANSWER_RE = re.compile(r"<a>(.*?)</a>", re.S)
 _LOOSE_RE = re.compile(r"\s*=\s*(-?\d+)\s*")
 _FORMAT_RE = re.compile(r"\s*<r>[^<]*</r>\s*<a>[^<]*</a>\s*")  # no tag inside a block
+
+
+def _last_answer_block(response: str) -> str | None:
+  """The last of ``re.findall(r"<a>(.*?)</a>", response, re.S)`` (None: no block), in one
+  forward pass: that regex scanned to the end from every unclosed ``<a>`` (quadratic)."""
+  last, pos = None, 0
+  while (open_ := response.find("<a>", pos)) >= 0:
+    close = response.find("</a>", open_ + 3)
+    if close < 0:
+      break
+    last, pos = response[open_ + 3:close], close + 4
+  return last
 
 
 def extract_answer(response: str) -> int | None:
@@ -151,9 +162,9 @@ def extract_answer(response: str) -> int | None:
   Anything else has no answer: a response cut off by the cap mid-reasoning is not credited
   with the last running total it wrote, and a bare number without `</r>` is not an answer.
   """
-  blocks = _ANSWER_RE.findall(response)
-  if blocks:
-    text = blocks[-1].strip()
+  block = _last_answer_block(response)
+  if block is not None:
+    text = block.strip()
     return int(text) if re.fullmatch(r"-?\d+", text) else None
   head, sep, tail = response.rpartition("</r>")
   if not sep:

@@ -10,7 +10,9 @@ waiting for the rest of a rollout never counts against it. A "thread" call that 
 `timeout_s` is a timeout even when it returned before anyone looked (the verdict does not depend
 on when the caller waits); one still running past its budget is abandoned (its thread cannot be
 killed) and a fresh thread takes its place, by `wait` or by `expire`, whichever looks first.
-"process" calls are timed and killed by the `HardTimeoutPool` itself.
+"process" calls are timed and killed by the `HardTimeoutPool` itself. Shared work a "thread"
+call does in steps (a verifier's forward passes) asks `check_deadline()` between steps, so an
+abandoned call stops at its next step instead of holding a shared model (and its lock).
 """
 
 from __future__ import annotations
@@ -23,6 +25,17 @@ from typing import Any, Callable, Sequence
 
 from mr_rl.rewards.channels import RewardChannel
 from mr_rl.rewards.process.pool import HardTimeoutPool, RewardTimeoutError
+
+
+_CURRENT = threading.local()  # .deadline: time.monotonic() by which this thread's call is due
+
+
+def check_deadline() -> None:
+  """Raises `RewardTimeoutError` when the "thread" call running on this thread is past its
+  timeout (abandoned, or about to be); a no-op outside a runner call."""
+  deadline = getattr(_CURRENT, "deadline", None)
+  if deadline is not None and time.monotonic() > deadline:
+    raise RewardTimeoutError("the reward call is past its timeout: stopped between steps")
 
 
 class Call:
@@ -66,6 +79,7 @@ class ThreadWorkers:
       _, _, call = self._queue.get()
       with self._cond:
         call.t0 = time.monotonic()
+      _CURRENT.deadline = call.t0 + self._timeout_s
       try:
         if call.channel.kind == "process":
           value = self._pool_getter().call(call.channel.fn, *call.args, timeout_s=self._timeout_s)
@@ -74,6 +88,7 @@ class ThreadWorkers:
         error = None
       except BaseException as e:  # pylint: disable=broad-except
         value, error = None, e
+      _CURRENT.deadline = None
       with self._cond:
         if call.abandoned:
           return  # a replacement thread already took over this slot

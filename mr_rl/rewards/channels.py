@@ -24,9 +24,12 @@ in place of a name (``config.rewards.channels = "accuracy,my_pkg.rewards:concise
   (``config.rewards.params.concise``: ConfigDict keys cannot hold dots or colons). Two
   import paths whose functions share a name need distinct function names.
 * The parameters are bound as keyword arguments, except the reserved ``kind`` ("thread",
-  the default, or "process": the worker imports the module by name), ``on_failure``
-  (default 0.0), ``batched``, ``value_range`` (``[lo, hi]``, default
-  ``DEFAULT_VALUE_RANGE`` = [-1e6, 1e6]) and ``applies`` (see below).
+  the default, or "process": the worker imports the module by name), ``on_failure``,
+  ``batched``, ``value_range`` (``[lo, hi]``) and ``applies`` (see below). A channel gives
+  ``value_range`` (failures then score its floor ``lo``) or ``on_failure`` (then its floor:
+  the range is ``[on_failure, 1e6]``), or both with ``on_failure <= lo``; neither is a
+  ``RewardConfigError`` when it is built, since no default failure value is below every
+  function's honest scores (0.0 paid "1e999" more than a near miss of ``-abs(x - 42)``).
 * Per-sample ``fn(response, example, num_tokens, **params) -> float | None``, or batched
   ``fn(responses, examples, num_tokens, **params) -> list[float | None]`` over the flattened
   batch (TRL's ``reward_funcs`` convention). Batched is never guessed from the signature:
@@ -47,8 +50,8 @@ reserved parameter ``applies``, an import path or a function, for any channel bu
 and scores NaN ("does not apply"), which the aggregators skip. So no response, and no group
 of responses ("I don't know" G times), can take a prompt out of a channel. A *failure* (the
 scorer raised, timed out or its worker died on this response) scores the channel's
-``on_failure`` value (0.0 by default). A ``RewardConfigError`` says the scorer cannot run
-here at all (see ``mr_rl.rewards.runner`` for where the line is drawn).
+``on_failure`` value, never above the channel's lowest honest score. A ``RewardConfigError``
+says the scorer cannot run here at all (see ``mr_rl.rewards.runner`` for where the line is drawn).
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ __all__ = ["DEFAULT_VALUE_RANGE", "KINDS", "RESERVED_PARAMS", "REWARDS", "UNIT_R
 
 KINDS = ("thread", "process")
 RESERVED_PARAMS = ("kind", "on_failure", "batched", "value_range", "applies")  # not fn's
-DEFAULT_VALUE_RANGE = (-1e6, 1e6)  # of channels that declare none (user channels)
+DEFAULT_VALUE_RANGE = (-1e6, 1e6)  # the widest range; a channel without one: [on_failure, 1e6]
 UNIT_RANGE = (0.0, 1.0)            # of indicator and [0, 1]-scaled built-in channels
 _BATCHED_ATTR = "__batched_reward__"
 _APPLIES_ATTR = "__reward_applies__"
@@ -208,10 +211,13 @@ class RewardChannel:
       batch (B*G entries, each example repeated G times; TRL's convention).
     kind: "thread" (light rule) or "process" (heavy / untrusted; fn importable by name).
     on_failure: the score of a failed call (raised, timed out, worker died, a value no
-      score can be), and of a None / NaN from ``fn``: finite, in ``value_range``.
+      score can be), and of a None / NaN from ``fn``: finite, at most ``value_range``'s
+      ``lo`` (default: ``lo``), so no failure outscores an honest answer.
     batched: fn takes the whole batch at once.
     value_range: ``(lo, hi)``, the scores fn can return (inclusive); a score outside it fails
-      its row in the runner (``RewardValueError``). Built-in channels declare theirs.
+      its row in the runner (``RewardValueError``). Built-in channels declare theirs. A
+      channel that declares none must give ``on_failure``, which is then its floor: the range
+      is ``(on_failure, DEFAULT_VALUE_RANGE[1])``. Neither: ``ValueError``.
     applies: ``applies(example) -> bool``, the prompts the channel scores (None: every
       prompt). It sees only the (read-only) example, never a response: where it is False the
       channel is not called and its column is NaN ("does not apply"); where it is True every
@@ -220,9 +226,9 @@ class RewardChannel:
   name: str
   fn: RewardFn
   kind: str = "thread"
-  on_failure: float = 0.0
+  on_failure: float | None = None
   batched: bool = False
-  value_range: tuple[float, float] = DEFAULT_VALUE_RANGE
+  value_range: tuple[float, float] | None = None
   applies: Callable[[Mapping[str, Any]], bool] | None = None
 
   def __post_init__(self):
@@ -233,20 +239,32 @@ class RewardChannel:
     if self.kind not in KINDS:
       raise ValueError(f"kind of channel {self.name!r} must be one of {KINDS}, got {self.kind!r}")
     value = self.on_failure
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    if value is None and self.value_range is None:
+      raise ValueError(
+          f"channel {self.name!r} declares no value_range, so it must give on_failure: the "
+          f"score of a failed, timed-out or unscorable row, at most its lowest honest score "
+          f"(no default is: 0.0 would pay a crash more than every negative honest score)")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                              or not math.isfinite(value)):
       raise ValueError(f"on_failure of channel {self.name!r} must be a finite number (a failure "
                        f"is never 'does not apply'), got {value!r}")
-    object.__setattr__(self, "on_failure", float(value))
     vr = self.value_range
+    if vr is None:
+      vr = (float(value), DEFAULT_VALUE_RANGE[1])
+      if not vr[0] < vr[1]:
+        raise ValueError(f"on_failure={value:g} of channel {self.name!r} is its floor and must "
+                         f"be below {vr[1]:g} (or declare a value_range)")
     if (not isinstance(vr, (tuple, list)) or len(vr) != 2
         or any(isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)
                for v in vr) or not vr[0] < vr[1]):
       raise ValueError(f"value_range of channel {self.name!r} must be finite (lo, hi) with "
                        f"lo < hi, got {vr!r}")
     object.__setattr__(self, "value_range", (float(vr[0]), float(vr[1])))
-    if not vr[0] <= self.on_failure <= vr[1]:
-      raise ValueError(f"on_failure={self.on_failure:g} of channel {self.name!r} is outside its "
-                       f"value_range [{vr[0]:g}, {vr[1]:g}]")
+    object.__setattr__(self, "on_failure", float(vr[0] if value is None else value))
+    if self.on_failure > vr[0]:
+      raise ValueError(f"on_failure={self.on_failure:g} of channel {self.name!r} is above its "
+                       f"value_range's floor {vr[0]:g}: a failure would outscore an honest "
+                       f"answer scored {vr[0]:g}")
     if self.applies is None and callable(getattr(self.fn, _APPLIES_ATTR, None)):
       object.__setattr__(self, "applies", getattr(self.fn, _APPLIES_ATTR))  # @applies_when
     if self.applies is not None and not callable(self.applies):
@@ -376,9 +394,9 @@ def _from_import_path(spec: str, params: Mapping[str, Any]) -> RewardChannel:
                             f"{type(obj).__name__}, not a function")
   params = dict(params)
   kind = params.pop("kind", "thread")
-  on_failure = params.pop("on_failure", 0.0)
+  on_failure = params.pop("on_failure", None)
   batched = params.pop("batched", bool(getattr(obj, _BATCHED_ATTR, False)))
-  value_range = params.pop("value_range", DEFAULT_VALUE_RANGE)
+  value_range = params.pop("value_range", None)
   applies = _applies_param(name, params.pop("applies", getattr(obj, _APPLIES_ATTR, None)))
   _check_signature(name, spec, obj, params, bool(batched))
   fn = functools.partial(obj, **params) if params else obj

@@ -26,9 +26,10 @@ ends in one of these ways, and the line between them is drawn here:
   ``RewardConfigError``, overran ``timeout_s``, its worker process died, or it returned a
   number that is no score (``RewardValueError``: +-inf, an int too large for a float, a
   value outside the channel's ``value_range``; built-in channels declare theirs, e.g.
-  [0, 1], others default to [-1e6, 1e6]) -> the channel's
-  ``on_failure`` value (0.0 by default), never NaN, so a policy cannot earn reward by making
-  a verifier crash or time out. Counted in ``rewards/<name>/errors`` (timeouts also in
+  [0, 1]; a channel without one has ``[on_failure, 1e6]``) -> the channel's ``on_failure``
+  value, never NaN and never above its lowest honest score (its floor by default; a channel
+  declaring no range must give it), so a policy cannot earn reward by making a verifier
+  crash or time out. Counted in ``rewards/<name>/errors`` (timeouts also in
   ``/timeouts``), cumulatively in ``error_counts`` / ``timeout_counts``, with the latest
   error in ``last_errors``. The failure-rate guard stops the run when a channel fails on
   more than ``max_failure_share`` of a batch on ``failure_patience`` consecutive calls

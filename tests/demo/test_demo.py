@@ -127,6 +127,22 @@ def test_extract_answer(response, answer):
   assert task.extract_answer(response) == answer
 
 
+def test_extract_answer_is_the_old_regex_and_linear():
+  """Attack (issue 41, 4): `re.findall(r"<a>(.*?)</a>")` scanned to the end from every unclosed
+  `<a>`: quadratic on a thread channel. The honest control: the last block, as before."""
+  import random, re, time  # pylint: disable=g-import-not-at-top,multiple-imports
+  old = re.compile(r"<a>(.*?)</a>", re.S)
+  rng = random.Random(0)
+  alphabet = ["<a>", "</a>", "<", "a", ">", "/", "5", "-", " ", "</r>", "="]
+  for _ in range(20000):
+    text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(20)))
+    blocks = old.findall(text)
+    assert task._last_answer_block(text) == (blocks[-1] if blocks else None), text  # pylint: disable=protected-access
+  t0 = time.perf_counter()
+  assert task.extract_answer("<r>1+2</r><a>3</a>" + "<a>" * 20_000) == 3
+  assert time.perf_counter() - t0 < 0.1
+
+
 def test_rewards_resist_the_obvious_attacks():
   # A truncated (runaway) response whose last running total happens to be the answer scores
   # nothing on any channel but `brief`-by-length; a format wrapper around a second answer

@@ -191,7 +191,8 @@ def with_nans(comp, examples):
   odd answer."""
   def parity(response, example, num_tokens):
     return 1.0
-  even = RewardChannel("even", parity, applies=lambda ex: int(ex["answer"]) % 2 == 0)
+  even = RewardChannel("even", parity, applies=lambda ex: int(ex["answer"]) % 2 == 0,
+                       on_failure=0.0)
   runner = RewardRunner([get_reward(n) for n in CHANNELS] + [even])
   cfg = ev.EvalConfig(mode="greedy", primary=len(CHANNELS), keep_texts=True)
   return evaluate(comp, comp.base_params, examples, cfg, runner=runner)

@@ -303,7 +303,8 @@ def test_t5_seq2seq_verifier(tmp_path, tiny_tokenizer):
   assert 0.0 <= scores[0].f1 <= 1.0
 
 
-def test_sequence_classification_verifier(tmp_path, tiny_tokenizer):
+def _tiny_bert_nli(path, tiny_tokenizer):
+  """A 1-layer BERT NLI classifier saved at `path`; returns the model."""
   import torch  # pylint: disable=g-import-not-at-top
   from transformers import BertConfig, BertForSequenceClassification  # pylint: disable=g-import-not-at-top
   torch.manual_seed(1)
@@ -313,9 +314,14 @@ def test_sequence_classification_verifier(tmp_path, tiny_tokenizer):
                    num_labels=3, id2label=labels, label2id={v: k for k, v in labels.items()},
                    pad_token_id=0)
   model = BertForSequenceClassification(cfg).eval()
-  model.save_pretrained(tmp_path)
-  tiny_tokenizer.save_pretrained(tmp_path)
+  model.save_pretrained(path)
+  tiny_tokenizer.save_pretrained(path)
+  return model
 
+
+def test_sequence_classification_verifier(tmp_path, tiny_tokenizer):
+  import torch  # pylint: disable=g-import-not-at-top
+  model = _tiny_bert_nli(tmp_path, tiny_tokenizer)
   ver = alce.TransformersNLIVerifier(str(tmp_path), batch_size=4)
   assert not ver.seq2seq and ver.entail_index == 2
   p = ver.entailment_probs(PREMISES, HYPOTHESES)
@@ -342,3 +348,59 @@ def test_scores_read_data_example_metadata():
                                 qa_pairs=[{"question": "q", "short_answers": ["1889"]}])
   corr, cites = alce.score_batch(["It was completed in 1889 [1]."], [ex.as_mapping()], LEX)
   assert corr[0] == 1.0 and cites[0].recall == 1.0 and cites[0].precision == 1.0
+
+
+# ------------------------------------------------------------------ bounded verifier work
+CITED = "The Eiffel Tower was completed in 1889 [1]. "
+
+
+def test_a_response_of_many_cited_sentences_asks_the_verifier_a_bounded_number_of_times():
+  """Attack (issue 41, 6): 4,000 cited sentences were 4,000 verifier queries in one call (the
+  shared NLI model held 1.6 s). Now at most max_sentences of a response are verified and the
+  rest count as unsupported; an honest response (the control) scores as before."""
+  ex = {"task": "asqa", "docs": DOCS, "qa_pairs": [{"short_answers": ["1889"]}]}
+  ch = alce.alce_citation(verifier="lexical")
+  counting = CountingVerifier()
+  alce.channels._VERIFIERS[("lexical", ())] = counting  # pylint: disable=protected-access
+  try:
+    attack = ch.fn(CITED * 4000, ex, 1)
+    asked = sum(len(c) for c in counting.calls)
+    assert asked <= 64 * (1 + 2 * 3), asked  # 64 sentences (MAX_SENTENCES), 3 citations
+    assert attack <= 2 * (64 / 4000) and attack < 1.0  # F1 of recall 64 / 4000
+    honest = "The Eiffel Tower was completed in 1889 [1]. Paris is the capital of France [2]."
+    assert ch.fn(honest, ex, 1) == alce.citation_scores(honest, DOCS, LEX).f1 == 1.0
+  finally:
+    alce.channels._VERIFIERS.pop(("lexical", ()))  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match="max_sentences"):
+    alce.alce_citation(verifier="lexical", max_sentences=0)
+
+
+def test_an_abandoned_verifier_call_does_not_hold_the_model_for_the_next_batch(tmp_path,
+                                                                              tiny_tokenizer):
+  """Attack (issue 41, 6): the NLI model's lock was held for a whole call, so a call abandoned
+  at its timeout kept it for its remaining forwards and every call of the next batch timed
+  out. Now the lock is held per forward and an abandoned call stops at its next one."""
+  from mr_rl.rewards import runner as rr  # pylint: disable=g-import-not-at-top
+  _tiny_bert_nli(tmp_path, tiny_tokenizer)
+  ver = alce.TransformersNLIVerifier(str(tmp_path), batch_size=1)
+  decide, forwards = ver._decide, []  # pylint: disable=protected-access
+
+  def slow_decide(enc):  # a forward of a big model: 50 ms
+    forwards.append(time.monotonic())
+    time.sleep(0.05)
+    return decide(enc)
+  ver._decide = slow_decide  # pylint: disable=protected-access
+
+  def cite(response, example, num_tokens):
+    return alce.score_batch([response], [example], ver, correctness=False,
+                            max_sentences=None)[1][0].f1
+  runner = rr.RewardRunner([rr.RewardChannel("cite", cite, value_range=(0, 1))], timeout_s=0.5,
+                           num_threads=2, max_failure_share=1.0)
+  ex = [{"docs": DOCS}]
+  _, m = runner([[CITED * 100]], ex, np.ones((1, 1), np.int64))  # 100 forwards: 5 s
+  assert m["rewards/cite/timeouts"] == 1
+  t0 = time.monotonic()
+  _, m = runner([[CITED, "Paris is the capital of France [2]."]], ex, np.ones((1, 2), np.int64))
+  assert m["rewards/cite/timeouts"] == 0, time.monotonic() - t0  # the honest control
+  time.sleep(0.2)
+  assert len(forwards) < 20  # the abandoned call stopped at its deadline (100 before)

@@ -25,7 +25,7 @@ def test_calls_queued_first_run_before_the_others():
   RELEASE.clear()
   STARTED.clear()
   workers = ThreadWorkers(1, pool_getter=None, timeout_s=120)
-  ch = RewardChannel("record", _record)
+  ch = RewardChannel("record", _record, on_failure=0.0)
   calls = [Call(ch, 0, (r, {}, 1), (0, i)) for i, r in enumerate(["block", "a", "b", "c"])]
   workers.submit(calls[0])
   assert STARTED.wait(60)  # the one thread is busy from here on

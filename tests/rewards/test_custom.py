@@ -54,6 +54,9 @@ MODULE = textwrap.dedent("""
 
     def no_example(response):
       return 1.0
+
+    def distance_to_42(response, example, num_tokens):  # 0 for the answer, negative otherwise
+      return -abs((int(response) if response.isdigit() else float(response)) - 42)
 """)
 
 RESPONSES = [["a", "bbbb", "cc"], ["dddddddd", "e", "ffff"]]
@@ -83,9 +86,10 @@ def test_channel_name_of_an_import_path():
 
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_per_sample_import_path_channels(mod, kind):
-  concise = rr.get_reward(f"{mod}:concise", max_tokens=2, kind=kind)
+  concise = rr.get_reward(f"{mod}:concise", max_tokens=2, kind=kind, value_range=[0, 1])
   assert (concise.name, concise.kind, concise.batched) == ("concise", kind, False)
-  runner = rr.RewardRunner(["format", concise, rr.get_reward(f"{mod}:only_math", kind=kind)],
+  runner = rr.RewardRunner(["format", concise, rr.get_reward(f"{mod}:only_math", kind=kind,
+                                                                on_failure=0.0)],
                            timeout_s=30)
   assert runner.names == ("format", "concise", "only_math")
   r_BGK, metrics = runner(RESPONSES, EXAMPLES, TOKENS)
@@ -96,7 +100,7 @@ def test_per_sample_import_path_channels(mod, kind):
 
 
 def test_value_range_of_an_import_path_channel(mod):
-  assert rr.get_reward(f"{mod}:concise").value_range == rr.DEFAULT_VALUE_RANGE == (-1e6, 1e6)
+  assert rr.get_reward(f"{mod}:concise", on_failure=0).value_range == (0.0, 1e6)  # its floor
   unit = rr.get_reward(f"{mod}:relative_length", batched=True, scale=4.0, value_range=[0, 1])
   assert unit.value_range == (0.0, 1.0)
   runner = rr.RewardRunner([unit], timeout_s=30, max_failure_share=1.0)
@@ -104,6 +108,28 @@ def test_value_range_of_an_import_path_channel(mod):
   assert "returned 2.0, outside the channel's value_range" in runner.last_errors["relative_length"]
   with pytest.raises(rr.RewardConfigError, match=r"reward channel 'concise' .*value_range"):
     rr.get_reward(f"{mod}:concise", value_range=(1, 0))
+
+
+HONEST_42 = ["42", "41", "0"]                  # scores 0, -1, -42
+FAILING_42 = ["1e999", "9" * 400, "I don't know"]  # -inf, an int no float holds, raises
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_no_failure_outscores_an_honest_answer(mod, kind):
+  """Attack (issue 41, 1): with a 0.0 default failure value, "1e999", a 400-digit integer and
+  "I don't know" scored 0 on a reward of -abs(x - 42), as much as the answer and more than a
+  near miss. Now a channel without a declared range must give on_failure, and failures score
+  the channel's floor, below every honest answer (the control)."""
+  with pytest.raises(rr.RewardConfigError, match=r"'distance_to_42' .*declares no "
+                     r"value_range, so it must give on_failure"):
+    rr.get_reward(f"{mod}:distance_to_42", kind=kind)
+  for params in (dict(value_range=[-100, 0]), dict(on_failure=-100.0)):
+    runner = rr.RewardRunner([rr.get_reward(f"{mod}:distance_to_42", kind=kind, **params)],
+                             timeout_s=30, max_failure_share=1.0)
+    r_BGK, metrics = runner([HONEST_42, FAILING_42], [{}, {}], np.ones((2, 3), np.int64))
+    np.testing.assert_array_equal(r_BGK[0, :, 0], [0, -1, -42])  # honest: as computed
+    np.testing.assert_array_equal(r_BGK[1, :, 0], [-100] * 3)    # failures: the floor
+    assert metrics["rewards/distance_to_42/errors"] == 3
 
 
 def test_process_kind_runs_in_a_worker(mod):
@@ -122,7 +148,7 @@ def test_process_kind_runs_in_a_worker(mod):
 
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_batched_import_path_channels(mod, kind):
-  by_marker = rr.get_reward(f"{mod}:shortest_in_batch", kind=kind)
+  by_marker = rr.get_reward(f"{mod}:shortest_in_batch", kind=kind, value_range=[0, 1])
   by_param = rr.get_reward(f"{mod}:relative_length", batched=True, scale=2.0, kind=kind,
                            on_failure=-1.0, applies=f"{mod}:is_math")
   assert by_marker.batched and by_param.batched and by_param.on_failure == -1.0
@@ -132,7 +158,7 @@ def test_batched_import_path_channels(mod, kind):
   # Called on the rows of the prompts it applies to only (the longest math response: 4).
   np.testing.assert_allclose(r_BGK[..., 2], [[2 / 4, 2 * 4 / 4, 2 * 2 / 4], [np.nan] * 3])
   assert metrics["rewards/relative_length/not_applicable"] == 3
-  bad = rr.RewardRunner([rr.get_reward(f"{mod}:too_short", kind=kind)], timeout_s=30)
+  bad = rr.RewardRunner([rr.get_reward(f"{mod}:too_short", kind=kind, on_failure=0)], timeout_s=30)
   with pytest.raises(rr.RewardConfigError, match=r"'too_short' cannot run on this data .*"
                      r"batched function returned list \[1.0\]; expected a list of 6 rewards"):
     bad(RESPONSES, EXAMPLES, TOKENS)
@@ -146,7 +172,8 @@ def test_a_failed_batched_call_fails_every_response(mod, kind):
   assert (r_BGK == -1.0).all() and metrics["rewards/breaks/errors"] == 6
   assert "the batch broke the scorer" in runner.last_errors["breaks"]
   # A field the data lacks is not a failure: the run stops.
-  runner = rr.RewardRunner([rr.get_reward(f"{mod}:relative_length", batched=True, kind=kind)],
+  runner = rr.RewardRunner([rr.get_reward(f"{mod}:relative_length", batched=True, kind=kind,
+                                          value_range=[0, 1])],
                            timeout_s=30)
   with pytest.raises(rr.RewardConfigError, match=r"^reward channel 'relative_length' cannot run "
                      r"on this data \(1 of its calls in this batch\): MissingFieldError: example "
@@ -184,9 +211,9 @@ def test_bad_import_paths_fail_when_built_naming_the_channel(mod, tmp_path):
   cell_reward.__module__ = "__main__"
   setattr(__main__, "cell_reward_for_test", cell_reward)
   try:
-    assert rr.get_reward("__main__:cell_reward_for_test").name == "cell_reward_for_test"
+    assert rr.get_reward("__main__:cell_reward_for_test", on_failure=0).name == "cell_reward_for_test"
     with pytest.raises(rr.RewardConfigError, match="must be importable by name in a worker"):
-      rr.get_reward("__main__:cell_reward_for_test", kind="process")
+      rr.get_reward("__main__:cell_reward_for_test", kind="process", on_failure=0)
   finally:
     delattr(__main__, "cell_reward_for_test")
 

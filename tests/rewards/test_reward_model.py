@@ -176,9 +176,10 @@ def test_channels_share_one_model_batch_and_rescale(armorm):
           "reward_model"} <= set(available_rewards())
   chans = [get_reward(f"armorm_{n}", path=d, rescale="helpsteer", max_wait_ms=200.0)
            for n in ("helpfulness", "correctness", "coherence")]
-  raw = get_reward("reward_model", objective="helpsteer-coherence", path=d, max_wait_ms=200.0)
+  raw = get_reward("reward_model", objective="helpsteer-coherence", path=d, max_wait_ms=200.0,
+                   on_failure=-100.0)
   assert raw.name == "reward_model"
-  assert rm.reward_model_channel(4, path=d, max_wait_ms=200.0).name == "rm_helpsteer-verbosity"
+  assert rm.reward_model_channel(4, path=d, max_wait_ms=200.0, on_failure=-100.0).name == "rm_helpsteer-verbosity"
   scorer = rm.get_scorer(d, max_wait_ms=200.0)
   assert all(c.fn.keywords["scorer"] is scorer for c in chans + [raw])  # one model per path
   expected = scorer.model.score(CONVS, RESPONSES)
@@ -233,9 +234,25 @@ def test_special_token_text_in_a_response_stays_literal(seqcls):
     assert model._literal_ids(msgs, r) == _ids(tok, c, r)  # pylint: disable=protected-access
 
 
+def test_a_response_too_long_to_score_earns_less_than_an_ordinary_answer(armorm):
+  """Attack (issue 41, 1): a response longer than the model's limit fails; with a 0.0 default
+  failure value it outscored ordinary answers (raw scores about -3.4 on ArmoRM). A raw channel
+  now needs an on_failure below its honest scores; a rescaled one fails at its floor 0."""
+  d = armorm[0]
+  with pytest.raises(ValueError, match="raw .*must give on_failure"):
+    get_reward("armorm_helpfulness", path=d, max_wait_ms=1.0)
+  raw = get_reward("armorm_helpfulness", path=d, max_wait_ms=1.0, on_failure=-100.0)
+  scaled = get_reward("armorm_correctness", path=d, max_wait_ms=1.0, rescale="helpsteer")
+  assert (raw.on_failure, scaled.on_failure, scaled.value_range) == (-100.0, 0.0, (0.0, 1.0))
+  runner = RewardRunner([raw, scaled], timeout_s=120.0, max_failure_share=1.0)
+  r, m = runner([["Four", "y" * 400]], [{"prompt": "2 + 2?"}], np.ones((1, 2), np.int64))
+  assert m["rewards/armorm_helpfulness/errors"] == 1  # the long one: longer than max_len
+  assert r[0, 1, 0] == -100.0 < r[0, 0, 0] and r[0, 1, 1] == 0.0 <= r[0, 0, 1]
+
+
 def test_channel_errors(armorm):
   d = armorm[0]
-  ch = get_reward("armorm_helpfulness", path=d, max_wait_ms=1.0)
+  ch = get_reward("armorm_helpfulness", path=d, max_wait_ms=1.0, on_failure=-100.0)
   with pytest.raises(KeyError, match="messages"):
     ch.fn("x", {"reference": None}, 1)
   with pytest.raises(ValueError, match="max_len"):
@@ -243,7 +260,7 @@ def test_channel_errors(armorm):
   with pytest.raises(ValueError, match="rescale"):
     get_reward("armorm_coherence", path=d, rescale=(1.0, 0.0))
   with pytest.raises(ValueError, match="objective"):
-    get_reward("reward_model", objective=19, path=d)
+    get_reward("reward_model", objective=19, path=d, on_failure=-100.0)
   with pytest.raises(TypeError, match="mesh"):
     rm.get_scorer(d, mesh="fsdp")
   # failed requests are dropped from the cache (none left pending), also from score_many

@@ -57,7 +57,7 @@ def test_registry_names_and_errors():
   with pytest.raises(ValueError, match="threshold"):
     rr.get_reward("brief", threshold=-1)
   with pytest.raises(ValueError, match="kind"):
-    rr.RewardChannel("x", _token_count, "gpu")
+    rr.RewardChannel("x", _token_count, "gpu", on_failure=0.0)
   assert rr.get_reward("accuracy").kind == "process"
   assert rr.get_reward("brief", threshold=128).fn("", {}, 127) == 1.0
   assert rr.get_reward("length", max_full=10, zero_at=20).fn("", {}, 15) == 0.5
@@ -113,7 +113,8 @@ def test_raising_fn_scores_its_failure_value_and_counts(kind, on_failure):
 
 def test_hanging_thread_fn_is_abandoned_after_timeout(monkeypatch):
   monkeypatch.setattr(sys.modules[__name__], "HANG_ALL", True)
-  runner = rr.RewardRunner([rr.RewardChannel("slow", _sleep_forever_on_b, "thread")],
+  runner = rr.RewardRunner([rr.RewardChannel("slow", _sleep_forever_on_b, "thread",
+                                             on_failure=0.0)],
                            timeout_s=0.5, num_threads=2)
   t0 = time.monotonic()
   r_BGK, metrics = runner(RESPONSES_BG, EXAMPLES_B, NUM_TOKENS_BG)
@@ -126,7 +127,8 @@ def test_hanging_thread_fn_is_abandoned_after_timeout(monkeypatch):
 def test_hanging_process_fn_is_killed_and_batch_survives():
   pool = rr.shared_pool()
   restarts = pool.restarts
-  runner = rr.RewardRunner([rr.RewardChannel("slow", _sleep_forever_on_b, "process"), "accuracy"],
+  runner = rr.RewardRunner([rr.RewardChannel("slow", _sleep_forever_on_b, "process",
+                                             on_failure=0.0), "accuracy"],
                            timeout_s=3.0)
   t0 = time.monotonic()
   r_BGK, metrics = runner(RESPONSES_BG, EXAMPLES_B, NUM_TOKENS_BG)
@@ -141,7 +143,8 @@ def test_hanging_process_fn_is_killed_and_batch_survives():
 
 
 def test_crashing_worker_is_blamed_on_its_call_only():
-  runner = rr.RewardRunner([rr.RewardChannel("crash", _exit_worker_on_b, "process"), "negative"],
+  runner = rr.RewardRunner([rr.RewardChannel("crash", _exit_worker_on_b, "process",
+                                             on_failure=0.0), "negative"],
                            timeout_s=30)
   r_BGK, metrics = runner(RESPONSES_BG, EXAMPLES_B, NUM_TOKENS_BG)
   bad = ONLY_B
@@ -154,8 +157,10 @@ def test_crashing_worker_is_blamed_on_its_call_only():
 
 
 def test_thread_safety_concurrent_calls():
-  runner = rr.RewardRunner(["format", "length", rr.RewardChannel("tokens", _token_count),
-                            rr.RewardChannel("tokens_p", _token_count, "process")], timeout_s=30)
+  runner = rr.RewardRunner(["format", "length", rr.RewardChannel("tokens", _token_count,
+                                                                 on_failure=0.0),
+                            rr.RewardChannel("tokens_p", _token_count, "process",
+                                             on_failure=0.0)], timeout_s=30)
   rng = np.random.default_rng(0)
 
   def one(seed):
@@ -210,9 +215,10 @@ def _batched_rank(responses, examples, num_tokens):
 
 
 def test_rows_added_in_any_order_score_as_score():
-  channels = lambda: [rr.RewardChannel("len", _length_or_none),
+  channels = lambda: [rr.RewardChannel("len", _length_or_none, on_failure=0.0),
                       rr.RewardChannel("bad", _raise_on_b, "process", on_failure=-1.0),
-                      rr.RewardChannel("rank", _batched_rank, batched=True), "accuracy"]
+                      rr.RewardChannel("rank", _batched_rank, batched=True,
+                                       on_failure=0.0), "accuracy"]
   rows_BG = np.array([[True, True, False], [True, True, True]])
   whole = rr.RewardRunner(channels(), timeout_s=30)
   r_ref, counts_ref, _ = whole.score(RESPONSES_BG, EXAMPLES_B, NUM_TOKENS_BG, rows_BG=rows_BG)
@@ -263,7 +269,8 @@ def test_late_thread_call_is_a_timeout_whenever_the_caller_waits():
   """A "thread" call that ran past timeout_s fails as a timeout even when it returned before
   `result` looked (the verdict does not depend on when the caller waits)."""
   EVENTS.clear()
-  runner = rr.RewardRunner([rr.RewardChannel("slow", _slow_then_score)], timeout_s=0.3)
+  runner = rr.RewardRunner([rr.RewardChannel("slow", _slow_then_score, on_failure=0.0)],
+                           timeout_s=0.3)
   pending = runner.start([{}], 1)
   pending.add(0, 0, "x", 1)
   deadline = time.monotonic() + 60
@@ -280,7 +287,8 @@ def test_hung_thread_call_frees_its_thread_at_the_next_row():
   the next row is added after its timeout, so that row is scored before `result` is called."""
   EVENTS.clear()
   RELEASE.clear()
-  runner = rr.RewardRunner([rr.RewardChannel("h", _hang_until_released)], timeout_s=0.3,
+  runner = rr.RewardRunner([rr.RewardChannel("h", _hang_until_released, on_failure=0.0)],
+                           timeout_s=0.3,
                            num_threads=1)
   pending = runner.start([{}], 2)
   pending.add(0, 0, "hang", 1)

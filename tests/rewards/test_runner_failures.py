@@ -125,8 +125,8 @@ def _always_one(response, example, num_tokens):
 @pytest.mark.parametrize("name", aggregators.NAMES)
 def test_an_unparseable_response_earns_no_more_than_a_bad_one_under_every_aggregator(name):
   # The primary channel (first: rp_only and TAG's anchor read it) cannot read 'garbage'.
-  runner = rr.RewardRunner([rr.RewardChannel("parsed", _parsed),
-                            rr.RewardChannel("acc", _always_one)], timeout_s=30)
+  runner = rr.RewardRunner([rr.RewardChannel("parsed", _parsed, on_failure=0.0),
+                            rr.RewardChannel("acc", _always_one, on_failure=0.0)], timeout_s=30)
   r_BGK, metrics = runner([["good", "bad", "garbage"]], [{}], np.array([[5, 5, 5]]))
   np.testing.assert_array_equal(r_BGK[0], [[1, 1], [0, 1], [0, 1]])
   assert metrics["rewards/parsed/unscorable"] == 1
@@ -141,7 +141,8 @@ def test_an_unparseable_response_earns_no_more_than_a_bad_one_under_every_aggreg
 
 
 def test_a_channel_that_applies_to_no_prompt_stops_the_run_after_its_patience():
-  runner = rr.RewardRunner(["format", rr.RewardChannel("parsed", _parsed)], timeout_s=30,
+  runner = rr.RewardRunner(["format", rr.RewardChannel("parsed", _parsed, on_failure=0.0)],
+                           timeout_s=30,
                            not_applicable_patience=2)
   nt = np.array([[1, 1]])
   never = [["x", "y"]]  # 'parsed' is None on every response: scores no response
@@ -154,7 +155,8 @@ def test_a_channel_that_applies_to_no_prompt_stops_the_run_after_its_patience():
                            r"batches \(not_applicable_patience=2; this batch: 0 of 2 where it "
                            r"does not apply, 2 unscorable \(None / NaN\), 0 failed\)"):
     runner(never, [{}], nt)
-  nowhere = rr.RewardRunner([rr.RewardChannel("none", _parsed, applies=lambda ex: False)],
+  nowhere = rr.RewardRunner([rr.RewardChannel("none", _parsed, applies=lambda ex: False,
+                                              on_failure=0.0)],
                             not_applicable_patience=1)
   with pytest.raises(rr.RewardFailureError, match=r"'none' scored no response .* 2 of 2 where"):
     nowhere(never, [{}], nt)
@@ -175,13 +177,14 @@ def _one_and_a_half(response, example, num_tokens):
 
 
 def test_a_score_outside_the_channel_range_fails_its_row_naming_channel_and_value():
-  runner = rr.RewardRunner([rr.RewardChannel("huge", _huge)], max_failure_share=1.0)
-  assert runner([["a"]], [{}], np.array([[1]]))[0][0, 0, 0] == 0.0  # on_failure
+  runner = rr.RewardRunner([rr.RewardChannel("huge", _huge, on_failure=-1e6)],
+                           max_failure_share=1.0)
+  assert runner([["a"]], [{}], np.array([[1]]))[0][0, 0, 0] == -1e6  # on_failure
   assert runner.last_errors["huge"] == ("RewardValueError(\"returned 1e+30, outside the "
                                         "channel's value_range [-1e+06, 1e+06]\")")
-  unit = rr.RewardChannel("unit", _one_and_a_half, value_range=(0, 1), on_failure=0.25)
+  unit = rr.RewardChannel("unit", _one_and_a_half, value_range=(0, 1))
   runner = rr.RewardRunner([unit], max_failure_share=1.0)
-  assert runner([["a"]], [{}], np.array([[1]]))[0][0, 0, 0] == 0.25
+  assert runner([["a"]], [{}], np.array([[1]]))[0][0, 0, 0] == 0.0  # the floor
   assert "returned 1.5, outside the channel's value_range [0, 1]" in runner.last_errors["unit"]
   assert rr.RewardRunner([rr.RewardChannel("wide", _huge, value_range=(0, 1e31))])(
       [["a"]], [{}], np.array([[1]]))[0][0, 0, 0] == np.float32(1e30)
@@ -191,8 +194,14 @@ def test_value_range_and_on_failure_are_checked_when_built():
   for bad in ((1, 0), (0, float("inf")), (0,), "01", (None, 1)):
     with pytest.raises(ValueError, match="value_range of channel 'c' must be finite"):
       rr.RewardChannel("c", _huge, value_range=bad)
-  with pytest.raises(ValueError, match=r"on_failure=-1 of channel 'c' is outside its value_range"):
-    rr.RewardChannel("c", _huge, on_failure=-1, value_range=(0, 1))
+  with pytest.raises(ValueError, match=r"on_failure=0.25 of channel 'c' is above its "
+                                       r"value_range's floor 0: a failure would outscore"):
+    rr.RewardChannel("c", _huge, on_failure=0.25, value_range=(0, 1))
+  with pytest.raises(ValueError, match="declares no value_range, so it must give on_failure"):
+    rr.RewardChannel("c", _huge)
+  assert rr.RewardChannel("c", _huge, value_range=(-2, 1)).on_failure == -2.0  # the floor
+  assert rr.RewardChannel("c", _huge, on_failure=-3, value_range=(-2, 1)).on_failure == -3.0
+  assert rr.RewardChannel("c", _huge, on_failure=-3).value_range == (-3.0, 1e6)
 
 
 @pytest.mark.parametrize("name, params, lo, hi", [
@@ -201,7 +210,8 @@ def test_value_range_and_on_failure_are_checked_when_built():
     ("code_noop", {}, 0, 1), ("alce_correctness", {}, 0, 1), ("alce_citation", {}, 0, 1),
     ("overlong", {"max_len": 10, "cache_len": 5}, -1, 0)])
 def test_builtin_channels_declare_their_range(name, params, lo, hi):
-  assert rr.get_reward(name, **params).value_range == (lo, hi)
+  channel = rr.get_reward(name, **params)
+  assert channel.value_range == (lo, hi) and channel.on_failure == lo  # failures: the floor
 
 
 @pytest.mark.parametrize("fn, kind, err", [
@@ -226,7 +236,7 @@ def test_failures_score_the_failure_value_and_stay_visible(fn, kind, err):
 
 
 def test_on_failure_must_be_a_finite_number():
-  for bad in (float("nan"), float("inf"), None, "0", True):
+  for bad in (float("nan"), float("inf"), "0", True):
     with pytest.raises(ValueError, match="on_failure of channel 'c' must be a finite number"):
       rr.RewardChannel("c", _crash_on_odd, on_failure=bad)
   assert rr.RewardChannel("c", _crash_on_odd, on_failure=np.float32(-1)).on_failure == -1.0
@@ -241,7 +251,8 @@ def _fail_when(response, example, num_tokens):
 
 
 def test_guard_stops_a_channel_that_keeps_failing():
-  runner = rr.RewardRunner(["format", rr.RewardChannel("flaky", _fail_when)], timeout_s=30,
+  runner = rr.RewardRunner(["format", rr.RewardChannel("flaky", _fail_when, on_failure=0.0)],
+                           timeout_s=30,
                            max_failure_share=0.5, failure_patience=2)
   many = [["fail 1", "fail 2", "ok"]]  # 2 of 3 fail: over the limit
   half = [["fail 1", "ok"]]            # exactly half: not over it
@@ -285,13 +296,15 @@ def _raises_config(response, example, num_tokens):
 
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_missing_example_field_stops_the_run_naming_channel_field_and_keys(kind):
-  runner = rr.RewardRunner([rr.RewardChannel("gold", _reads_field, kind)], timeout_s=30)
+  runner = rr.RewardRunner([rr.RewardChannel("gold", _reads_field, kind, on_failure=0.0)],
+                           timeout_s=30)
   with pytest.raises(rr.RewardConfigError,
                      match=r"^reward channel 'gold' cannot run on this data \(6 of its calls in "
                            r"this batch\): MissingFieldError: example has no field 'gold' "
                            r"\(keys: \['reference'\]\)$"):
     runner(RESPONSES, EXAMPLES, TOKENS)
-  tolerant = rr.RewardRunner([rr.RewardChannel("gold", _tolerates_missing, kind)], timeout_s=30)
+  tolerant = rr.RewardRunner([rr.RewardChannel("gold", _tolerates_missing, kind,
+                                               on_failure=0.0)], timeout_s=30)
   r_BGK, metrics = tolerant(RESPONSES, EXAMPLES, TOKENS)
   assert (r_BGK == 0).all() and metrics["rewards/gold/unscorable"] == 6
 
@@ -303,7 +316,7 @@ def test_missing_example_field_stops_the_run_naming_channel_field_and_keys(kind)
     (lambda r, e, n: [1.0], r"returned list \[1.0\].*mark batched functions batched=True"),
 ])
 def test_broken_scorers_stop_the_run(fn, match):
-  runner = rr.RewardRunner([rr.RewardChannel("broken", fn)], timeout_s=30)
+  runner = rr.RewardRunner([rr.RewardChannel("broken", fn, on_failure=0.0)], timeout_s=30)
   with pytest.raises(rr.RewardConfigError, match=r"^reward channel 'broken' cannot run .*" + match):
     runner(RESPONSES, EXAMPLES, TOKENS)
 
@@ -321,18 +334,20 @@ def test_process_channel_that_cannot_reach_a_worker_fails_when_built_or_run():
   def local(response, example, num_tokens):
     return 1.0
   with pytest.raises(TypeError, match="fn of process channel 'local' must be importable"):
-    rr.RewardChannel("local", local, "process")
+    rr.RewardChannel("local", local, "process", on_failure=0.0)
   main_fn = functools.partial(_reads_field)
-  assert rr.RewardChannel("ok", main_fn, "process").kind == "process"  # a module's: fine
+  assert rr.RewardChannel("ok", main_fn, "process",
+                          on_failure=0.0).kind == "process"  # a module's: fine
   _reads_field.__module__ = "__main__"
   try:
     with pytest.raises(TypeError, match="_reads_field is defined in __main__"):
-      rr.RewardChannel("main", functools.partial(_reads_field), "process")
+      rr.RewardChannel("main", functools.partial(_reads_field), "process", on_failure=0.0)
   finally:
     _reads_field.__module__ = __name__
   broken_pool = pl.HardTimeoutPool(1, preload=("no_such_reward_plugin_xyz",))
   try:
-    runner = rr.RewardRunner([rr.RewardChannel("p", _reads_field, "process")], pool=broken_pool)
+    runner = rr.RewardRunner([rr.RewardChannel("p", _reads_field, "process", on_failure=0.0)],
+                             pool=broken_pool)
     with pytest.raises(rr.RewardConfigError, match=r"'p' cannot run on this data .*"
                        r"WorkerSetupError: worker pool failed to start: ModuleNotFoundError"):
       runner(RESPONSES, [{"gold": "1"}] * 2, TOKENS)

@@ -107,7 +107,8 @@ def _example():
 @pytest.mark.parametrize("kind", ["thread", "process"])
 @pytest.mark.parametrize("buggy", [rewrites_reference, rewrites_nested])
 def test_a_channel_cannot_change_the_example_another_channel_scores_against(kind, buggy):
-  runner = rr.RewardRunner([rr.RewardChannel("bug", buggy, kind), rr.RewardChannel("exact", exact)],
+  runner = rr.RewardRunner([rr.RewardChannel("bug", buggy, kind, on_failure=0.0),
+                            rr.RewardChannel("exact", exact, on_failure=0.0)],
                            timeout_s=30, num_threads=1)
   example = _example()
   with pytest.raises(rr.RewardConfigError, match=r"^reward channel 'bug' cannot run on this data "
@@ -118,8 +119,8 @@ def test_a_channel_cannot_change_the_example_another_channel_scores_against(kind
 
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_channels_read_the_example_and_change_their_own_copies(kind):
-  runner = rr.RewardRunner([rr.RewardChannel("copy", copies_then_edits, kind),
-                            rr.RewardChannel("exact", exact)], timeout_s=30)
+  runner = rr.RewardRunner([rr.RewardChannel("copy", copies_then_edits, kind, on_failure=0.0),
+                            rr.RewardChannel("exact", exact, on_failure=0.0)], timeout_s=30)
   r_BGK, _ = runner([["8", "7"]], [_example()], np.ones((1, 2), np.int64))
   np.testing.assert_array_equal(r_BGK[0], [[1, 0], [1, 1]])
 
@@ -161,8 +162,8 @@ IDK = [["I don't know", "I don't know"], ["7", "7"], ["8", "8"]]
 
 @pytest.fixture(scope="module")
 def idk_rewards():
-  runner = rr.RewardRunner([rr.RewardChannel("parsed", parsed_answer),
-                            rr.RewardChannel("other", always_one)], timeout_s=30)
+  runner = rr.RewardRunner([rr.RewardChannel("parsed", parsed_answer, on_failure=0.0),
+                            rr.RewardChannel("other", always_one, on_failure=0.0)], timeout_s=30)
   return runner(IDK, [{"reference": "7"}] * 3, np.ones((3, 2), np.int64))
 
 
@@ -196,7 +197,8 @@ def test_a_declared_prompt_is_left_out_and_never_called():
     seen.append(example["reference"])
     return parsed_answer(response, example, num_tokens)
 
-  ch = rr.RewardChannel("parsed", parsed_and_seen, applies=lambda ex: ex["reference"] != "-")
+  ch = rr.RewardChannel("parsed", parsed_and_seen, applies=lambda ex: ex["reference"] != "-",
+                        on_failure=0.0)
   r_BGK, metrics = rr.RewardRunner([ch])([["7", "x"], ["7", "7"]], [{"reference": "7"},
                                                                      {"reference": "-"}],
                                          np.ones((2, 2), np.int64))
@@ -206,8 +208,8 @@ def test_a_declared_prompt_is_left_out_and_never_called():
 
 def test_applies_is_checked_and_named():
   with pytest.raises(TypeError, match="applies of channel 'c' must be None or a function"):
-    rr.RewardChannel("c", always_one, applies="yes")
-  bad = rr.RewardChannel("c", always_one, applies=lambda ex: ex["task"])
+    rr.RewardChannel("c", always_one, applies="yes", on_failure=0.0)
+  bad = rr.RewardChannel("c", always_one, applies=lambda ex: ex["task"], on_failure=0.0)
   with pytest.raises(rr.RewardConfigError, match=r"'c': applies\(example\) must return a bool, "
                                                  r"got str 'math'"):
     rr.RewardRunner([bad])([["a"]], [{"task": "math"}], np.ones((1, 1), np.int64))

@@ -42,7 +42,8 @@ def _f1(p: float, r: float) -> float:
 
 def score_batch(responses: Sequence[str], examples: Sequence[Mapping[str, Any]],
                 verifier: NLIVerifier, *, correctness: bool = True, citation: bool = True,
-                max_citations: int = 3, first_line_only: bool = True):
+                max_citations: int = 3, first_line_only: bool = True,
+                max_sentences: int | None = None):
   """Scores many responses with three batched verifier rounds.
 
   Args:
@@ -54,6 +55,9 @@ def score_batch(responses: Sequence[str], examples: Sequence[Mapping[str, Any]],
     citation: compute the AutoAIS citation scores.
     max_citations: citations kept per sentence (ALCE default 3).
     first_line_only: ALCE's first-line truncation.
+    max_sentences: sentences verified per response (None: all, as ALCE). Later ones count
+      as unsupported, never asked: a response's verifier work is at most max_sentences *
+      (1 + 2 * max_citations) queries, so no response can hold the verifier for the batch.
 
   Returns:
     (corr float32[N] or None, list of N `CitationScores` or None).
@@ -62,6 +66,8 @@ def score_batch(responses: Sequence[str], examples: Sequence[Mapping[str, Any]],
     raise ValueError(f"{len(responses)} responses but {len(examples)} examples")
   if not isinstance(max_citations, int) or max_citations < 1:
     raise ValueError(f"max_citations must be a positive int, got {max_citations!r}")
+  if max_sentences is not None and (not isinstance(max_sentences, int) or max_sentences < 1):
+    raise ValueError(f"max_sentences must be None or a positive int, got {max_sentences!r}")
   texts = [prepare_response(r, first_line_only) for r in responses]
   queries: list[tuple[str, str]] = []
 
@@ -94,7 +100,10 @@ def score_batch(responses: Sequence[str], examples: Sequence[Mapping[str, Any]],
         raise ValueError(f"examples[{n}]['task'] must be 'asqa' or 'eli5', got {task!r}")
     if citation:
       docs, info = ex["docs"], []
-      for sent in split_sentences(text):
+      for i, sent in enumerate(split_sentences(text)):
+        if max_sentences is not None and i >= max_sentences:
+          info.append(("", [], None))  # counted in recall's denominator, never verified
+          continue
         refs = parse_citations(sent)[:max_citations]
         ok = bool(refs) and all(0 <= k < len(docs) for k in refs)
         target = remove_citations(sent).strip()

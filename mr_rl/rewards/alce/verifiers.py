@@ -10,6 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from mr_rl.rewards.alce.text import normalize_answer
+from mr_rl.rewards.calls import check_deadline
 
 DEFAULT_NLI_MODEL = "google/t5_xxl_true_nli_mixture"
 
@@ -138,9 +139,13 @@ class TransformersNLIVerifier(NLIVerifier):
     premises, hypotheses = _check_pairs(premises, hypotheses)
     out = [None] * len(premises)
     order = sorted(range(len(premises)), key=lambda i: len(premises[i]) + len(hypotheses[i]))
-    with self._lock, self._torch.inference_mode():
-      for s in range(0, len(order), self.batch_size):
-        idx = order[s:s + self.batch_size]
+    for s in range(0, len(order), self.batch_size):
+      # One forward per lock hold, the caller's deadline asked before each: a call abandoned
+      # at its timeout stops here, where it once held the model for its whole (4,000-sentence)
+      # run and every call of the next batch timed out behind it.
+      check_deadline()
+      idx = order[s:s + self.batch_size]
+      with self._lock, self._torch.inference_mode():
         vals = fn(self._encode([premises[i] for i in idx], [hypotheses[i] for i in idx]))
         for i, v in zip(idx, vals):
           out[i] = v

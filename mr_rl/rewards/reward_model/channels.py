@@ -8,8 +8,7 @@ import functools
 import math
 from typing import Any, Mapping
 
-from mr_rl.rewards.channels import (DEFAULT_VALUE_RANGE, REWARDS, UNIT_RANGE, MissingFieldError,
-                                    RewardChannel)
+from mr_rl.rewards.channels import REWARDS, UNIT_RANGE, MissingFieldError, RewardChannel
 from mr_rl.rewards.reward_model.loading import ARMORM_HUB
 from mr_rl.rewards.reward_model.scorer import get_scorer
 
@@ -47,7 +46,8 @@ def _rm_channel_fn(response, example, num_tokens, *, scorer, index, rescale):
 
 
 def reward_model_channel(objective: int | str, *, path: str = ARMORM_HUB,
-                         name: str | None = None, rescale: Any = None, **scorer_kw) -> RewardChannel:
+                         name: str | None = None, rescale: Any = None,
+                         on_failure: float | None = None, **scorer_kw) -> RewardChannel:
   """A channel returning one objective of the reward model (docs/methods.md §7).
 
   Args:
@@ -55,6 +55,10 @@ def reward_model_channel(objective: int | str, *, path: str = ARMORM_HUB,
     path: checkpoint directory or hub id (default ArmoRM-Llama3-8B-v0.1).
     name: channel name (default ``rm_<objective name>``).
     rescale: None (raw), 'helpsteer' (rating / 4, clipped to [0, 1]) or (lo, hi).
+    on_failure: the score of a failed row (a response longer than the model's ``max_len``,
+      say). Rescaled channels default to their floor 0; raw scores have no floor, so a raw
+      channel must give one below its honest scores (ArmoRM's raw scores are about -3 to 1),
+      else a response too long to score would be paid more than an ordinary answer.
     **scorer_kw: ``get_scorer`` options (dtype, head, mesh, max_len, padding_side,
       max_batch, max_wait_ms). Channels with equal options share one model.
 
@@ -62,11 +66,15 @@ def reward_model_channel(objective: int | str, *, path: str = ARMORM_HUB,
   padded shape compiles, so give the runner a ``timeout_s`` that covers it.
   """
   rescale_fn = _rescale_fn(rescale)
+  if rescale_fn is None and on_failure is None:
+    raise ValueError("a raw (rescale=None) reward-model channel must give on_failure, below "
+                     "its lowest honest score: raw scores have no floor")
   scorer = get_scorer(path, **scorer_kw)
   index = scorer.model.objective_index(objective)
   fn = functools.partial(_rm_channel_fn, scorer=scorer, index=index, rescale=rescale_fn)
   return RewardChannel(name or f"rm_{scorer.model.objectives[index]}", fn, "thread",
-                       value_range=DEFAULT_VALUE_RANGE if rescale_fn is None else UNIT_RANGE)
+                       on_failure=on_failure,
+                       value_range=None if rescale_fn is None else UNIT_RANGE)
 
 
 # Registered channels (AMRP alignment profile, objectives 0 / 1 / 2 of ArmoRM), each named as

@@ -46,7 +46,9 @@ Isolation (each run; see ``harness.py`` for the process layout and docs/rewards.
     place, gone with the run; no ``/proc`` (it shows machine-wide counters, and a process's
     own page mappings tell which pages of a shared file are cached) and no ``/sys``;
   * credentials: as root each slot runs as its own host uid from ``uid_range`` (so the
-    kernel's per-uid counts - descriptors in flight, pipe pages - are per slot), gid 65534,
+    kernel's per-uid counts - descriptors in flight, pipe pages - are per slot; its user
+    namespace is made by that uid, so queued signals, POSIX timers and message-queue bytes,
+    bounded by ``max_pending_signals`` / ``max_mq_bytes``, are the slot's), gid 65534,
     with no supplementary groups and no capabilities (also none in its user namespace), so
     it cannot write the checkout or ``$HOME`` even without the read-only mounts;
     ``no_new_privs`` (setuid binaries do not elevate); a fresh, empty session keyring (the
@@ -54,7 +56,7 @@ Isolation (each run; see ``harness.py`` for the process layout and docs/rewards.
   * a seccomp filter on the zygote and everything it forks (``seccomp.DENIED`` and
     ``seccomp.ARG_RULES``: ptrace, keyrings, mount, namespaces, bpf, perf, userfaultfd,
     io_uring, Linux AIO, kexec and modules, mincore, file locks and leases, hugetlb pages,
-    socket families other than unix/inet/inet6/netlink, getrusage and rusage of waits,
+    socket families other than unix/inet/inet6, getrusage and rusage of waits,
     PR_SET_DUMPABLE, sysinfo, ...);
   * memory: ``memory_limit="cgroup"`` (default) puts each server, and so every process of
     its runs, in a memory cgroup of ``memory_bytes`` (v2, or v1; swap included), with the
@@ -63,6 +65,8 @@ Isolation (each run; see ``harness.py`` for the process layout and docs/rewards.
     files, no core files, no real-time scheduling;
   * CPU: each server is also in a CPU cgroup with a quota of ``cpus`` (default 1 CPU per
     run; one scheduler group, however many sessions the run makes);
+  * disk: and in an io (v2) / blkio (v1) cgroup capping reads and writes of every disk at
+    ``io_bps`` bytes and ``io_iops`` operations per second;
   * a scrubbed environment (PATH, LANG, HOME=TMPDIR=working directory).
   Not root: no uid change and no cgroup are possible; the harness uses an unprivileged
   user namespace (the same namespaces, mounts and filter) where the kernel allows one, and

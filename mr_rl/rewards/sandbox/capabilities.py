@@ -124,7 +124,49 @@ def cgroup_spec(config):
     settings = ({"cpu.max": f"{quota} {period}"} if version == 2 else
                 {"cpu.cfs_period_us": period, "cpu.cfs_quota_us": quota})
     dirs.setdefault(parent, [version, parent, {}])[2].update(settings)
+  version, parent = _io_parent()
+  if (config.io_bps or config.io_iops) and version is not None:
+    dirs.setdefault(parent, [version, parent, {}])[2].update(_io_settings(config, version))
   return {"dirs": list(dirs.values())} if dirs else None
+
+
+def _io_parent():
+  """(version, parent) of the io (v2) or blkio (v1) hierarchy, or (None, why)."""
+  version, parent = _cgroup_parent("io")
+  if version != 2:
+    version, parent = _cgroup_parent("blkio")
+    if version == 2:  # (v2 has no controller of that name)
+      return None, "no io controller"
+  return version, parent
+
+
+def _disks():
+  """MAJ:MIN of every whole disk with a size (throttling is set per disk)."""
+  out = []
+  for name in sorted(os.listdir("/sys/block")):
+    try:
+      with open(f"/sys/block/{name}/size") as f:
+        if int(f.read()) == 0:
+          continue
+      with open(f"/sys/block/{name}/dev") as f:
+        out.append(f.read().strip())
+    except (OSError, ValueError):
+      continue
+  return out
+
+
+def _io_settings(config, version):
+  bps, iops, disks = config.io_bps, config.io_iops, _disks()
+  if version == 2:
+    v = lambda x: "max" if x is None else x
+    return {"io.max": [f"{d} rbps={v(bps)} wbps={v(bps)} riops={v(iops)} wiops={v(iops)}"
+                       for d in disks]}
+  out = {}
+  for kind, value in (("bps", bps), ("iops", iops)):
+    if value is not None:
+      for op in ("read", "write"):
+        out[f"blkio.throttle.{op}_{kind}_device"] = [f"{d} {value}" for d in disks]
+  return out
 
 
 def _probe(config, namespaces, drop):
@@ -233,6 +275,10 @@ def plan(config):
   if config.cpus is not None and caps.cpu_cgroup is None:
     raise SandboxError(f"no CPU cgroup for a whole-run CPU quota ({caps.notes}); set "
                        "SandboxConfig(cpus=None) to run without one")
+  if (config.io_bps or config.io_iops) and _io_parent()[0] is None:
+    raise SandboxError(f"no io (v2) or blkio (v1) cgroup for a run's disk I/O cap "
+                       f"({_io_parent()[1]}); set SandboxConfig(io_bps=None, io_iops=None) to "
+                       "run without one")
   if config.require_seccomp and not caps.seccomp:
     raise SandboxError(f"no syscall filter on this machine ({caps.notes}); "
                        "set SandboxConfig(require_seccomp=False) to run without it")

@@ -110,7 +110,8 @@ def _enter_one(version, parent, settings, name):
     for key, value in settings.items():
       file = os.path.join(path, key.lstrip("?"))
       if not key.startswith("?") or os.path.exists(file):
-        _write(file, str(value))
+        for line in value if isinstance(value, list) else [value]:  # a list: one write each
+          _write(file, str(line))
     _write(os.path.join(path, "cgroup.procs"), "0")
   except OSError:
     os.rmdir(path)

@@ -44,7 +44,7 @@ if __name__ != "__main__":
   from mr_rl.rewards.sandbox.kernel import (MS_NODEV, MS_NOEXEC, MS_NOSUID, PR_SET_PDEATHSIG,
                                             capability_sets, close_fds_except, drop_privileges,
                                             libc, make_user_namespace, mount, prctl,
-                                            set_worker_limits, setup_namespaces)
+                                            set_worker_limits, setup_namespaces, slot_rlimits)
   from mr_rl.rewards.sandbox.seccomp import install_seccomp, seccomp_filter
   from mr_rl.rewards.sandbox.wire import decode, encode, recv, send
 SECCOMP = seccomp_filter()  # (built once per fork server; None where unsupported)
@@ -339,10 +339,11 @@ def _probe_child(cfg, report):
 
 
 def _ns_ids(cfg):
-  """(uid, gid, privileged) for ``make_user_namespace``: the sandbox ids as root, else ours."""
+  """(uid, gid, privileged, rlimits) for ``make_user_namespace``: the sandbox ids as root,
+  else ours."""
   if cfg["namespaces"] == "root":
-    return cfg["uid"], cfg["gid"], True
-  return os.getuid(), os.getgid(), False
+    return cfg["uid"], cfg["gid"], True, slot_rlimits(cfg.get("limits"))
+  return os.getuid(), os.getgid(), False, ()
 
 
 def _probe_namespaces(cfg, w):

@@ -148,19 +148,38 @@ def drop_privileges(cfg):
 def set_worker_limits(lim):
   for name, value in (("RLIMIT_AS", lim["memory_bytes"]), ("RLIMIT_NPROC", lim["max_processes"]),
                       ("RLIMIT_FSIZE", lim["max_file_bytes"]), ("RLIMIT_NOFILE", lim["max_open_files"]),
-                      ("RLIMIT_CORE", 0), ("RLIMIT_RTPRIO", 0)):  # no real-time scheduling
+                      ("RLIMIT_CORE", 0), ("RLIMIT_RTPRIO", 0),  # no real-time scheduling
+                      *slot_rlimits(lim)):
     resource.setrlimit(getattr(resource, name), (value, value))
   resource.setrlimit(resource.RLIMIT_CPU, (lim["cpu_s"], lim["cpu_s"] + 1))
 
 
+def slot_rlimits(lim):
+  """(name, value) of the counts a slot's user namespace bounds: queued signals and POSIX
+  timers (RLIMIT_SIGPENDING), POSIX message-queue bytes (RLIMIT_MSGQUEUE); never above
+  the hard limit this process has."""
+  if not lim:
+    return ()
+  out = []
+  for name, key in (("RLIMIT_SIGPENDING", "max_pending_signals"),
+                    ("RLIMIT_MSGQUEUE", "max_mq_bytes")):
+    hard = resource.getrlimit(getattr(resource, name))[1]
+    out.append((name, lim[key] if hard == resource.RLIM_INFINITY else min(lim[key], hard)))
+  return tuple(out)
+
+
 # ----------------------------------------------------------------------------- namespaces
-def make_user_namespace(uid, gid, privileged):
+def make_user_namespace(uid, gid, privileged, rlimits=()):
   """A new user namespace that maps ``uid`` and ``gid`` to themselves; returns an fd on it.
 
   A child creates it; the fd keeps it alive after the child exits. As root (``privileged``)
   the caller, still in the initial namespace, writes the maps: a process cannot map ids
   other than its own from inside. An unprivileged child maps its own ids (after denying
-  setgroups, as the kernel requires).
+  setgroups, as the kernel requires). As root the child first becomes ``uid`` / ``gid``
+  with ``rlimits`` ((name, value)): the kernel charges the namespace's signal, timer and
+  message-queue counts to its creator's uid at every level up to the host's, bounded there
+  by the creator's limits, so a namespace made by root drew on root's own pools (another
+  slot's and the host's ``timer_create`` failed with EAGAIN, ``mq_open`` with EMFILE).
   """
   up_r, up_w = os.pipe()
   down_r, down_w = os.pipe()
@@ -170,6 +189,12 @@ def make_user_namespace(uid, gid, privileged):
     try:
       os.close(up_r)
       os.close(down_w)
+      if privileged:
+        for name, value in rlimits:
+          resource.setrlimit(getattr(resource, name), (value, value))
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
       _check(libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
       if not privileged:
         _write("/proc/self/setgroups", "deny")

@@ -70,7 +70,8 @@ def run(program: str, tests: CodeTests, *, timeout_s: float = SMALL_TEST_TIMEOUT
   budget = timeout_s * (n_tests + 1)
   limits = {"memory_bytes": config.memory_bytes, "max_processes": config.max_processes,
             "max_file_bytes": config.max_file_bytes, "max_open_files": config.max_open_files,
-            "cpu_s": int(math.ceil(budget)) + 1}
+            "cpu_s": int(math.ceil(budget)) + 1,
+            "max_pending_signals": config.max_pending_signals, "max_mq_bytes": config.max_mq_bytes}
   nonce = secrets.token_hex(16)
   job = json.dumps({"nonce": nonce, "program": program, "tests": tests.payload(),
                     "n_tests": n_tests, "timeout_s": float(timeout_s)}).encode()

@@ -339,7 +339,8 @@ def test_a_call_over_the_cap_fails_its_row_and_the_pool_goes_on():
   from mr_rl.rewards import runner as rr  # pylint: disable=import-outside-toplevel
   pool = pl.HardTimeoutPool(1, max_worker_bytes=CAP)
   try:
-    runner = rr.RewardRunner([rr.RewardChannel("mem", _over_the_cap, "process")], pool=pool,
+    runner = rr.RewardRunner([rr.RewardChannel("mem", _over_the_cap, "process", on_failure=0.0)],
+                             pool=pool,
                              timeout_s=30, max_failure_share=1.0)
     r, metrics = runner([["big", "small"]], [{}], [[1, 1]])
     assert r[0, :, 0].tolist() == [0.0, 1.0] and metrics["rewards/mem/errors"] == 1

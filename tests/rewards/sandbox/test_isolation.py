@@ -30,7 +30,8 @@ ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="the full sandbox (uid drop, memory cgroup) needs root")
 QUICK = 2.0
 # What a non-root caller must relax (no uid change, no cgroup); every test states which it needs.
-RELAXED = {"require_privilege_drop": False, "memory_limit": "per-process", "cpus": None}
+RELAXED = {"require_privilege_drop": False, "memory_limit": "per-process", "cpus": None,
+           "io_bps": None, "io_iops": None}
 
 # Syscall numbers the attack programs call through ctypes (the sandbox has only the stdlib).
 _NR = {"x86_64": {"add_key": 248, "keyctl": 250, "unshare": 272, "ptrace": 101, "mount": 165,

@@ -70,6 +70,7 @@ def test_not_root_is_reported_and_enforced():
       "except sandbox.SandboxError as e:\n"
       "  out['strict'] = str(e)\n"
       "cfg = sandbox.SandboxConfig(require_privilege_drop=False, memory_limit='per-process', cpus=None,\n"
+      "                         io_bps=None, io_iops=None,\n"
       "                         require_network_isolation=caps.network_isolated)\n"
       "out['relaxed'] = sandbox.run('def f(a, b): return a + b', sandbox.CodeTests.call('f', [[1, 2]], [3]), config=cfg).passed\n"
       "print(json.dumps(out))\n") % str(pathlib.Path(sandbox.__file__).parents[3])

@@ -17,7 +17,8 @@ from mr_rl.rewards import sandbox
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="per-slot uids and the full sandbox need root")
-RELAXED = {"require_privilege_drop": False, "memory_limit": "per-process", "cpus": None}
+RELAXED = {"require_privilege_drop": False, "memory_limit": "per-process", "cpus": None,
+           "io_bps": None, "io_iops": None}
 
 
 def _config(**kw):

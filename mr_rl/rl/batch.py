@@ -216,7 +216,7 @@ class PPOTargets:
 
 def make_batch(ro, advantages_BG=None, *, loss_rows_BG=None, trim: bool = True,
                column_buckets: int = 0, ppo: PPOTargets | None = None,
-               pack: PackSpec | None = None) -> LearnerBatch:
+               pack: PackSpec | None = None, policy_mask_BGS=None) -> LearnerBatch:
   """The learner batch of a rollout (`mr_rl.rollout.Rollout`).
 
   Args:
@@ -233,6 +233,9 @@ def make_batch(ro, advantages_BG=None, *, loss_rows_BG=None, trim: bool = True,
       (n shapes, response start P: what an accelerator run compiles, docs/accelerators.md).
     ppo: PPO's targets: advantages and returns per token from GAE on the critic's values.
     pack: pack the rows (module docstring); GRPO family only.
+    policy_mask_BGS: optional [B, G, S], 1 on the response tokens the policy sampled: a
+      multi-turn rollout's observation tokens (`ro.mask` 1: attended to) get loss mask 0
+      (docs/multiturn.md). The kept columns are `ro.mask`'s.
 
   Returns:
     A checked `LearnerBatch` of host (numpy) arrays, the same on every process; the learner
@@ -271,6 +274,10 @@ def make_batch(ro, advantages_BG=None, *, loss_rows_BG=None, trim: bool = True,
       old_logp=np.concatenate([zeros.astype(np.float32), ro.logprobs.reshape(N, S)[:, :s_w]], 1),
       advantages=None if advantages_BG is None else np.asarray(advantages_BG).reshape(N),
       response_start=response_start_bucket(p_w, P))
+  if policy_mask_BGS is not None:
+    policy = np.asarray(policy_mask_BGS).reshape(N, S)[:, :s_w].astype(batch.response_mask.dtype)
+    batch = batch.replace(response_mask=batch.response_mask * np.concatenate([zeros + 1, policy],
+                                                                             1))
   if ppo is not None:  # the critic's values come back to the host: GAE runs on every process
     values = distributed.to_host(ppo.values_fn(batch.tokens, batch.mask))
     R_N = np.nan_to_num(np.asarray(ppo.R_BG).reshape(N), nan=0.0)

@@ -206,6 +206,8 @@ class ToolEnv:
     format: a format object (`HermesFormat()`, `PlainFormat(open, close)`).
     result_template: how a result becomes the 'tool' message's content ('{result}').
     prompt_key: the example's field holding its chat messages (`reset` returns them).
+    error_template: how an error (a malformed call, a tool that raised) becomes the 'tool'
+      message's content ('{error}'; a small vocabulary needs a fixed text).
     tool_errors: 'answer' (a tool that raises answers with the error, counted in
       `tool_failures`: the model's call was bad) or 'raise' (the step raises, which fails the
       trajectory under the rollout's failure rules).
@@ -213,10 +215,11 @@ class ToolEnv:
 
   def __init__(self, tools: Sequence[str | Callable], format=None,  # pylint: disable=redefined-builtin
                result_template: str = "{result}", prompt_key: str = "messages",
-               tool_errors: str = "answer"):
+               error_template: str = "error: {error}", tool_errors: str = "answer"):
     if tool_errors not in ("answer", "raise"):
       raise ValueError(f"tool_errors must be 'answer' or 'raise', got {tool_errors!r}")
     self.tool_errors = tool_errors
+    self.error_template = error_template
     self.tools = load_tools(tools)
     self.format = format if format is not None else HermesFormat()
     self.result_template = result_template
@@ -227,7 +230,9 @@ class ToolEnv:
     return [schema(fn) for fn in self.tools.values()]
 
   def reset(self, example: Mapping[str, Any]) -> list[dict]:
-    messages = example.get(self.prompt_key)
+    """The example's messages (a mapping's `prompt_key`, or an `mr_rl.data.Example`'s)."""
+    messages = (example.get(self.prompt_key) if isinstance(example, Mapping)
+                else getattr(example, self.prompt_key, None))
     if not messages:
       raise KeyError(f"ToolEnv.reset: the example has no {self.prompt_key!r} messages")
     return [dict(m) for m in messages]
@@ -240,7 +245,8 @@ class ToolEnv:
     if call.error is None and call.name not in self.tools:
       call = ToolCall(call.name, None, f"unknown tool {call.name!r}; tools: {sorted(self.tools)}")
     if call.error is not None:
-      return StepResult(messages=[{"role": "tool", "content": f"error: {call.error}"}],
+      return StepResult(messages=[{"role": "tool",
+                                   "content": self.error_template.format(error=call.error)}],
                         rewards={FORMAT_CHANNEL: 0.0}, info={**info, "tool_failures": 1})
     try:
       result = self.tools[call.name](**call.arguments)
@@ -248,7 +254,7 @@ class ToolEnv:
     except Exception as e:  # pylint: disable=broad-except  (the tool's failure is the answer)
       if self.tool_errors == "raise":
         raise
-      result, ok = f"error: {type(e).__name__}: {e}", 0.0
+      result, ok = self.error_template.format(error=f"{type(e).__name__}: {e}"), 0.0
       info["tool_failures"] = 1
     content = self.result_template.format(result=result) if ok else str(result)
     return StepResult(messages=[{"role": "tool", "content": content}],

@@ -44,12 +44,11 @@ class Turn:
     text: the turn's text, decoded from the sampled ids (end-of-turn token excluded).
     token_ids: the sampled ids of the turn (end-of-turn token included when sampled).
     index: 0 for the first policy turn.
-    ended: True iff the turn ended with an end-of-turn id (False: the budget cut it).
+  (A turn the budget cut off ends its trajectory without a step.)
   """
   text: str
   token_ids: tuple[int, ...]
   index: int
-  ended: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -101,17 +101,15 @@ class PlainRenderer:
     tokenizer: a transformers tokenizer.
     template: an observation message's text (the demo: '={content};').
     prompt_template: a first message's text.
-    end_of_turn_id: the id that ends a policy turn (the demo: the id of '</r>' or EOS).
     marker: appended to a truncated observation's content (in the tokenizer's vocabulary).
   """
 
   def __init__(self, tokenizer, template: str = "{content}", prompt_template: str = "{content}",
-               end_of_turn_id: int | None = None, marker: str = TRUNCATION_MARKER):
+               marker: str = TRUNCATION_MARKER):
     self.marker = marker
     self.tokenizer = tokenizer
     self.template = template
     self.prompt_template = prompt_template
-    self.end_of_turn_id = end_of_turn_id
 
   def _encode(self, text: str) -> list[int]:
     return self.tokenizer.encode(text, add_special_tokens=False)

@@ -308,7 +308,7 @@ class TurnRollout:
               continue
             turn = Turn(text=render.turn_text(t.tokens[turn_start[slot]:]),
                         token_ids=tuple(int(x) for x in t.tokens[turn_start[slot]:]),
-                        index=t.turns - 1, ended=True)
+                        index=t.turns - 1)
             waiting[slot] = True
             pending[slot] = (pool.submit(env_step, int(slot_row[slot]), turn),
                              time.perf_counter())

@@ -72,6 +72,8 @@ def test_learner_ids_and_logprobs_match_the_sampler(setup):
   model, params, tokens, mask, render = setup
   ro, trajs = _run(setup)
   assert ro.last_stats.token_mismatches == 0
+  assert ro.last_stats.appends > 0
+  assert ro.programs(2).append._cache_size() == 1  # one compile whatever the slot and length
   assert all(t.status in ("done", "budget") for t in trajs)
   assert sum(t.turns > 1 for t in trajs) >= 4  # multi-turn trajectories, observations inside
   rollout, policy = trajectories.to_rollout(trajs, tokens, mask, group_size=G, max_new_tokens=S,

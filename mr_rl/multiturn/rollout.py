@@ -74,6 +74,7 @@ class Trajectory:
     policy_mask: int32 [length], 1 on sampled ids, 0 on observation ids (the loss mask).
     turn_ends: index in `tokens` of each policy turn's last sampled id.
     rewards: {channel: summed step rewards}; info: {counter: summed step info}.
+    turn_rewards: per policy turn with a step, that step's {channel: reward}.
     status: one of `STATUSES`; error: why a failed trajectory failed.
     observations_truncated: observations cut to `max_observation_tokens`.
   """
@@ -83,6 +84,7 @@ class Trajectory:
   policy_mask: np.ndarray = None
   turn_ends: list = dataclasses.field(default_factory=list)
   rewards: dict = dataclasses.field(default_factory=dict)
+  turn_rewards: list = dataclasses.field(default_factory=list)
   info: dict = dataclasses.field(default_factory=dict)
   status: str = ""
   error: str | None = None
@@ -238,6 +240,7 @@ class TurnRollout:
             continue
           stats.env_steps += 1
           stats.env_time_s += seconds
+          t.turn_rewards.append({k: float(v) for k, v in result.rewards.items()})
           for k, v in result.rewards.items():
             t.rewards[k] = t.rewards.get(k, 0.0) + float(v)
           for k, v in result.info.items():

@@ -221,7 +221,8 @@ def make_batch(ro, advantages_BG=None, *, loss_rows_BG=None, trim: bool = True,
 
   Args:
     ro: the rollout (B prompts x G responses, host arrays).
-    advantages_BG: group-relative advantages [B, G] (None with `ppo`).
+    advantages_BG: group-relative advantages [B, G] (None with `ppo`), or [B, G, S] per
+      response token (multi-turn per-turn credit, `mr_rl.multiturn.credit`).
     loss_rows_BG: optional bool [B, G]; False rows keep their tokens but get response mask 0,
       so they enter no loss, normaliser or metric (DAPO overlong filtering; dynamic
       sampling's unfilled slots). They do not count towards the trimmed width, and packing
@@ -272,7 +273,8 @@ def make_batch(ro, advantages_BG=None, *, loss_rows_BG=None, trim: bool = True,
       mask=np.concatenate([rep(ro.prompt_mask), resp[:, :s_w]], 1),
       response_mask=np.concatenate([zeros, loss_resp[:, :s_w]], 1),
       old_logp=np.concatenate([zeros.astype(np.float32), ro.logprobs.reshape(N, S)[:, :s_w]], 1),
-      advantages=None if advantages_BG is None else np.asarray(advantages_BG).reshape(N),
+      advantages=None if advantages_BG is None else _row_or_token_advantages(
+          advantages_BG, N, S, s_w, p_w),
       response_start=response_start_bucket(p_w, P))
   if policy_mask_BGS is not None:
     policy = np.asarray(policy_mask_BGS).reshape(N, S)[:, :s_w].astype(batch.response_mask.dtype)
@@ -287,6 +289,14 @@ def make_batch(ro, advantages_BG=None, *, loss_rows_BG=None, trim: bool = True,
   if pack is not None:
     batch = pack_rows(batch, pack)
   return batch.check()
+
+
+def _row_or_token_advantages(advantages_BG, N: int, S: int, s_w: int, p_w: int) -> np.ndarray:
+  """[N] from [B, G]; [N, p_w + s_w] (0 on prompt columns) from [B, G, S]."""
+  a = np.asarray(advantages_BG)
+  if a.ndim == 3:
+    return np.concatenate([np.zeros((N, p_w), a.dtype), a.reshape(N, S)[:, :s_w]], 1)
+  return a.reshape(N)  # as before: single-turn batches are unchanged
 
 
 def response_logprobs(logits_fn, params, row_keys, mb: LearnerBatch):

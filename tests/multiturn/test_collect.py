@@ -66,3 +66,37 @@ def test_trajectory_channels_through_the_aggregators(turn_draw, name, hp):
   # The loss covers exactly the sampled ids: observation ids are attended, not trained on.
   assert int(b.response_mask.sum()) == int(d.policy_mask_BGS.sum())
   assert int(b.mask.sum()) == int(d.rollout.prompt_mask.sum()) * G + int(d.rollout.mask.sum())
+
+
+
+def _traj(row, turn_ends, turn_rewards, length):
+  t = mt.Trajectory(row=row, tokens=np.arange(length, dtype=np.int32),
+                    logprobs=np.zeros(length, np.float32),
+                    policy_mask=np.ones(length, np.int32))
+  t.turn_ends, t.turn_rewards = list(turn_ends), [dict(r) for r in turn_rewards]
+  return t
+
+
+def test_per_turn_credit_is_the_reward_to_go_of_turn_advantages():
+  from mr_rl.multiturn import credit
+  # One prompt, G = 2: turn 0 rewards 1 vs 0, turn 1 only in the first trajectory.
+  trajs = [_traj(0, [2, 6], [{"ok": 1.0}, {"ok": 1.0}], 7), _traj(1, [3], [{"ok": 0.0}], 4)]
+  A = credit.per_turn_advantages(trajs, np.array([[0.5, -0.5]]), {"ok": 1.0}, group_size=2,
+                                 max_new_tokens=8)
+  z = 1.0 / (0.5 + 1e-6) * 0.5  # (1 - 0.5) / std, std 0.5
+  # Turn 1 has one trajectory only: no per-turn term; turn 0's term on every turn-0 token.
+  np.testing.assert_allclose(A[0, 0], [0.5 + z] * 3 + [0.5] * 4 + [0.5], atol=1e-5)
+  np.testing.assert_allclose(A[0, 1], [-0.5 - z] * 4 + [-0.5] * 4, atol=1e-5)
+
+
+def test_per_token_advantages_enter_the_learner_batch(turn_draw):
+  from mr_rl.multiturn import credit
+  _, d = turn_draw
+  w = {tools.SUCCESS_CHANNEL: 1.0, tools.FORMAT_CHANNEL: 0.5}
+  A = credit.per_turn_advantages(d.trajectories, np.ones((4, G), np.float32), w, group_size=G,
+                                 max_new_tokens=40)
+  b = batch_lib.make_batch(d.rollout, A, trim=False, policy_mask_BGS=d.policy_mask_BGS)
+  P = d.rollout.prompt_tokens.shape[1]
+  assert b.advantages.shape == b.tokens.shape
+  assert not b.advantages[:, :P].any()
+  np.testing.assert_array_equal(b.advantages[:, P:], A.reshape(4 * G, 40))

@@ -72,6 +72,10 @@ def draw(engine: TurnRollout, params, examples: Sequence[Any], make_env: Callabl
     on_failure: every channel's score of a trajectory whose environment failed.
   """
   text_rewards = dict(text_rewards or {})
+  eot = getattr(render, "end_of_turn_id", None)
+  if eot is not None and eot not in engine.end_of_turn_ids:
+    raise ValueError(f"the renderer's end-of-turn id {eot} is not among the rollout's "
+                     f"end_of_turn_ids {engine.end_of_turn_ids}: turns would not end there")
   clash = set(env_channels) & set(text_rewards)
   if clash:
     raise ValueError(f"channels {sorted(clash)} are both environment and text channels")

@@ -249,7 +249,10 @@ class TurnRollout:
             finish(slot, "done")
           elif t.turns >= self.limits.max_turns:
             finish(slot, "max_turns")
-          elif not obs[0] or int(s_now[slot]) + len(obs[0]) >= self.max_new_tokens:
+          elif not obs[0]:  # nothing to feed: the slot could not resume
+            finish(slot, "error", f"the observation {list(result.messages)!r:.200} rendered to "
+                   "no ids")
+          elif int(s_now[slot]) + len(obs[0]) >= self.max_new_tokens:
             finish(slot, "budget")  # no room for the observation and one more token
           else:
             ids, truncated = obs

@@ -152,3 +152,16 @@ def test_every_trajectory_failing_stops_the_rollout(setup):
   with pytest.raises(mt.AllTrajectoriesFailed, match="no such file"):
     ro.run(params, tokens, mask, [Broken(n) for n in range(len(PROMPT_LENS) * G)],
            key=jax.random.PRNGKey(0), group_size=G, render=render)
+
+
+def test_an_observation_without_ids_fails_its_trajectory(setup):
+  model, params, tokens, mask, _ = setup
+  empty = render_lib.PlainRenderer(task.make_tokenizer(), template="{content}")
+
+  class Silent(Counter):
+    def step(self, turn):
+      return env_lib.StepResult(messages=[{"role": "tool", "content": ""}])
+  ro = mt.TurnRollout(model, slots=4, max_new_tokens=S, end_of_turn_ids=END_IDS)
+  with pytest.raises(mt.AllTrajectoriesFailed, match="no ids"):
+    ro.run(params, tokens, mask, [Silent(n) for n in range(len(PROMPT_LENS) * G)],
+           key=jax.random.PRNGKey(0), group_size=G, render=empty)

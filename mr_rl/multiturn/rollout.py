@@ -148,6 +148,10 @@ class TurnRollout:
                top_k: int = 0, top_p: float = 1.0, steps_per_call: int = 8,
                prompt_buckets: Sequence[int] | None = None, pad_id: int = 0,
                cache_dtype=None):
+    for name, value in (("slots", slots), ("max_new_tokens", max_new_tokens),
+                        ("workers", workers), ("steps_per_call", steps_per_call)):
+      if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     self.model = model
     self.slots, self.max_new_tokens = int(slots), int(max_new_tokens)
     self.end_of_turn_ids = normalize_eos(end_of_turn_ids)

@@ -165,3 +165,15 @@ def test_an_observation_without_ids_fails_its_trajectory(setup):
   with pytest.raises(mt.AllTrajectoriesFailed, match="no ids"):
     ro.run(params, tokens, mask, [Silent(n) for n in range(len(PROMPT_LENS) * G)],
            key=jax.random.PRNGKey(0), group_size=G, render=empty)
+
+
+def test_invalid_settings_raise(setup):
+  model = setup[0]
+  with pytest.raises(ValueError, match="slots"):
+    mt.TurnRollout(model, slots=0, max_new_tokens=S, end_of_turn_ids=END_IDS)
+  with pytest.raises(ValueError, match="end-of-turn"):
+    mt.TurnRollout(model, slots=2, max_new_tokens=S, end_of_turn_ids=())
+  with pytest.raises(ValueError, match="workers"):
+    mt.TurnRollout(model, slots=2, max_new_tokens=S, end_of_turn_ids=END_IDS, workers=0)
+  with pytest.raises(ValueError, match="max_turns"):
+    mt.TurnLimits(max_turns=0)

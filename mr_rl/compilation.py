@@ -30,7 +30,7 @@ _LOG = logging.getLogger(__name__)
 
 # The trainer's device programs, by the name `program` gives them.
 PROGRAMS = ("sampler", "engine_init", "engine_prefill", "engine_step", "engine_gather",
-            "engine_shrink", "policy_step", "ppo_step", "logprob_forward", "value_forward",
+            "engine_shrink", "engine_append", "policy_step", "ppo_step", "logprob_forward", "value_forward",
             "signal", "lora_merge", "finite_check")
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"

@@ -216,12 +216,13 @@ class PPOTargets:
 
 def make_batch(ro, advantages_BG=None, *, loss_rows_BG=None, trim: bool = True,
                column_buckets: int = 0, ppo: PPOTargets | None = None,
-               pack: PackSpec | None = None) -> LearnerBatch:
+               pack: PackSpec | None = None, policy_mask_BGS=None) -> LearnerBatch:
   """The learner batch of a rollout (`mr_rl.rollout.Rollout`).
 
   Args:
     ro: the rollout (B prompts x G responses, host arrays).
-    advantages_BG: group-relative advantages [B, G] (None with `ppo`).
+    advantages_BG: group-relative advantages [B, G] (None with `ppo`), or [B, G, S] per
+      response token (multi-turn per-turn credit, `mr_rl.multiturn.credit`).
     loss_rows_BG: optional bool [B, G]; False rows keep their tokens but get response mask 0,
       so they enter no loss, normaliser or metric (DAPO overlong filtering; dynamic
       sampling's unfilled slots). They do not count towards the trimmed width, and packing
@@ -233,6 +234,9 @@ def make_batch(ro, advantages_BG=None, *, loss_rows_BG=None, trim: bool = True,
       (n shapes, response start P: what an accelerator run compiles, docs/accelerators.md).
     ppo: PPO's targets: advantages and returns per token from GAE on the critic's values.
     pack: pack the rows (module docstring); GRPO family only.
+    policy_mask_BGS: optional [B, G, S], 1 on the response tokens the policy sampled: a
+      multi-turn rollout's observation tokens (`ro.mask` 1: attended to) get loss mask 0
+      (docs/multiturn.md). The kept columns are `ro.mask`'s.
 
   Returns:
     A checked `LearnerBatch` of host (numpy) arrays, the same on every process; the learner
@@ -269,8 +273,13 @@ def make_batch(ro, advantages_BG=None, *, loss_rows_BG=None, trim: bool = True,
       mask=np.concatenate([rep(ro.prompt_mask), resp[:, :s_w]], 1),
       response_mask=np.concatenate([zeros, loss_resp[:, :s_w]], 1),
       old_logp=np.concatenate([zeros.astype(np.float32), ro.logprobs.reshape(N, S)[:, :s_w]], 1),
-      advantages=None if advantages_BG is None else np.asarray(advantages_BG).reshape(N),
+      advantages=None if advantages_BG is None else _row_or_token_advantages(
+          advantages_BG, N, S, s_w, p_w),
       response_start=response_start_bucket(p_w, P))
+  if policy_mask_BGS is not None:
+    policy = np.asarray(policy_mask_BGS).reshape(N, S)[:, :s_w].astype(batch.response_mask.dtype)
+    batch = batch.replace(response_mask=batch.response_mask * np.concatenate([zeros + 1, policy],
+                                                                             1))
   if ppo is not None:  # the critic's values come back to the host: GAE runs on every process
     values = distributed.to_host(ppo.values_fn(batch.tokens, batch.mask))
     R_N = np.nan_to_num(np.asarray(ppo.R_BG).reshape(N), nan=0.0)
@@ -280,6 +289,14 @@ def make_batch(ro, advantages_BG=None, *, loss_rows_BG=None, trim: bool = True,
   if pack is not None:
     batch = pack_rows(batch, pack)
   return batch.check()
+
+
+def _row_or_token_advantages(advantages_BG, N: int, S: int, s_w: int, p_w: int) -> np.ndarray:
+  """[N] from [B, G]; [N, p_w + s_w] (0 on prompt columns) from [B, G, S]."""
+  a = np.asarray(advantages_BG)
+  if a.ndim == 3:
+    return np.concatenate([np.zeros((N, p_w), a.dtype), a.reshape(N, S)[:, :s_w]], 1)
+  return a.reshape(N)  # as before: single-turn batches are unchanged
 
 
 def response_logprobs(logits_fn, params, row_keys, mb: LearnerBatch):

@@ -1,0 +1,166 @@
+"""Multi-turn rollout throughput: slots kept across turns vs re-prefilling the history.
+
+A random Qwen3-layout model (`--d-model`, `--layers`, vocab 256) runs `--rows` trajectories
+of `--turns` turns; each environment step sleeps `--latency-ms` and answers with `--obs`
+observation ids. Turn ends are a sixteenth of the vocabulary (turns of ~16 sampled tokens).
+Two engines, same model, slots and budgets:
+  * kept: `mr_rl.multiturn.rollout.TurnRollout` (a slot keeps its trajectory; observations
+    are appended to its cache; environment steps overlap decoding);
+  * re-prefill: per turn, every unfinished trajectory's whole history is a new prompt for the
+    continuous engine (`mr_rl.sampling.Engine`), then all environment steps run (in parallel
+    threads), then the next turn.
+Reports sampled tokens/s (after one warm-up run of each, compiles excluded), the kept engine's
+slot utilization and the share of slot-steps paused for environments.
+
+  python benchmarks/multiturn.py --quick
+  python benchmarks/multiturn.py --latency-ms 0,50,500 --turns 4,8 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import time
+
+import jax
+import numpy as np
+
+from mr_rl import models
+from mr_rl.multiturn import env as env_lib
+from mr_rl.multiturn import rollout as mt
+from mr_rl.sampling import Engine
+from mr_rl.testing import checkpoints
+
+VOCAB = 256
+END_IDS = tuple(range(7, VOCAB, 16))
+
+
+class LatencyEnv:
+  """Sleeps `latency_s` per step; answers with `obs` fixed ids; done after `turns` turns."""
+
+  def __init__(self, turns: int, latency_s: float, obs: int):
+    self.turns, self.latency_s, self.obs = turns, latency_s, obs
+
+  def reset(self, example):
+    return [{"role": "user", "content": ""}]
+
+  def step(self, turn):
+    time.sleep(self.latency_s)
+    if turn.index + 1 >= self.turns:
+      return env_lib.StepResult(done=True)
+    return env_lib.StepResult(messages=[{"role": "tool", "content": "x" * self.obs}])
+
+
+class IdsRenderer:
+  """Observation ids 1, 2, ... (one per content character); turn text unused."""
+
+  def observation_ids(self, messages, max_tokens=None):
+    ids = [1 + i % 5 for i in range(len(messages[0]["content"]))]
+    return ids[:max_tokens], False
+
+  def turn_text(self, ids):
+    return ""
+
+
+def kept(model, params, prompts, mask, a, key):
+  rows = len(prompts)
+  ro = mt.TurnRollout(model, slots=a.slots, max_new_tokens=a.budget, end_of_turn_ids=END_IDS,
+                      limits=mt.TurnLimits(a.turns_now, max(a.obs, 1), 60.0), workers=a.slots)
+  envs = lambda: [LatencyEnv(a.turns_now, a.latency_s, a.obs) for _ in range(rows)]
+  ro.run(params, prompts, mask, envs(), key=key, group_size=1, render=IdsRenderer())  # warm-up
+  t0 = time.perf_counter()
+  trajs = ro.run(params, prompts, mask, envs(), key=key, group_size=1, render=IdsRenderer())
+  dt = time.perf_counter() - t0
+  sampled = sum(int(t.policy_mask.sum()) for t in trajs)
+  st = ro.last_stats
+  return dict(tokens_per_s=sampled / dt, seconds=dt, sampled=sampled,
+              slot_utilization=st.slot_utilization, waiting_share=st.waiting_share,
+              turns_mean=float(np.mean([t.turns for t in trajs])))
+
+
+def reprefill(model, params, prompts, mask, a, key):
+  eng = Engine(model, slots=a.slots, max_new_tokens=a.budget, eos_id=END_IDS,
+               prompt_buckets=tuple(range(16, 16 + 2 * a.budget + prompts.shape[1] + 16, 16)))
+  pool = cf.ThreadPoolExecutor(a.slots)
+
+  def once():
+    hist = [list(p[m > 0]) for p, m in zip(prompts, mask)]
+    used = [0] * len(hist)
+    live = list(range(len(hist)))
+    sampled = 0
+    for turn in range(a.turns_now):
+      if not live:
+        break
+      width = max(len(hist[n]) for n in live)
+      toks = np.zeros((len(live), width), np.int32)
+      msk = np.zeros_like(toks)
+      for i, n in enumerate(live):
+        toks[i, width - len(hist[n]):], msk[i, width - len(hist[n]):] = hist[n], 1
+      out = {r.row: r for r in eng.stream(params, toks, msk, key=jax.random.fold_in(key, turn))}
+      envs = [LatencyEnv(a.turns_now, a.latency_s, a.obs) for _ in live]
+      futs = [pool.submit(e.step, env_lib.Turn("", (), turn)) for e in envs]
+      nxt = []
+      for i, n in enumerate(live):
+        r = out[i]
+        hist[n] += r.tokens.tolist()
+        used[n] += r.length
+        sampled += r.length
+        res = futs[i].result()
+        if res.done or r.truncated or used[n] + a.obs >= a.budget:
+          continue
+        hist[n] += IdsRenderer().observation_ids(res.messages)[0]
+        used[n] += a.obs
+        nxt.append(n)
+      live = nxt
+    return sampled
+
+  once()  # warm-up
+  t0 = time.perf_counter()
+  sampled = once()
+  dt = time.perf_counter() - t0
+  return dict(tokens_per_s=sampled / dt, seconds=dt, sampled=sampled)
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--rows", type=int, default=32)
+  p.add_argument("--slots", type=int, default=16)
+  p.add_argument("--budget", type=int, default=192, help="S: sampled + observation ids")
+  p.add_argument("--obs", type=int, default=8)
+  p.add_argument("--turns", default="4,8")
+  p.add_argument("--latency-ms", default="0,50,500")
+  p.add_argument("--d-model", type=int, default=128)
+  p.add_argument("--layers", type=int, default=2)
+  p.add_argument("--quick", action="store_true", help="rows 8, slots 4, turns 4, 0 and 50 ms")
+  p.add_argument("--json")
+  a = p.parse_args()
+  if a.quick:
+    a.rows, a.slots, a.turns, a.latency_ms, a.budget = 8, 4, "4", "0,50", 96
+  cfg = checkpoints.tiny_model_config("qwen3", VOCAB, d_model=a.d_model, n_layers=a.layers)
+  model = models.Transformer(cfg)
+  params = checkpoints.host_params(model, np.random.default_rng(0))
+  rng = np.random.default_rng(1)
+  prompts = rng.integers(20, VOCAB, (a.rows, 16)).astype(np.int32)
+  mask = np.ones_like(prompts)
+  key = jax.random.PRNGKey(0)
+  results = []
+  for turns in [int(x) for x in a.turns.split(",")]:
+    for ms in [float(x) for x in a.latency_ms.split(",")]:
+      a.turns_now, a.latency_s = turns, ms / 1000
+      k = kept(model, params, prompts, mask, a, key)
+      r = reprefill(model, params, prompts, mask, a, key)
+      row = dict(turns=turns, latency_ms=ms, kept=k, reprefill=r,
+                 speedup=k["tokens_per_s"] / r["tokens_per_s"])
+      results.append(row)
+      print(f"turns {turns} latency {ms:4.0f} ms: kept {k['tokens_per_s']:8.1f} tok/s "
+            f"(util {k['slot_utilization']:.2f}, paused {k['waiting_share']:.2f}, turns "
+            f"{k['turns_mean']:.1f}) re-prefill {r['tokens_per_s']:8.1f} tok/s -> "
+            f"{row['speedup']:.2f}x", flush=True)
+  if a.json:
+    with open(a.json, "w") as f:
+      json.dump(dict(args=vars(a), results=results), f, indent=1)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,109 @@
+"""One multi-turn draw: examples -> environments -> trajectories -> rollout and rewards.
+
+Shape letters (docs/shapes.md): B prompts, G trajectories per prompt, K reward channels,
+P prompt columns, S response columns.
+
+`draw` is what a multi-turn step consumes: it builds one environment per trajectory
+(`make_env`), renders each prompt from `reset(example)` (the G environments of a prompt must
+agree on it), runs `TurnRollout` and returns the learner's rollout with its policy mask and
+the trajectory-level rewards r[B, G, K]: the environments' channels (summed over steps) and
+`text_rewards` scored on the whole trajectory's text. These r[B, G, K] go through the
+aggregators and the trajectory-level GRPO advantage unchanged (`mr_rl.rl.signal`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from mr_rl.multiturn import trajectories as traj_lib
+from mr_rl.multiturn.rollout import Trajectory, TurnRollout
+from mr_rl.rollout import Rollout
+
+
+@dataclasses.dataclass
+class TurnDraw:
+  """A multi-turn draw.
+
+  Attributes:
+    rollout: the learner's `Rollout` (observations inside, `mask` 1 on them).
+    policy_mask_BGS: int32 [B, G, S], 1 on sampled ids (`make_batch(policy_mask_BGS=...)`).
+    r_BGK: float32 [B, G, K], channels in `channels` order.
+    trajectories: the B * G `Trajectory`s in row order.
+    metrics: `trajectories.turn_metrics`.
+  """
+  rollout: Rollout
+  policy_mask_BGS: np.ndarray
+  r_BGK: np.ndarray
+  channels: tuple[str, ...]
+  trajectories: list[Trajectory]
+  metrics: dict
+
+
+def left_pad(ids: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """Left-padded ids and mask [B, P] (P the longest)."""
+  P = max(len(x) for x in ids)
+  tokens = np.full((len(ids), P), pad_id, np.int32)
+  mask = np.zeros((len(ids), P), np.int32)
+  for b, x in enumerate(ids):
+    tokens[b, P - len(x):], mask[b, P - len(x):] = x, 1
+  return tokens, mask
+
+
+def draw(engine: TurnRollout, params, examples: Sequence[Any], make_env: Callable[[], Any],
+         render: Any, *, group_size: int, key: jax.Array, env_channels: Sequence[str] = (),
+         text_rewards: Mapping[str, Callable[[str, Any], float]] | None = None,
+         on_failure: float = 0.0) -> TurnDraw:
+  """Runs B * G trajectories of `examples` (module docstring).
+
+  Args:
+    engine: the `TurnRollout`.
+    params: the policy's parameters.
+    examples: B examples (`reset`'s argument).
+    make_env: a factory of one environment per trajectory.
+    render: the renderer (`prompt_ids`, `turn_text`, `observation_ids`).
+    group_size: G.
+    key: PRNG key of the draw.
+    env_channels: channels read from the environments' step rewards.
+    text_rewards: {channel: fn(text, example) -> float} on the trajectory's text.
+    on_failure: every channel's score of a trajectory whose environment failed.
+  """
+  text_rewards = dict(text_rewards or {})
+  eot = getattr(render, "end_of_turn_id", None)
+  if eot is not None and eot not in engine.end_of_turn_ids:
+    raise ValueError(f"the renderer's end-of-turn id {eot} is not among the rollout's "
+                     f"end_of_turn_ids {engine.end_of_turn_ids}: turns would not end there")
+  clash = set(env_channels) & set(text_rewards)
+  if clash:
+    raise ValueError(f"channels {sorted(clash)} are both environment and text channels")
+  envs, prompts = [], []
+  for b, example in enumerate(examples):
+    ids = None
+    for _ in range(group_size):
+      env = make_env()
+      got = render.prompt_ids(env.reset(example))
+      if ids is not None and got != ids:
+        raise ValueError(f"the environments of prompt {b} render different first messages")
+      ids = got
+      envs.append(env)
+    prompts.append(ids)
+  tokens_BP, mask_BP = left_pad(prompts, engine.pad_id)
+  trajs = engine.run(params, tokens_BP, mask_BP, envs, key=key, group_size=group_size,
+                     render=render)
+  ro, policy = traj_lib.to_rollout(trajs, tokens_BP, mask_BP, group_size=group_size,
+                                   max_new_tokens=engine.max_new_tokens, decode=render.turn_text,
+                                   pad_id=engine.pad_id)
+  channels = tuple(env_channels) + tuple(text_rewards)
+  r = traj_lib.trajectory_rewards(trajs, list(env_channels), group_size=group_size,
+                                  on_failure=on_failure)
+  text = np.zeros((len(trajs), len(text_rewards)), np.float32)
+  for n, t in enumerate(trajs):
+    for k, fn in enumerate(text_rewards.values()):
+      text[n, k] = on_failure if t.failed else fn(ro.texts[n // group_size][n % group_size],
+                                                  examples[n // group_size])
+  r_BGK = np.concatenate([r, text.reshape(len(examples), group_size, -1)], -1)
+  return TurnDraw(ro, policy, r_BGK, channels, trajs,
+                  traj_lib.turn_metrics(trajs, engine.last_stats))

@@ -40,6 +40,10 @@ CHANNELS = {"brief": "accuracy,brief", "negative": "accuracy,negative"}  # RP fi
 BRIEF_THRESHOLD = {"qwen3": 200, "llama": 128, "qwen3_moe": 512}  # tokens, per model family
 
 
+# optim.num_micro_batches per model on its slice, chosen by launch/check.py --fit.
+FITTED_MICRO_BATCHES = {"qwen3_1_7b": 32}
+
+
 def base_config(model: str, task: str, subset: str = "auto"):
   """Big-Math with auxiliary `task` on paper model `model` (a config_lib.MODELS key), no method.
 
@@ -56,6 +60,10 @@ def base_config(model: str, task: str, subset: str = "auto"):
   c.data.template = "tag_math"                       # "... final answer within \boxed{}"
   c.data.max_prompt_len = 512                        # problem + instruction
   c.rollout.max_new_tokens = 4096                    # 4,096 (stated for Qwen3-30B; used for all)
+  # Micro-batches by `launch/check.py --topology=SLICE --fit` (XLA:TPU, 2026-12-06): Qwen3-1.7B
+  # takes 8 rows per micro-batch at T = 4,608 on v5p-8 (policy step 90.3 GB, 12% of HBM free;
+  # 16 rows do not compile). Models not listed keep config_lib.MODELS' one row per group.
+  c.optim.num_micro_batches = FITTED_MICRO_BATCHES.get(model, c.optim.num_micro_batches)
   # Rewards
   c.rewards.channels = CHANNELS[task]                # RP = accuracy, RA = brief | negative
   if task == "brief":

@@ -34,7 +34,7 @@ DEFAULTS = {"model": "qwen3_4b", "method": "amrp", "lora": "0"}
 # points each at a tiny local file (configs/README.md, "Reproduction").
 EVAL_SETS = "math500,amc,aime"
 # optim.num_micro_batches per model on its slice, chosen by launch/check.py --fit.
-FITTED_MICRO_BATCHES = {"qwen3_4b": 64}
+FITTED_MICRO_BATCHES = {"qwen3_4b": 64, "deepseek_math_7b": 32}
 
 
 def base_config(model: str):
@@ -48,9 +48,9 @@ def base_config(model: str):
   c.data.template = "amrp_math"                      # <reasoning>/<answer> system instruction
   c.data.max_prompt_len = 1024                       # problem + instruction (+ chat markup)
   c.rollout.max_new_tokens = 3000                    # max completion length 3,000
-  # Micro-batches by `launch/check.py --topology=v5p-8 --fit` (XLA:TPU, 2026-12-06): Qwen3-4B
-  # takes 4 rows per micro-batch at T = 4,024 (policy step 90.5 GB, 12% of HBM free; 8 rows
-  # do not compile). Other models keep config_lib.MODELS' one row per data-parallel group.
+  # Micro-batches by `launch/check.py --topology=SLICE --fit` (XLA:TPU, 2026-12-06), T = 4,024:
+  # Qwen3-4B on v5p-8 takes 4 rows (policy step 90.5 GB, 12% of HBM free; 8 do not compile),
+  # DeepSeek-Math-7B on v5p-32 8 rows (91.5 GB, 11% free; 16 do not compile).
   c.optim.num_micro_batches = FITTED_MICRO_BATCHES.get(model, c.optim.num_micro_batches)
   # Rewards
   c.rewards.channels = "accuracy,format,length"      # r_math = [acc, fmt, len]

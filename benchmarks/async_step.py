@@ -84,9 +84,10 @@ def config(policy: str, steps: int, staleness: int, prompts: int, group: int, to
   c.asynchrony.max_staleness = staleness
   c.optim.loss.tis_cap = 2.0  # the lag correction (required at s > 0; the same objective at s = 0)
   c.rewards.channels = "arith_acc,async_step:humaneval_canonical"
+  c.rewards.params.humaneval_canonical = dict(value_range=[0, 1])  # pass / fail
   if latency_s is not None:
     c.rewards.channels = "arith_acc,async_step:latency"
-    c.rewards.params.latency = dict(seconds=latency_s)
+    c.rewards.params = dict(latency=dict(seconds=latency_s, value_range=[1, 1]))
   c.rewards.timeout_s = 60.0
   c.checkpoint_every = 0
   c.kl_ref_every = 0

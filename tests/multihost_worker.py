@@ -127,7 +127,8 @@ def run(scenario: str, base_policy: str, out: str) -> dict:
     # A reward that raises on process 1 only: every process must stop, not hang.
     c = _config(base_policy, 2, checkpoint_every=0)
     c.rewards.channels = "arith_len,multihost_worker:fails_on_process_1"
-    c.rewards.params = {"arith_len": dict(full_until=8, zero_at=24)}
+    c.rewards.params = {"arith_len": dict(full_until=8, zero_at=24),
+                        "fails_on_process_1": dict(on_failure=0.0)}
     train_lib.train(settings_lib.from_config(c), None, log=None)
     return {}
   if scenario == "stream":

@@ -219,6 +219,7 @@ def test_guards_and_dynamic_sampling_keep_their_meaning_at_s1(policy, tmp_path, 
   for staleness in (0, 1):
     c = _async_config(policy, 4, staleness)
     c.rewards.channels = "arith_len,arith_brief,broken_rewards:broken"
+    c.rewards.params.broken = dict(on_failure=0.0)
     c.rewards.failure_patience = 2
     c.log_every = 1
     lines = []

@@ -187,7 +187,7 @@ def test_own_reward_by_import_path_through_the_trainer(base_policy, tmp_path, mo
   c = _config(base_policy, 2, aggregator="additive")
   c.checkpoint_every = 0
   c.rewards.channels = "arith_acc,my_rewards:concise"
-  c.rewards.params = {"concise": {"max_tokens": 12}}
+  c.rewards.params = {"concise": {"max_tokens": 12, "value_range": [0, 1]}}
   s = settings_lib.from_config(c)
   assert s.rewards.channels == ("arith_acc", "concise")
   assert s.rewards.specs == ("arith_acc", "my_rewards:concise")
@@ -429,6 +429,7 @@ def test_continuous_engine_with_streamed_rewards_equals_the_static_engine(base_p
     c = _config(base_policy, 2, aggregator="additive")
     c.checkpoint_every = 0
     c.rewards.channels = "arith_acc,text_rewards:chars"
+    c.rewards.params.chars = dict(on_failure=0.0)  # (scores are character counts, >= 0)
     c.rollout.temperature = 0.0  # (greedy: PPO, a group-relative advantage would be 0)
     c.advantage.name = "ppo"
     c.rollout.engine, c.rollout.slots = engine, 6  # 16 rows through 6 slots

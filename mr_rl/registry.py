@@ -27,10 +27,33 @@ in through `config.plugins` (`import_plugins`).
 from __future__ import annotations
 
 import importlib
+import re
 import threading
 from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
+
+
+# 'package.module:attr' (attr may be dotted): how configs name a user's function or class.
+IMPORT_PATH = re.compile(r"^(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):"
+                         r"(?P<attr>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
+
+
+def resolve_import_path(spec: str, what: str, error: type[Exception] = ValueError) -> Any:
+  """The object an import path 'package.module:attr' names; otherwise `error` naming `what`
+  and the cause (a malformed path, a module that does not import, a missing attribute)."""
+  m = IMPORT_PATH.match(spec) if isinstance(spec, str) else None
+  if m is None:
+    raise error(f"{what}: {spec!r} is not an import path 'package.module:name'")
+  try:
+    obj = importlib.import_module(m["module"])
+  except Exception as e:  # pylint: disable=broad-except  (ImportError or the module's own)
+    raise error(f"{what}: module {m['module']!r} did not import: {e!r}") from e
+  for part in m["attr"].split("."):
+    if not hasattr(obj, part):
+      raise error(f"{what}: module {m['module']!r} has no attribute {m['attr']!r}")
+    obj = getattr(obj, part)
+  return obj
 
 
 class UnknownNameError(ValueError):

@@ -23,13 +23,12 @@ factory).
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import re
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+from mr_rl import registry
 
 Message = Mapping[str, str]
 
-_IMPORT_PATH = re.compile(r"^(?P<module>[A-Za-z_][\w.]*):(?P<attr>[A-Za-z_][\w.]*)$")
 
 
 class EnvConfigError(ValueError):
@@ -94,24 +93,12 @@ class Environment(Protocol):
 
 
 def resolve(spec: str, what: str = "environment") -> Any:
-  """The object an import path 'package.module:attr' names.
+  """The object an import path 'package.module:attr' names (`registry.resolve_import_path`).
 
   Raises:
     EnvConfigError: a malformed path, a module that does not import, a missing attribute.
   """
-  m = _IMPORT_PATH.match(spec) if isinstance(spec, str) else None
-  if m is None:
-    raise EnvConfigError(f"{what} {spec!r} is not an import path 'package.module:name'")
-  try:
-    obj = importlib.import_module(m["module"])
-  except Exception as e:  # pylint: disable=broad-except  (ImportError or the module's own)
-    raise EnvConfigError(f"{what} {spec!r}: module {m['module']!r} did not import: {e!r}") from e
-  for part in m["attr"].split("."):
-    if not hasattr(obj, part):
-      raise EnvConfigError(f"{what} {spec!r}: module {m['module']!r} has no attribute "
-                           f"{m['attr']!r}")
-    obj = getattr(obj, part)
-  return obj
+  return registry.resolve_import_path(spec, f"{what} {spec!r}", EnvConfigError)
 
 
 def environment_factory(spec: str, params: Mapping[str, Any] | None = None

@@ -63,11 +63,11 @@ import inspect
 import math
 import numbers
 import pickle
-import re
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from mr_rl import registry
 from mr_rl.registry import Registry
 
 __all__ = ["DEFAULT_VALUE_RANGE", "KINDS", "RESERVED_PARAMS", "REWARDS", "UNIT_RANGE",
@@ -81,8 +81,7 @@ DEFAULT_VALUE_RANGE = (-1e6, 1e6)  # the widest range; a channel without one: [o
 UNIT_RANGE = (0.0, 1.0)            # of indicator and [0, 1]-scaled built-in channels
 _BATCHED_ATTR = "__batched_reward__"
 _APPLIES_ATTR = "__reward_applies__"
-_IMPORT_PATH_RE = re.compile(r"^(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):"
-                             r"(?P<attr>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
+_IMPORT_PATH_RE = registry.IMPORT_PATH
 RewardFn = Callable[[str, Mapping[str, Any], int], float]
 
 
@@ -313,18 +312,7 @@ def applies_when(predicate: Callable[[Mapping[str, Any]], bool]) -> Callable[[Ca
 
 def _resolve(spec: str, what: str) -> Any:
   """The object an import path ``"pkg.mod:attr"`` names (RewardConfigError otherwise)."""
-  m = _IMPORT_PATH_RE.match(spec) if isinstance(spec, str) else None
-  if m is None:
-    raise RewardConfigError(f"{what}: {spec!r} is not an import path 'package.module:function'")
-  try:
-    obj = importlib.import_module(m["module"])
-  except Exception as e:  # pylint: disable=broad-except  (ImportError or the module's own)
-    raise RewardConfigError(f"{what}: module {m['module']!r} did not import: {e!r}") from e
-  for part in m["attr"].split("."):
-    if not hasattr(obj, part):
-      raise RewardConfigError(f"{what}: module {m['module']!r} has no attribute {m['attr']!r}")
-    obj = getattr(obj, part)
-  return obj
+  return registry.resolve_import_path(spec, what, RewardConfigError)
 
 
 def _applies_param(name: str, value: Any) -> Callable[[Mapping[str, Any]], bool] | None:

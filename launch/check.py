@@ -141,7 +141,7 @@ def _args(argv):
   p.add_argument("--fit", action="store_true",
                  help="search the largest micro-batch (optim.num_micro_batches) and, for the "
                       "continuous engine, the most slots with which every program fits with "
-                      "--headroom; prints the settings to use")
+                      "--headroom; prints the settings to use (--slots=N keeps N slots)")
   p.add_argument("--preset", default="",
                  help="model preset instead of the config's model; fields may follow, e.g. "
                       "tiny_moe:num_experts=32,moe_d_ff=64")
@@ -406,7 +406,11 @@ def fit(a, c, target) -> int:
   chosen.append(f"optim.num_micro_batches={rows // best}")
   a.micro_batches = rows // best
   from mr_rl import rollout_engines
-  if any(o.name == "slots" for o in rollout_engines.ENGINES.get(c.rollout.engine).options):
+  engine_has_slots = any(o.name == "slots"
+                         for o in rollout_engines.ENGINES.get(c.rollout.engine).options)
+  if engine_has_slots and a.slots.isdigit():
+    print(f"  continuous engine: {a.slots} slots as given (--slots), not searched", flush=True)
+  elif engine_has_slots:
     slot_counts = list(range(dp, rows + 1, dp))
 
     def slots_pass(n):

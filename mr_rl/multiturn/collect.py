@@ -6,8 +6,9 @@ P prompt columns, S response columns.
 `draw` is what a multi-turn step consumes: it builds one environment per trajectory
 (`make_env`), renders each prompt from `reset(example)` (the G environments of a prompt must
 agree on it), runs `TurnRollout` and returns the learner's rollout with its policy mask and
-the trajectory-level rewards r[B, G, K]: the environments' channels (summed over steps) and
-`text_rewards` scored on the whole trajectory's text. These r[B, G, K] go through the
+the trajectory-level rewards r[B, G, K]: the environments' channels
+(`mr_rl.multiturn.channels.EnvironmentChannel`, reduced over steps) and
+`text_rewards` scored on what the policy wrote (`trajectories.policy_text`). These r[B, G, K] go through the
 aggregators and the trajectory-level GRPO advantage unchanged (`mr_rl.rl.signal`).
 """
 
@@ -19,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
+from mr_rl.multiturn import channels as channels_lib
 from mr_rl.multiturn import trajectories as traj_lib
 from mr_rl.multiturn.rollout import Trajectory, TurnRollout
 from mr_rl.rollout import Rollout
@@ -54,7 +56,8 @@ def left_pad(ids: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray,
 
 
 def draw(engine: TurnRollout, params, examples: Sequence[Any], make_env: Callable[[], Any],
-         render: Any, *, group_size: int, key: jax.Array, env_channels: Sequence[str] = (),
+         render: Any, *, group_size: int, key: jax.Array,
+         env_channels: Sequence[channels_lib.EnvironmentChannel | str] = (),
          text_rewards: Mapping[str, Callable[[str, Any], float]] | None = None,
          on_failure: float = 0.0) -> TurnDraw:
   """Runs B * G trajectories of `examples` (module docstring).
@@ -67,16 +70,22 @@ def draw(engine: TurnRollout, params, examples: Sequence[Any], make_env: Callabl
     render: the renderer (`prompt_ids`, `turn_text`, `observation_ids`).
     group_size: G.
     key: PRNG key of the draw.
-    env_channels: channels read from the environments' step rewards.
-    text_rewards: {channel: fn(text, example) -> float} on the trajectory's text.
-    on_failure: every channel's score of a trajectory whose environment failed.
+    env_channels: channels read from the environments' step rewards: `EnvironmentChannel`s,
+      or names (then 'sum' over steps, range [on_failure, 1e6], 0 where never reported).
+    text_rewards: {channel: fn(text, example) -> float} on the policy's text.
+    on_failure: the text channels' (and named environment channels') score of a
+      trajectory whose environment failed.
   """
   text_rewards = dict(text_rewards or {})
+  env_channels = [c if isinstance(c, channels_lib.EnvironmentChannel) else
+                  channels_lib.EnvironmentChannel(c, reduce="sum", on_failure=on_failure,
+                                                  missing=max(0.0, on_failure))
+                  for c in env_channels]
   eot = getattr(render, "end_of_turn_id", None)
   if eot is not None and eot not in engine.end_of_turn_ids:
     raise ValueError(f"the renderer's end-of-turn id {eot} is not among the rollout's "
                      f"end_of_turn_ids {engine.end_of_turn_ids}: turns would not end there")
-  clash = set(env_channels) & set(text_rewards)
+  clash = {c.name for c in env_channels} & set(text_rewards)
   if clash:
     raise ValueError(f"channels {sorted(clash)} are both environment and text channels")
   envs, prompts = [], []
@@ -96,13 +105,12 @@ def draw(engine: TurnRollout, params, examples: Sequence[Any], make_env: Callabl
   ro, policy = traj_lib.to_rollout(trajs, tokens_BP, mask_BP, group_size=group_size,
                                    max_new_tokens=engine.max_new_tokens, decode=render.turn_text,
                                    pad_id=engine.pad_id)
-  channels = tuple(env_channels) + tuple(text_rewards)
-  r = traj_lib.trajectory_rewards(trajs, list(env_channels), group_size=group_size,
-                                  on_failure=on_failure)
+  channels = tuple(c.name for c in env_channels) + tuple(text_rewards)
+  r = channels_lib.environment_scores(trajs, env_channels, group_size)
   text = np.zeros((len(trajs), len(text_rewards)), np.float32)
   for n, t in enumerate(trajs):
     for k, fn in enumerate(text_rewards.values()):
-      text[n, k] = on_failure if t.failed else fn(ro.texts[n // group_size][n % group_size],
+      text[n, k] = on_failure if t.failed else fn(traj_lib.policy_text(render, t)[0],
                                                   examples[n // group_size])
   r_BGK = np.concatenate([r, text.reshape(len(examples), group_size, -1)], -1)
   return TurnDraw(ro, policy, r_BGK, channels, trajs,

@@ -58,7 +58,7 @@ class StepResult:
     messages: chat messages appended to the conversation (role 'tool' or 'user'); rendered
       as the observation's token delta. Empty with `done`.
     rewards: per-channel rewards of this step ({channel: value}); a trajectory's value of a
-      channel is the sum over its steps (`rewards.trajectory_rewards`).
+      channel is reduced over its steps (`mr_rl.multiturn.channels`).
     done: the trajectory ends after this step (no observation is inserted).
     info: free-form counters (e.g. {'tool_calls': 1, 'tool_failures': 0}), summed per
       trajectory into the rollout metrics.

@@ -37,7 +37,7 @@ _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", 
 
 # Reward channels a `ToolEnv` step reports.
 FORMAT_CHANNEL = "tool_format"    # 1 per well-formed call, 0 per malformed one
-SUCCESS_CHANNEL = "tool_success"  # 1 per call that returned, 0 per call that raised
+SUCCESS_CHANNEL = "tool_success"  # 1 per call that returned, 0 per malformed or raising one
 
 
 def _json_type(annotation, name: str, fn_name: str) -> dict:
@@ -247,7 +247,8 @@ class ToolEnv:
     if call.error is not None:
       return StepResult(messages=[{"role": "tool",
                                    "content": self.error_template.format(error=call.error)}],
-                        rewards={FORMAT_CHANNEL: 0.0}, info={**info, "tool_failures": 1})
+                        rewards={FORMAT_CHANNEL: 0.0, SUCCESS_CHANNEL: 0.0},
+                        info={**info, "tool_failures": 1})
     try:
       result = self.tools[call.name](**call.arguments)
       ok = 1.0

@@ -6,8 +6,8 @@ P prompt columns, S response columns.
 Token-in/token-out: `to_rollout` copies each trajectory's ids and log-probs as the slot held
 them (sampled and inserted observation ids); `policy_mask_BGS` is 0 on the observations, so
 `mr_rl.rl.batch.make_batch(..., policy_mask_BGS=...)` trains on the sampled ids only while
-the model still attends to the observations. Trajectory-level rewards (`trajectory_rewards`)
-give r[B, G, K] for the existing aggregators and the default trajectory-level GRPO advantage.
+the model still attends to the observations. Rewards read `policy_text`, the policy's own
+ids; environment channels are reduced over steps in `mr_rl.multiturn.channels`.
 """
 
 from __future__ import annotations
@@ -56,21 +56,19 @@ def to_rollout(trajs: Sequence[Trajectory], prompt_tokens_BP, prompt_mask_BP, *,
   return ro, policy.reshape(B, G, S)
 
 
-def trajectory_rewards(trajs: Sequence[Trajectory], channels: Sequence[str], *, group_size: int,
-                       on_failure: Mapping[str, float] | float = 0.0) -> np.ndarray:
-  """r[B, G, K]: each channel's summed step rewards per trajectory; NaN where no step of a
-  trajectory reported the channel (it does not apply, as a reward channel's NaN); a failed
-  trajectory (an environment that raised or timed out) scores `on_failure` on every channel
-  (the reward runner's failure rule, docs/rewards.md)."""
-  fail = on_failure if isinstance(on_failure, Mapping) else {c: on_failure for c in channels}
-  r = np.full((len(trajs), len(channels)), np.nan, np.float32)
-  for n, t in enumerate(trajs):
-    for k, c in enumerate(channels):
-      if t.failed:
-        r[n, k] = fail[c]
-      elif c in t.rewards:
-        r[n, k] = t.rewards[c]
-  return r.reshape(-1, group_size, len(channels))
+def policy_text(render, trajectory: Trajectory) -> tuple[str, int]:
+  """(the text the policy wrote, its sampled token count): the ids under the policy mask,
+  observations left out, so what a reward reads and counts is the policy's own."""
+  if trajectory.tokens is None:
+    return "", 0
+  ids = trajectory.tokens[trajectory.policy_mask == 1]
+  return render.turn_text(ids.tolist()), int(ids.size)
+
+
+# Metrics that depend on when environment steps finish relative to decode steps (wall clock),
+# not on the draw: the tokens, rewards and other metrics of a draw do not.
+TIMING_METRICS = ("multiturn/env_time_s", "multiturn/decode_time_s", "multiturn/host_wait_share",
+                  "multiturn/slot_utilization", "multiturn/slot_waiting_share")
 
 
 def turn_metrics(trajs: Sequence[Trajectory], stats: TurnStats) -> dict[str, float]:

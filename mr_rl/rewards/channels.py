@@ -75,7 +75,7 @@ __all__ = ["DEFAULT_VALUE_RANGE", "KINDS", "RESERVED_PARAMS", "REWARDS", "UNIT_R
            "RewardConfigError", "applies_when", "available_rewards", "batched_reward",
            "channel_name", "get_reward", "is_import_path", "read_only", "register_reward"]
 
-KINDS = ("thread", "process")
+KINDS = ("thread", "process", "environment")  # environment: mr_rl.multiturn.channels
 RESERVED_PARAMS = ("kind", "on_failure", "batched", "value_range", "applies")  # not fn's
 DEFAULT_VALUE_RANGE = (-1e6, 1e6)  # the widest range; a channel without one: [on_failure, 1e6]
 UNIT_RANGE = (0.0, 1.0)            # of indicator and [0, 1]-scaled built-in channels
@@ -278,7 +278,7 @@ class RewardChannel:
 REWARDS: Registry[Callable[..., RewardChannel]] = Registry(
     "reward channel", plugins=("mr_rl.rewards.math_channels", "mr_rl.rewards.code_channels",
                                "mr_rl.rewards.alce", "mr_rl.rewards.reward_model",
-                               "mr_rl.rewards.overlong"))
+                               "mr_rl.rewards.overlong", "mr_rl.multiturn.channels"))
 
 
 def register_reward(name: str, factory: Callable[..., RewardChannel]) -> None:

@@ -135,6 +135,11 @@ class RewardRunner:
       raise ValueError(f"channels must be a non-empty sequence, got {channels!r}")
     self.channels = tuple(c if isinstance(c, RewardChannel) else get_reward(c) for c in channels)
     names = [c.name for c in self.channels]
+    env = [c.name for c in self.channels if c.kind == "environment"]
+    if env:
+      raise ValueError(f"channels {env} are scored from an environment's step rewards "
+                       "(mr_rl.multiturn.channels): they need config.multiturn, which keeps "
+                       "them out of the reward runner")
     if len(set(names)) != len(names):
       raise ValueError(f"channel names must be unique, got {names}")
     if not timeout_s or timeout_s <= 0:

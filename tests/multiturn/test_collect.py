@@ -10,7 +10,7 @@ import pytest
 
 from mr_rl import models
 from mr_rl.demo import task
-from mr_rl.multiturn import builtin_tools, collect, tools
+from mr_rl.multiturn import builtin_tools, collect, tools, trajectories
 from mr_rl.multiturn import render as render_lib
 from mr_rl.multiturn import rollout as mt
 from mr_rl.rl import batch as batch_lib
@@ -35,7 +35,7 @@ def turn_draw():
                                                step_timeout_s=5.0))
   examples = task.examples(4, seed=0)
   acc = lambda text, ex: task.accuracy(text, int(ex.reference))
-  return engine, collect.draw(engine, params, examples, make_env, render, group_size=G,
+  return render, collect.draw(engine, params, examples, make_env, render, group_size=G,
                               key=jax.random.PRNGKey(0),
                               env_channels=(tools.FORMAT_CHANNEL, tools.SUCCESS_CHANNEL),
                               text_rewards={"acc": acc})
@@ -48,11 +48,15 @@ def test_the_demo_policy_calls_the_calculator(turn_draw):
   assert d.metrics["multiturn/turns_mean"] > 1.5
   assert d.metrics["multiturn/token_mismatches"] == 0
   assert 0 < d.metrics["multiturn/observation_token_share"] < 0.5
-  # tool_format applies (is not NaN) exactly to the trajectories that called the tool; acc
-  # is scored on every trajectory's text.
+  # Every channel scores every trajectory (never NaN: no response takes itself out of a
+  # channel); a trajectory that called no tool scores the channel's floor on tool_format.
+  assert np.isfinite(d.r_BGK).all()
   called = np.array([t.info.get("tool_calls", 0) > 0 for t in d.trajectories]).reshape(4, G)
-  np.testing.assert_array_equal(np.isfinite(d.r_BGK[..., 0]), called)
-  assert np.isfinite(d.r_BGK[..., 2]).all()
+  assert (d.r_BGK[..., 0][~called] == 0.0).all()
+  # acc reads what the policy wrote: the calculator's '=6;' is not the policy's answer.
+  for n, t in enumerate(d.trajectories):
+    text, count = trajectories.policy_text(turn_draw[0], t)
+    assert count == int(t.policy_mask.sum()) and "=;" not in text
 
 
 @pytest.mark.parametrize("name,hp", [("amrp", {}), ("tag", {"anchor": 2}), ("additive", {})])

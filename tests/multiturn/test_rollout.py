@@ -12,6 +12,7 @@ import pytest
 
 from mr_rl.demo import task
 from mr_rl.models import positions_from_mask
+from mr_rl.multiturn import channels as mt_channels
 from mr_rl.multiturn import env as env_lib
 from mr_rl.multiturn import render as render_lib
 from mr_rl.multiturn import rollout as mt
@@ -133,8 +134,9 @@ def test_a_failing_or_hanging_environment_fails_only_its_trajectory(setup):
   assert trajs[2].status == "error" and "the tool broke" in trajs[2].error
   assert trajs[5].status == "timeout"
   assert all(t.status in ("done", "budget") for n, t in enumerate(trajs) if n not in (2, 5))
-  r = trajectories.trajectory_rewards(trajs, ["done_in_time", "steps"], group_size=G,
-                                      on_failure=-1.0)
+  r = mt_channels.environment_scores(
+      trajs, [mt_channels.EnvironmentChannel(c, reduce="sum", on_failure=-1.0)
+              for c in ("done_in_time", "steps")], G)
   assert r.shape == (len(PROMPT_LENS), G, 2)
   assert r[1, 0].tolist() == [-1.0, -1.0] and r[2, 1].tolist() == [-1.0, -1.0]
   m = trajectories.turn_metrics(trajs, ro.last_stats)

@@ -64,7 +64,8 @@ def run_train(s, workdir: str, comp=None):
                               hf_io.resolve_path(s.model.path), settings=s)
     if distributed.is_primary():
       print(f"wrote the trained policy to {out} (transformers / vLLM checkpoint)")
-  ev = evaluation.final_eval(comp.policy, comp.runner, s, comp.eval_data, res.params)
+  ev = evaluation.final_eval(comp.policy, comp.runner, s, comp.eval_data, res.params,
+                             turns=comp.turns)
   if distributed.is_primary():  # every process holds the same evaluation; one writes it
     metrics_lib.write_json(os.path.join(workdir, "eval.json"), ev)
     print(json.dumps(metrics_lib.finite_json(ev), indent=1))
@@ -104,7 +105,8 @@ def elect_anchor(s, comp, directory: str | None, log=print) -> tuple[int, list]:
         jax.random.fold_in(jax.random.PRNGKey(s.seed), 5_000_000 + k),
         sampling=dataclasses.replace(s.rollout, group_size=s.anchor.samples_per_prompt),
         batch_prompts=s.data.batch_prompts,
-        micro_batch_rows=s.data.batch_prompts * s.rollout.group_size // s.update.num_micro_batches)
+        micro_batch_rows=s.data.batch_prompts * s.rollout.group_size // s.update.num_micro_batches,
+        turns=comp.turns)
     table.append(anchor_lib.Drift(channel=name, probe_reward=anchor_lib.probe_reward(tail), **d))
     if log:
       log(f"probe {name}: KLrev/token {d['rev_kl_per_token']:.4g} "

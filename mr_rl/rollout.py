@@ -235,7 +235,7 @@ def rollout(policy: Policy, params, examples: Sequence[Any], key: jax.Array,
                  [[texts[b * G + g] for g in range(G)] for b in range(B)], owned)
 
 
-def _example_dicts(examples: Sequence[Any]) -> list[dict]:
+def example_dicts(examples: Sequence[Any]) -> list[dict]:
   """Examples as the channels see them: everything an example carries (metadata, reference,
   the conversation for reward models) as plain dicts, not the Example's read-only proxies, so
   process-kind channels can pickle them."""
@@ -270,7 +270,7 @@ def score(runner, ro: Rollout, examples: Sequence[Any]) -> tuple[np.ndarray, dic
   (`RewardRunner.finish`), so every process sees the same rewards and takes the same
   decisions. `StreamingScore` gives the same values with the scoring started row by row.
   """
-  r_BGK, counts, seconds = runner.score(ro.texts, _example_dicts(examples),
+  r_BGK, counts, seconds = runner.score(ro.texts, example_dicts(examples),
                                         ro.lengths.astype(np.int64), rows_BG=ro.owned)
   return _gathered(runner, r_BGK, ro.owned, counts, seconds)
 
@@ -298,7 +298,7 @@ class StreamingScore:
     self._runner = runner
     self.owned = rows_owned(policy, len(examples), group_size)
     self._seen = np.zeros_like(self.owned)
-    self._pending = runner.start(_example_dicts(examples), group_size)
+    self._pending = runner.start(example_dicts(examples), group_size)
     self._local = None
 
   def __call__(self, b: int, g: int, text: str, num_tokens: int) -> None:

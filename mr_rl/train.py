@@ -79,6 +79,8 @@ class Components:
     eval_sets: `data.eval_sets` benchmark sets by name (evaluated instead of the eval split).
     learner_mesh: the learner's mesh when the sampler has devices of its own
       (`asynchrony.sampler_devices`, `mr_rl.async_rl`); None: the learner uses `policy.mesh`.
+    turns: a multi-turn run's draws (`mr_rl.multiturn.draw.TurnDraws`; the runner then holds
+      only the text channels), or None.
   """
   settings: RunSettings
   policy: rollout_lib.Policy
@@ -88,6 +90,7 @@ class Components:
   runner: RewardRunner
   eval_sets: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
   learner_mesh: Any = None
+  turns: Any = None
 
   @property
   def model(self):
@@ -171,10 +174,12 @@ def load_eval_sets(settings: RunSettings) -> dict[str, list]:
 
 def build_runner(settings: RunSettings) -> RewardRunner:
   """The reward runner over `settings.rewards.channels` (built from their specs, registered
-  names or import paths) with their `rewards.params` and the failure-rate guard."""
+  names or import paths) with their `rewards.params` and the failure-rate guard; environment
+  channels (multi-turn runs) are filled by `mr_rl.multiturn.draw`, not the runner."""
   r = settings.rewards
   channels = [get_reward(spec, **r.params.get(name, {}))
               for spec, name in zip(r.specs, r.channels)]
+  channels = [c for c in channels if c.kind != "environment"]
   shared_pool().set_limits(r.worker_max_calls, r.worker_memory_bytes)
   return RewardRunner(channels, timeout_s=r.timeout_s, max_failure_share=r.max_failure_share,
                       failure_patience=r.failure_patience,
@@ -239,8 +244,12 @@ def build(settings: RunSettings) -> Components:
                for n, ex in eval_sets.items()}
   startup.check_rows(settings, len(train_ex),
                      f"train split {d.split!r} of {where} (after the length checks)")
+  turns = None
+  if settings.multiturn.enabled:
+    from mr_rl.multiturn import draw as turn_draw  # pylint: disable=import-outside-toplevel
+    turns = turn_draw.TurnDraws(settings, policy)
   return Components(settings, policy, params, train_ex, eval_ex, build_runner(settings),
-                    eval_sets, learner_mesh)
+                    eval_sets, learner_mesh, turns)
 
 
 # ----------------------------------------------------------------------- the loop
@@ -419,7 +428,8 @@ def _train(settings: RunSettings, workdir: str | None, *, comp: Components | Non
         pipe.settle()  # the reward runner is the evaluation's alone
         m.update(evaluation.run_evaluation(comp.policy, comp.runner, s, comp.eval_data,
                                            pipe.policy_params(),
-                                           jax.random.fold_in(root, 10**9 + step)))
+                                           jax.random.fold_in(root, 10**9 + step),
+                                           turns=comp.turns))
       out.write(step, m, eta.update(step))
       out.end_step(step, state, preemption)
   out.close()

@@ -50,6 +50,8 @@ class Draw:
     seconds: {"rollout": seconds sampling (with the continuous engine this includes the
       reward calls that ran while rows decoded), "reward": seconds waiting for the rewards
       after it}; the step's `metrics_lib.StageTimer` starts from them.
+    policy_mask_BGS: multi-turn draws: 1 on the ids the policy sampled, 0 on observations
+      (the loss mask; `mr_rl.multiturn.draw`); None: every response id is the policy's.
   """
   rollout: rollout_lib.Rollout
   r_BGK: np.ndarray
@@ -57,6 +59,7 @@ class Draw:
   reward_metrics: dict
   metrics: dict
   seconds: dict
+  policy_mask_BGS: np.ndarray | None = None
 
   @property
   def signal_groups(self) -> int:
@@ -80,6 +83,10 @@ def draw_groups(comp, params, agg_state, data_iter, signal, k_roll,
   s = comp.settings
   dyn = s.dynamic
   B = s.data.batch_prompts
+  if comp.turns is not None:  # multi-turn: trajectories with tools or an environment
+    ro, policy_mask, r_BGK, reward_m, turn_m, seconds = comp.turns(
+        params, next(data_iter), k_roll, comp.runner, s.rewards, s.rollout.group_size)
+    return Draw(ro, r_BGK, B, reward_m, turn_m, seconds, policy_mask)
   rounds, kept, dropped, reward_m = [], [], [], {}
   timer = metrics_lib.StageTimer()
   for i in range(1 + (dyn.max_rounds if dyn.mode == "refill" else 0)):
@@ -154,7 +161,8 @@ def learner_batch(s: RunSettings, draw: Draw, sig: signal_lib.Signal, learner, t
   A_BG = None if ppo else signal_lib.pad_groups(sig, B).A_BG
   return batch_lib.make_batch(draw.rollout, A_BG, loss_rows_BG=loss_rows,
                               trim=s.batch.trim_columns,
-                              column_buckets=s.batch.column_buckets, ppo=ppo, pack=pack)
+                              column_buckets=s.batch.column_buckets, ppo=ppo, pack=pack,
+                              policy_mask_BGS=draw.policy_mask_BGS)
 
 
 def step_batch(s: RunSettings, step: int, draw: Draw, sig: signal_lib.Signal, learner,

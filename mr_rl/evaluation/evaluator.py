@@ -206,7 +206,7 @@ def _check_pieces(policy, runner) -> None:
 
 
 def evaluate(policy, runner, params, examples: Sequence[Any], config: EvalConfig,
-             key: jax.Array | None = None) -> EvalResult:
+             key: jax.Array | None = None, turns=None, rewards=None) -> EvalResult:
   """Evaluates ``params`` on ``examples`` (see the module docstring for the protocols).
 
   Args:
@@ -217,6 +217,9 @@ def evaluate(policy, runner, params, examples: Sequence[Any], config: EvalConfig
     config: a resolved `EvalConfig` (`EvalConfig.resolve` fills its None fields from a
       run's settings).
     key: PRNG key (required in sampled mode; batch i samples with ``fold_in(key, i)``).
+    turns, rewards: a multi-turn run's draws (`mr_rl.multiturn.draw.TurnDraws`) and its
+      `RewardSettings`: trajectories instead of single responses, scored on every channel
+      (the runner holds the text ones); lengths count the policy's own tokens.
 
   Returns:
     EvalResult with one record per example, in input order.
@@ -244,7 +247,9 @@ def evaluate(policy, runner, params, examples: Sequence[Any], config: EvalConfig
       if not isinstance(getattr(ex, attr, None), str):
         raise TypeError(f"examples[{i}] must be a mr_rl.data.Example with a str .{attr}, "
                         f"got {type(ex).__name__}")
-  names = tuple(runner.names)
+  if (turns is None) != (rewards is None):
+    raise ValueError("evaluate: give turns and rewards together (a multi-turn run's)")
+  names = tuple(runner.names) if turns is None else tuple(rewards.channels)
   cfg = config
   if not 0 <= cfg.primary < len(names):
     raise ValueError(f"EvalConfig.primary={cfg.primary} is out of range for {len(names)} "
@@ -265,11 +270,17 @@ def evaluate(policy, runner, params, examples: Sequence[Any], config: EvalConfig
     chunk = examples[start:start + B]
     m = len(chunk)
     padded = chunk + [chunk[i % m] for i in range(B - m)]
-    ro = rollout_lib.rollout(policy, params, padded, jax.random.fold_in(key, b),
-                             sampling).take(m)
-    r_BGK, _ = rollout_lib.score(runner, ro, chunk)
+    if turns is None:
+      ro = rollout_lib.rollout(policy, params, padded, jax.random.fold_in(key, b),
+                               sampling).take(m)
+      r_BGK, _ = rollout_lib.score(runner, ro, chunk)
+      lengths = ro.lengths
+    else:
+      ro, policy_BGS, r_BGK = turns(params, padded, jax.random.fold_in(key, b), runner, rewards,
+                                    sampling.group_size, sampling=sampling)[:3]
+      ro, r_BGK, lengths = ro.take(m), r_BGK[:m], policy_BGS[:m].sum(-1)
     rs.append(np.asarray(r_BGK, np.float32))
-    lens.append(np.asarray(ro.lengths))
+    lens.append(np.asarray(lengths))
     truncs.append(np.asarray(ro.truncated, bool))
     texts.extend(tuple(row) for row in ro.texts)
     _LOG.debug("evaluated %d/%d examples", start + m, num_examples)  # (--verbosity=1)

@@ -36,7 +36,7 @@ def evaluation_examples(eval_data, num_prompts: int) -> list:
 
 
 def run_evaluation(policy, runner, settings, eval_data, params, key,
-                   eval_settings=None) -> dict[str, float]:
+                   eval_settings=None, turns=None) -> dict[str, float]:
   """`eval_settings` (default `settings.eval`) on `evaluation_examples(eval_data)`; the flat
   `eval/...` metrics: per-channel means, `eval/<primary>&<aux>` joint rates, pass@k of the
   primary channel, lengths.
@@ -48,11 +48,12 @@ def run_evaluation(policy, runner, settings, eval_data, params, key,
     eval_data: {set name: examples} or a list of examples (`evaluation_examples`).
     params: the policy parameters.
     key: the evaluation's PRNG key.
+    turns: a multi-turn run's draws (`mr_rl.train.Components.turns`), or None.
   """
   e = settings.eval if eval_settings is None else eval_settings
-  cfg = eval_config(e).resolve(settings, len(runner.names))
+  cfg = eval_config(e).resolve(settings, settings.num_channels)
   result = evaluate(policy, runner, params, evaluation_examples(eval_data, e.num_prompts), cfg,
-                    key)
+                    key, turns=turns, rewards=None if turns is None else settings.rewards)
   m = result.metrics("eval/")
   if isinstance(eval_data, Mapping) and len(eval_data) == 1:  # one set is not split out
     (name,) = eval_data
@@ -60,7 +61,9 @@ def run_evaluation(policy, runner, settings, eval_data, params, key,
   return m
 
 
-def final_eval(policy, runner, settings, eval_data, params, key_offset: int = 0) -> dict[str, float]:
+def final_eval(policy, runner, settings, eval_data, params, key_offset: int = 0,
+               turns=None) -> dict[str, float]:
   """The end-of-run evaluation (`run_evaluation` with the final-eval key of `settings.seed`)."""
   key = jax.random.fold_in(jax.random.PRNGKey(settings.seed), FINAL_EVAL_KEY + key_offset)
-  return run_evaluation(policy, runner, settings, eval_data, params, key, settings.eval)
+  return run_evaluation(policy, runner, settings, eval_data, params, key, settings.eval,
+                        turns=turns)

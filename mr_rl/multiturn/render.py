@@ -102,10 +102,15 @@ class PlainRenderer:
     template: an observation message's text (the demo: '={content};').
     prompt_template: a first message's text.
     marker: appended to a truncated observation's content (in the tokenizer's vocabulary).
+    bos: the prompt starts with the tokenizer's bos id (as a single-turn prompt without a
+      data template does, `mr_rl.rollout.Policy`).
   """
 
   def __init__(self, tokenizer, template: str = "{content}", prompt_template: str = "{content}",
-               marker: str = TRUNCATION_MARKER):
+               marker: str = TRUNCATION_MARKER, bos: bool = False):
+    if bos and tokenizer.bos_token_id is None:
+      raise ValueError("PlainRenderer(bos=True): the tokenizer has no bos token")
+    self.bos = bos
     self.marker = marker
     self.tokenizer = tokenizer
     self.template = template
@@ -115,7 +120,8 @@ class PlainRenderer:
     return self.tokenizer.encode(text, add_special_tokens=False)
 
   def prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-    return self._encode("".join(self.prompt_template.format(**m) for m in messages))
+    ids = self._encode("".join(self.prompt_template.format(**m) for m in messages))
+    return [self.tokenizer.bos_token_id] + ids if self.bos else ids
 
   def turn_text(self, ids: Sequence[int]) -> str:
     return self.tokenizer.decode(list(ids), skip_special_tokens=False)

@@ -1,9 +1,7 @@
-"""The multi-turn settings section (`config.multiturn`), declared like every section
-(`mr_rl.fields`), and what it builds: the environment factory, the renderer's tool schemas
-and the rollout's limits, all checked when the section is built (start-up).
-
-Not yet part of `RunSettings` (docs/multiturn.md, "Not done yet"): a multi-turn run builds
-this section from `config.multiturn` itself (`from_config`).
+"""The multi-turn settings section (`config.multiturn`, `RunSettings.multiturn`), declared like
+every section (`mr_rl.fields`), and what it builds: the environment factory, the renderer and
+the rollout's limits, all checked when the section is built (start-up). With neither `env`
+nor `tools` the run is single-turn.
 """
 
 from __future__ import annotations
@@ -47,11 +45,18 @@ class MultiTurnSettings:
       30.0, "an environment step running longer fails its trajectory",
       F.Float(lo=0.0, lo_open=True))
   workers: int = F.setting(8, "host threads running environment steps", F.Int(lo=1))
+  renderer: str = F.setting("", "renderer factory 'pkg.mod:make' (make(tokenizer) -> renderer; "
+                            "'': the tokenizer's chat template, mr_rl.multiturn.render."
+                            "ChatRenderer)", _import_path_or_empty)
+
+  @property
+  def enabled(self) -> bool:
+    return bool(self.env or self.tools)
 
   def __post_init__(self):
     F.validate(self)
-    if not self.env and not self.tools:
-      raise ValueError("config.multiturn needs an env ('pkg.mod:make') or tools")
+    if not self.enabled:
+      return
     if self.env and self.tools:
       raise ValueError("config.multiturn: give env or tools, not both (an environment with "
                        "tools builds its own ToolEnv)")
@@ -71,6 +76,13 @@ class MultiTurnSettings:
       return env_lib.environment_factory(self.env, self.env_params)
     tools, fmt = tools_lib.load_tools(self.tools), self.tool_format_object()
     return lambda: tools_lib.ToolEnv(list(tools.values()), format=fmt, **dict(self.env_params))
+
+  def make_renderer(self, tokenizer):
+    """The renderer of observations for `tokenizer`."""
+    from mr_rl.multiturn import render as render_lib
+    if not self.renderer:
+      return render_lib.ChatRenderer(tokenizer)
+    return env_lib.resolve(self.renderer, "renderer")(tokenizer)
 
   def limits(self) -> TurnLimits:
     return TurnLimits(max_turns=self.max_turns,

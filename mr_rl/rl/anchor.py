@@ -89,7 +89,7 @@ def drift_chunk_rows(micro_batch_rows: int, rows: int, multiple: int = 1) -> int
 
 def measure_drift(policy: rollout_lib.Policy, probe_params, base_params, examples, key, *,
                   sampling: rollout_lib.SamplingSettings, batch_prompts: int,
-                  micro_batch_rows: int) -> dict[str, float]:
+                  micro_batch_rows: int, turns=None) -> dict[str, float]:
   """Reverse and forward per-token drift of `probe_params` from `base_params`.
 
   Responses are sampled at temperature 1 (`sampling.group_size` per held-out prompt,
@@ -99,7 +99,9 @@ def measure_drift(policy: rollout_lib.Policy, probe_params, base_params, example
   not fit a chip at paper scale), on the policy's mesh when it has one. On a mesh each call's
   prompts are rounded up, as evaluation does (`mr_rl.evaluation.evaluate`), so its rows split
   evenly over the data axes: the extra prompts repeat the call's own and their rows are
-  dropped before the means.
+  dropped before the means. With `turns` (a multi-turn run's `TurnDraws`) the samples are
+  trajectories and the drift is per token the policy wrote (observations are attended to,
+  not counted).
   """
   out = {}
   B, samples = batch_prompts, sampling.group_size
@@ -116,9 +118,16 @@ def measure_drift(policy: rollout_lib.Policy, probe_params, base_params, example
     for i in range(0, len(examples) - B + 1, B):
       chunk = list(examples[i:i + B])
       chunk += [chunk[j % B] for j in range(padded_B - B)]
-      ro = rollout_lib.rollout(policy, sample_params, chunk, jax.random.fold_in(key, i),
-                               sampling)
-      batch = batch_lib.make_batch(ro, jnp.zeros(ro.lengths.shape, jnp.float32))
+      if turns is None:
+        ro = rollout_lib.rollout(policy, sample_params, chunk, jax.random.fold_in(key, i),
+                                 sampling)
+        batch = batch_lib.make_batch(ro, jnp.zeros(ro.lengths.shape, jnp.float32))
+        lengths_BG = ro.lengths
+      else:
+        d = turns.sample(sample_params, chunk, jax.random.fold_in(key, i), samples, sampling)
+        ro, lengths_BG = d.rollout, d.policy_mask_BGS.sum(-1)
+        batch = batch_lib.make_batch(ro, jnp.zeros(ro.lengths.shape, jnp.float32),
+                                     policy_mask_BGS=d.policy_mask_BGS)
       s, e = update_lib.chunked_forward(  # both policies' [rows, T, V] logits at a time
           lambda pq, *c: _seq_kl_jit(policy.model, *pq, *c), (sample_params, other),
           batch.tokens, batch.mask, batch.response_mask, batch.old_logp,
@@ -126,7 +135,7 @@ def measure_drift(policy: rollout_lib.Policy, probe_params, base_params, example
       real = B * samples  # rows b * samples + j: the padded prompts' rows come last
       sampled.append(distributed.to_host(s)[:real])
       exact.append(distributed.to_host(e)[:real])
-      lens.append(ro.lengths[:B].reshape(-1))
+      lens.append(np.asarray(lengths_BG)[:B].reshape(-1))
     if not lens:
       raise ValueError(f"need at least batch_prompts={B} held-out prompts, got {len(examples)}")
     mean_len = float(np.concatenate(lens).mean())

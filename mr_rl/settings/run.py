@@ -33,6 +33,11 @@ def _async():
   return AsyncSettings
 
 
+def _multiturn():
+  from mr_rl.multiturn.settings import MultiTurnSettings
+  return MultiTurnSettings
+
+
 MESH = {"data": -1, "fsdp": 1, "tensor": 1, "expert": 1}
 
 
@@ -95,6 +100,8 @@ class RunSettings:
                                                factory=DynamicSamplingSettings)
   asynchrony: Any = F.setting(help="sampler ahead of the learner (mr_rl.async_rl)",
                               factory=F.Lazy(_async))
+  multiturn: Any = F.setting(help="multi-turn rollouts with tools or an environment "
+                             "(mr_rl.multiturn.settings)", factory=F.Lazy(_multiturn))
   compile: CompileSettings = F.setting(help="XLA compilation", factory=CompileSettings)
   resume: ResumeSettings = F.setting(help="resume checks", factory=ResumeSettings)
 
@@ -127,6 +134,7 @@ class RunSettings:
                        f"({self.advantage}) is 0 for every row and the run trains on nothing; "
                        "sample (temperature > 0, top_k 0 or > 1), or greedy evaluation: "
                        "config.eval.temperature=0")
+    self._check_multiturn()
     # (data.style '' for a model the papers do not list: its tokenizer decides, at build)
     # Build the aggregator so unknown hyperparameters fail now, not at step 1.
     from mr_rl import aggregators
@@ -143,6 +151,31 @@ class RunSettings:
       from mr_rl.rl import advantages as adv_lib
       adv_lib.get_advantage(self.advantage, **hp)  # unknown hyperparameters fail here
     object.__setattr__(self, "advantage_hp", hp)
+
+  def _check_multiturn(self) -> None:
+    """Environment channels need config.multiturn; a multi-turn run takes what its rollout
+    (mr_rl.multiturn.draw) supports and refuses the rest by name."""
+    from mr_rl.rewards import runner
+    env = [name for spec, name in zip(self.rewards.specs, self.rewards.channels)
+           if runner.get_reward(spec, **dict(self.rewards.params.get(name) or {})).kind
+           == "environment"]
+    if not self.multiturn.enabled:
+      if env:
+        raise ValueError(f"config.rewards.channels {env} are scored from an environment's step "
+                         "rewards: set config.multiturn.env or config.multiturn.tools")
+      return
+    if len(env) == len(self.rewards.channels):
+      raise ValueError("a multi-turn run needs at least one text channel in "
+                       "config.rewards.channels (scored on what the policy wrote); all of "
+                       f"{env} are environment channels")
+    unsupported = [(self.advantage == "ppo", "advantage.name=ppo (GAE over turns is not wired)"),
+                   (self.dynamic.mode != "off", "dynamic.mode (DAPO's rounds)"),
+                   (bool(self.update.pack), "optim.pack"),
+                   (self.asynchrony.active, "asynchrony (a sampler ahead of the learner)")]
+    names = [what for bad, what in unsupported if bad]
+    if names:
+      raise ValueError(f"config.multiturn: multi-turn runs do not support {', '.join(names)} "
+                       "yet (docs/multiturn.md)")
 
   @property
   def num_channels(self) -> int:

@@ -51,9 +51,12 @@ def numina_config(checkpoint: str, data_path: str, total_steps: int):
 
 def strip_timings(rec: dict) -> dict:
   """A metrics record without its wall-clock timings and compile records (which programs a
-  process compiled or loaded from the cache depends on what ran before it, not on the run)."""
+  process compiled or loaded from the cache depends on what ran before it, not on the run),
+  and without the multi-turn metrics that follow when environment steps finished."""
+  from mr_rl.multiturn import trajectories  # pylint: disable=import-outside-toplevel
   return {k: v for k, v in rec.items()
-          if not k.startswith(("time/", "compile/")) and k != "reward_runner/seconds"}
+          if not k.startswith(("time/", "compile/")) and k != "reward_runner/seconds"
+          and k not in trajectories.TIMING_METRICS}
 
 
 def assert_same_metrics(a: list[dict], b: list[dict], rtol: float = 0.0) -> None:

@@ -1,0 +1,139 @@
+"""A multi-turn run's draws: what `mr_rl.train_step.draw_groups` calls when `config.multiturn`
+names an environment or tools.
+
+Shape letters (docs/shapes.md): B prompts, G trajectories per prompt, K reward channels,
+S response columns.
+
+`TurnDraws` is built once per run (`mr_rl.train.build`): the environment factory, the renderer,
+the `TurnRollout` (one continuous-engine slot per trajectory across turns, `rollout.slots`
+slots, `rollout.max_new_tokens` columns for every turn and observation) and the channels of
+`config.rewards.channels` split into text channels (the reward runner's) and environment
+channels (`mr_rl.multiturn.channels`). Each call runs B * G trajectories and returns the
+learner's rollout, its policy mask (0 on observations) and r[B, G, K] in the config's channel
+order, which go through the aggregator and the trajectory-level advantage unchanged.
+
+Text channels score what the policy wrote: its turns' text with the observations left out, and
+its sampled token count (`trajectories.policy_text`), so a tool's output is never read as the policy's
+answer or counted as its length.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from mr_rl import rollout as rollout_lib
+from mr_rl import rollout_engines
+from mr_rl.multiturn import channels as channels_lib
+from mr_rl.multiturn import collect
+from mr_rl.multiturn import trajectories as traj_lib
+from mr_rl.multiturn.rollout import TurnRollout
+from mr_rl.rewards import runner as runner_lib
+
+
+def end_of_turn_ids(settings, render, tokenizer) -> tuple[int, ...]:
+  """Ids that end a policy turn: the renderer's end of turn (a chat template's), the
+  tokenizer's eos, and with `multiturn.tool_format = 'plain'` (the built-in tool environment's
+  format, or an environment's that writes calls the same way) the closing marker, one token."""
+  ids = [getattr(render, "end_of_turn_id", None), tokenizer.eos_token_id]
+  mt = settings.multiturn
+  if mt.tool_format == "plain":
+    close = tokenizer.encode(mt.plain_close, add_special_tokens=False)
+    if len(close) != 1:
+      raise ValueError(f"config.multiturn.plain_close={mt.plain_close!r} is {len(close)} tokens; "
+                       "a turn ends on one id, so the closing marker must be one token")
+    ids.append(close[0])
+  return tuple(dict.fromkeys(i for i in ids if i is not None))
+
+
+class TurnDraws:
+  """Draws of a multi-turn run (module docstring).
+
+  Args:
+    settings: the run's `RunSettings` (multiturn enabled).
+    policy: the run's `mr_rl.rollout.Policy` (model, tokenizer, pad id).
+  """
+
+  def __init__(self, settings, policy: rollout_lib.Policy):
+    s, mt = settings, settings.multiturn
+    if not mt.enabled:
+      raise ValueError("TurnDraws needs config.multiturn.env or config.multiturn.tools")
+    self.settings = s
+    self.make_env = mt.environment_factory()
+    self.render = mt.make_renderer(policy.tokenizer)
+    self._tokenizer = policy.tokenizer
+    self._model, self._pad_id = policy.model, policy.pad_id
+    self._engines = {}
+    self.engine = self.engine_for(s.rollout)
+
+  def engine_for(self, r) -> TurnRollout:
+    """The `TurnRollout` of sampling settings `r` (the run's `rollout`, or evaluation's and
+    the anchor probes' sampling): `rollout.slots` slots (0, or the static engine: one per
+    training row), compiled once per temperature / top-k / top-p."""
+    key = (r.temperature, r.top_k, r.top_p, r.max_new_tokens, r.dtype, r.cache_dtype)
+    if key not in self._engines:
+      s = self.settings
+      slots = rollout_engines.option(s.rollout, "slots") if s.rollout.engine == "continuous" \
+          else 0
+      self._engines[key] = TurnRollout(
+          rollout_lib.sampling_model(self._model, r.dtype), slots=int(slots or s.rows),
+          max_new_tokens=r.max_new_tokens,
+          end_of_turn_ids=end_of_turn_ids(s, self.render, self._tokenizer),
+          limits=s.multiturn.limits(), workers=s.multiturn.workers, temperature=r.temperature,
+          top_k=r.top_k, top_p=r.top_p, pad_id=self._pad_id, cache_dtype=r.cache_dtype or None)
+    return self._engines[key]
+
+  def sample(self, params, examples: Sequence[Any], key: jax.Array, group_size: int,
+             sampling=None) -> collect.TurnDraw:
+    """B * G trajectories of `examples` (not scored); `sampling`: other sampling settings
+    than the run's rollout (evaluation, anchor probes)."""
+    if jax.process_count() > 1:
+      raise NotImplementedError("multi-turn draws run in one process (docs/multiturn.md)")
+    engine = self.engine if sampling is None else self.engine_for(sampling)
+    return collect.draw(engine, params, examples, self.make_env, self.render,
+                        group_size=group_size, key=key)
+
+  def __call__(self, params, examples: Sequence[Any], key: jax.Array, runner, rewards,
+               group_size: int, sampling=None
+               ) -> tuple[rollout_lib.Rollout, np.ndarray, np.ndarray, dict, dict, dict]:
+    """(rollout, policy_mask_BGS, r_BGK, reward metrics, multiturn metrics, seconds) of B * G
+    trajectories scored on `rewards` (a `RewardSettings`: the run's or a sub-run's channels;
+    `runner` holds its text channels, in order)."""
+    t0 = time.perf_counter()
+    d = self.sample(params, examples, key, group_size, sampling)
+    t_roll = time.perf_counter() - t0
+    B, G = len(examples), group_size
+    built = [runner_lib.get_reward(spec, **dict(rewards.params.get(name) or {}))
+             for spec, name in zip(rewards.specs, rewards.channels)]
+    env_k = [k for k, c in enumerate(built) if channels_lib.is_environment_channel(c)]
+    text_k = [k for k in range(len(built)) if k not in env_k]
+    env_channels = [built[k] for k in env_k]
+    if tuple(runner.names) != tuple(rewards.channels[k] for k in text_k):
+      raise ValueError(f"the reward runner's channels {runner.names} are not the text channels "
+                       f"of {rewards.channels}")
+    r_BGK = np.full((B, G, len(built)), np.nan, np.float32)
+    r_BGK[..., env_k] = channels_lib.environment_scores(d.trajectories, env_channels, G)
+    for k, c in zip(env_k, env_channels):  # declared applicability, per prompt
+      if c.applies is not None:
+        for b, ex in enumerate(examples):
+          if not c.applies(rollout_lib.example_dicts([ex])[0]):
+            r_BGK[b, :, k] = np.nan
+    pending = runner.start(rollout_lib.example_dicts(examples), G)
+    for n, t in enumerate(d.trajectories):
+      text, n_tok = traj_lib.policy_text(self.render, t)
+      pending.add(n // G, n % G, text, n_tok)
+    r_text, counts, seconds = pending.result()
+    r_text, reward_m = runner.finish(r_text, counts, seconds)
+    failed = np.array([t.failed for t in d.trajectories]).reshape(B, G)
+    for j, k in enumerate(text_k):  # a failed environment fails every channel
+      c = runner.channels[j]
+      r_BGK[..., k] = np.where(failed & ~np.isnan(r_text[..., j]), c.on_failure, r_text[..., j])
+    for k, c in zip(env_k, env_channels):
+      col = r_BGK[..., k]
+      reward_m[f"rewards/{c.name}/mean"] = float(np.nanmean(col)) if np.isfinite(col).any() \
+          else float("nan")
+    return (d.rollout, d.policy_mask_BGS, r_BGK, reward_m, d.metrics,
+            {"rollout": t_roll, "reward": time.perf_counter() - t0 - t_roll})

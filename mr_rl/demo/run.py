@@ -47,6 +47,8 @@ TASKS = {
     # TAG Table 8: the compatible and the incompatible auxiliary at once.
     "brief_negative": (("arith_acc", "arith_brief", "arith_negative"),
                        ("arith_brief", "arith_negative")),
+    # Multi-turn (configs/demo_tools.py): the calculator's call ran (mr_rl.multiturn.channels).
+    "calculator": (("arith_acc", "tool_success", "arith_brief"), ("tool_success", "arith_brief")),
 }
 BASE_METHODS = ("rp_only", "additive", "weighted", "min", "amrp", "tag", "dropout")
 TRACE_TAIL = 5  # "final" rollout shares are the mean over the last TRACE_TAIL steps
@@ -266,7 +268,7 @@ def demo(config, workdir: str, log=print) -> dict:
         comp = dataclasses.replace(comp, train_examples=train_ex, eval_examples=eval_ex)
     report[task], histories = {}, {}
     base_ev = evaluation.final_eval(comp.policy, comp.runner, ts, comp.eval_data,
-                                    comp.base_params)
+                                    comp.base_params, turns=comp.turns)
     report[task]["base"] = summarize(base_ev, task)
     for method in plan[task]:
       t0 = time.time()
@@ -282,7 +284,8 @@ def demo(config, workdir: str, log=print) -> dict:
       if not history or history[0]["step"] != 0:  # resumed (a re-run): the whole run's steps
         distributed.barrier("demo-metrics")  # process 0 has written them
         history = metrics_lib.read_jsonl(os.path.join(method_dir, "metrics.jsonl"))
-      ev = evaluation.final_eval(comp.policy, comp.runner, ms, comp.eval_data, res.params)
+      ev = evaluation.final_eval(comp.policy, comp.runner, ms, comp.eval_data, res.params,
+                                 turns=comp.turns)
       r = report[task][method] = summarize(ev, task)
       if method == "tag":
         r["anchor"] = ts.rewards.channels[a]

@@ -20,7 +20,7 @@ import numpy as np
 from mr_rl import models, sampling
 from mr_rl.demo import task, warmstart
 
-STYLE_NAMES = ("direct", "chained", "concise", "restated", "verbose", "runaway", "other")
+STYLE_NAMES = ("direct", "chained", "concise", "restated", "verbose", "tool", "runaway", "other")
 _QUESTION = re.compile(r"\d(?:[+-]\d)+")
 _STEP = re.compile(r"-?\d+[+-]\d=-?\d+")
 _CHAIN = re.compile(r"\d[+-]\d=-?\d+(?:[+-]\d=-?\d+)+")
@@ -30,7 +30,7 @@ def response_style(response: str) -> str:
   """The style of a response (`task.Problem.solution`'s names): 'direct' (empty reasoning),
   'chained' (two or more operations in one chain), 'concise' (steps, each once; a 2-term
   chained answer is one step, so 'concise'), 'restated' (the question, then steps),
-  'verbose' (each step twice), 'runaway' (no closing `</r>`: a loop or a response cut by the
+  'verbose' (each step twice), 'tool' (the question alone: a calculator call), 'runaway' (no closing `</r>`: a loop or a response cut by the
   cap), else 'other'."""
   head, sep, _ = response.partition("</r>")
   if not sep:
@@ -42,6 +42,8 @@ def response_style(response: str) -> str:
     return "direct"
   if _CHAIN.fullmatch(reasoning):
     return "chained"
+  if _QUESTION.fullmatch(reasoning):
+    return "tool"
   steps = reasoning.split(";")
   if len(steps) > 1 and _QUESTION.fullmatch(steps[0]) and all(_STEP.fullmatch(s)
                                                               for s in steps[1:]):

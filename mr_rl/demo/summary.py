@@ -180,6 +180,18 @@ def rp_only_beats_base() -> Callable[[Report], Result]:
   return check
 
 
+def best_of_difference(task, methods, ref, key, margin) -> Callable[[Report], Result]:
+  """The best of `methods` on `key` minus `ref`'s >= margin (n/a unless all ran)."""
+  def check(report):
+    vals = [_get(report, task, m, key) for m in methods]
+    b = _get(report, task, ref, key)
+    if b is None or any(v is None for v in vals):
+      return NA
+    best = max(vals)
+    return best - b >= margin, best - b, f"{max(zip(vals, methods))[1]} {best:.3f} vs {b:.3f}"
+  return check
+
+
 def _all(*checks) -> Callable[[Report], Result]:
   """Passes when every check passes; n/a if any is n/a; the value is the first check's."""
   def check(report):
@@ -251,6 +263,21 @@ TARGETS = (
     ("RP-only accuracy - base > 0 in every task", rp_only_beats_base()),
 )
 
+# The multi-turn demo (configs/demo_tools.py: arithmetic with a calculator the policy calls),
+# shown where its task ran: multi-reward RL (correctness, the call ran, brevity) raises
+# accuracy, through calls that run, and the gated and adaptive rules keep up with additive.
+TOOL_TARGETS = (
+    ("calculator: TAG accuracy - base >= +0.10",
+     difference("calculator", "tag", "base", "accuracy", 0.10)),
+    ("calculator: AMRP accuracy - base >= +0.10",
+     difference("calculator", "amrp", "base", "accuracy", 0.10)),
+    ("calculator: TAG calls that ran - base >= +0.10",
+     difference("calculator", "tag", "base", "rate/tool_success", 0.10)),
+    ("calculator: best of TAG, AMRP accuracy - additive >= 0",
+     best_of_difference("calculator", ("tag", "amrp"), "additive", "accuracy", 0.0)),
+    ("calculator: TAG elects arith_acc", anchor_is("calculator")),
+)
+
 FULL_CHECKS = (
     ("acc_fmt_len: AMRP+GDPO accuracy - static GDPO >= +0.05",
      difference("acc_fmt_len", "amrp_gdpo", "additive_gdpo", "accuracy", 0.05)),
@@ -294,7 +321,11 @@ def _target_row(name, fn, report: Report, is_full: bool) -> dict:
 def target_rows(report: Report, full: bool | None = None) -> list[dict]:
   """[{target, passed, value, text, full}] of one report: the default targets, and the `full`
   checks whose methods ran (all of them with full=True)."""
-  rows = [_target_row(name, fn, report, False) for name, fn in TARGETS]
+  single_turn = any(t in report for t in ("brief", "negative", "acc_fmt_len", "brief_negative"))
+  rows = [_target_row(name, fn, report, False) for name, fn in TARGETS
+          if single_turn or "calculator" not in report]
+  rows += [row for row in (_target_row(name, fn, report, False) for name, fn in TOOL_TARGETS)
+           if row["passed"] is not None or "calculator" in report]
   for name, fn in FULL_CHECKS:
     row = _target_row(name, fn, report, True)
     if full or row["passed"] is not None:

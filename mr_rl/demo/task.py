@@ -90,12 +90,15 @@ class Problem:
         same steps without repeating each total); 'verbose' (each step written twice);
         'loop' (a runaway: the steps up to `loop_step`, then that step repeated without end,
         so it never answers and overshoots any cap); 'direct' (no reasoning:
-        `<r></r><a>6</a>`, short, and for a small model a guess on long chains).
+        `<r></r><a>6</a>`, short, and for a small model a guess on long chains); 'tool' (a
+        calculator call `<r>7+5-9+3</r>`, then the answer: `mr_rl.demo.calculator`).
       answer: the answer written (default the true one; a sign slip writes `-answer`).
       broken_format: write the answer as `=6` after `</r>` instead of `<a>6</a>` (still
         scored by `accuracy`, fails `fmt`).
       loop_step: the step index where a 'loop' starts repeating.
     """
+    if style == "tool":  # the calculator's call, its observation not written (`calculator`)
+      return f"<r>{self.prompt[len('Q:'):-len('=')]}</r><a>{answer}</a>"
     if style not in STYLES:
       raise ValueError(f"unknown solution style {style!r}; valid: {STYLES}")
     answer = self.answer if answer is None else int(answer)
@@ -117,7 +120,7 @@ class Problem:
     return "<r>" + ";".join(steps) + "</r>" + tail
 
 
-STYLES = ("concise", "restated", "chained", "verbose", "loop", "direct")
+STYLES = ("concise", "restated", "chained", "verbose", "loop", "direct", "tool")
 LOOP_REPEATS = 16  # a loop written out this far exceeds any response budget of the demo
 
 

@@ -6,6 +6,7 @@ step-by-step and direct answers, see `task`), then writes it as a Hugging Face c
 loads it exactly as it would load Qwen3 from the hub.
 
     python -m mr_rl.demo.warmstart --out mr_rl/demo/assets/base_policy
+    python -m mr_rl.demo.warmstart --recipe=calculator --out mr_rl/demo/assets/calculator_policy
 
 The mixture is what makes the demo meaningful: the base policy mostly reasons step by step
 (long, usually right), sometimes chained (each operation once: shorter and right), sometimes
@@ -27,7 +28,7 @@ import numpy as np
 import optax
 
 from mr_rl import models
-from mr_rl.demo import task
+from mr_rl.demo import calculator as calculator_lib, task
 
 PROMPT_LEN = 18        # prompts (<= 17 tokens for 7 terms) are left-padded to this bucket
 RESPONSE_LEN = 48      # responses (with <eos>) are right-padded to this length
@@ -59,9 +60,21 @@ class WarmStartConfig:
   p_sign_slip: float = 0.12   # share of targets whose (nonzero) answer has the wrong sign
   d_model: int = 128
   n_layers: int = 2
+  calculator: bool = False    # targets are calculator transcripts (`mr_rl.demo.calculator`):
+                              # after each </r>, its observation (not in the loss)
+  p_tool: float = 0.0         # share of targets that call the calculator with the question
+  init_from: str = ""         # start from this checkpoint (a directory name under
+                              # mr_rl/demo/assets/, or a path) instead of random weights
 
 
 RECIPE = WarmStartConfig()  # mr_rl/demo/assets/base_policy (tests check its warmstart.json)
+# mr_rl/demo/assets/calculator_policy: the base policy of the multi-turn demo
+# (configs/demo_tools.py), the same mixture with a quarter of the targets calling the calculator.
+# Fine-tuned from the base policy: its styles stay, and it learns what follows each </r>.
+CALCULATOR_RECIPE = WarmStartConfig(calculator=True, p_tool=0.25, init_from="base_policy",
+                                    steps=500, lr=1e-3)
+ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
+RECIPES = {"base": RECIPE, "calculator": CALCULATOR_RECIPE}
 
 
 def model_config(vocab_size: int, cfg: WarmStartConfig) -> models.ModelConfig:
@@ -85,6 +98,8 @@ def target_text(problem: task.Problem, rng: np.random.Generator, cfg: WarmStartC
   answer = problem.answer
   if answer != 0 and rng.random() < cfg.p_sign_slip:
     answer = -answer  # a sign slip: wrong, and negative on a positive problem
+  if cfg.p_tool and rng.random() < cfg.p_tool:
+    return problem.solution("tool", answer=answer)
   if rng.random() < cfg.p_direct:
     return problem.solution("direct", answer=answer)
   if k >= cfg.loop_min_terms and rng.random() < cfg.p_loop:
@@ -102,8 +117,11 @@ def target_text(problem: task.Problem, rng: np.random.Generator, cfg: WarmStartC
                           broken_format=rng.random() < cfg.p_broken_format)
 
 
-def encode_batch(tokenizer, prompts: list[str], responses: list[str] | None = None):
-  """Left-padded prompts [B, PROMPT_LEN] (with <bos>) and right-padded responses [B, RESPONSE_LEN].
+def encode_batch(tokenizer, prompts: list[str], responses: list[str] | None = None,
+                 calculator: bool = False):
+  """Left-padded prompts [B, PROMPT_LEN] (with <bos>) and right-padded responses [B, RESPONSE_LEN]
+  with their mask; with `calculator`, also the loss mask [B, RESPONSE_LEN] (0 on the
+  calculator's observations, which `calculator.tool_transcript` inserts after each </r>).
 
   A response longer than RESPONSE_LEN (with its <eos>) is cut to RESPONSE_LEN tokens without
   <eos>: a runaway target (a verbose solution of a long chain), taught as it would be sampled
@@ -122,12 +140,18 @@ def encode_batch(tokenizer, prompts: list[str], responses: list[str] | None = No
     return p_tok, p_mask
   r_tok = np.full((B, RESPONSE_LEN), tokenizer.pad_token_id, np.int32)
   r_mask = np.zeros((B, RESPONSE_LEN), np.int32)
+  r_loss = np.zeros((B, RESPONSE_LEN), np.int32)
   for i, r in enumerate(responses):
-    ids = (tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
-    ids = ids[:RESPONSE_LEN]
+    if calculator:
+      ids, loss = calculator_lib.tool_transcript(prompts[i], r, tokenizer)
+    else:
+      ids = tokenizer(r, add_special_tokens=False)["input_ids"]
+      loss = [1] * len(ids)
+    ids, loss = (ids + [tokenizer.eos_token_id])[:RESPONSE_LEN], (loss + [1])[:RESPONSE_LEN]
     r_tok[i, :len(ids)] = ids
     r_mask[i, :len(ids)] = 1
-  return p_tok, p_mask, r_tok, r_mask
+    r_loss[i, :len(ids)] = loss
+  return (p_tok, p_mask, r_tok, r_mask) + ((r_loss,) if calculator else ())
 
 
 def _save(model, params, tokenizer, cfg, loss, out_dir):
@@ -144,13 +168,19 @@ def train(cfg: WarmStartConfig, out_dir: str | None = None, log_every: int = 100
   vocab = int(np.ceil(len(tokenizer) / 8) * 8)
   model = models.Transformer(model_config(vocab, cfg))
   params = models.init_params(model, jax.random.PRNGKey(cfg.seed))
+  if cfg.init_from:
+    path = cfg.init_from if os.sep in cfg.init_from else os.path.join(ASSETS, cfg.init_from)
+    start, params = models.load_pretrained(path)[:2]
+    if start.config != model.config:
+      raise ValueError(f"warm start init_from={path}: its model {start.config} is not this "
+                       f"recipe's {model.config}")
   opt = optax.chain(optax.clip_by_global_norm(1.0),
                     optax.adamw(optax.cosine_decay_schedule(cfg.lr, cfg.steps, 0.05),
                                 weight_decay=0.01))
   opt_state = opt.init(params)
 
   @jax.jit
-  def step(params, opt_state, p_tok, p_mask, r_tok, r_mask):
+  def step(params, opt_state, p_tok, p_mask, r_tok, r_mask, r_loss):
     tokens = jnp.concatenate([p_tok, r_tok], 1)
     mask = jnp.concatenate([p_mask, r_mask], 1)
 
@@ -158,7 +188,7 @@ def train(cfg: WarmStartConfig, out_dir: str | None = None, log_every: int = 100
       logits = models.logits(model, params, tokens, mask)[:, PROMPT_LEN - 1:-1]
       logp = jax.nn.log_softmax(logits.astype(jnp.float32))
       nll = -jnp.take_along_axis(logp, r_tok[..., None], -1)[..., 0]
-      return jnp.sum(nll * r_mask) / jnp.sum(r_mask)
+      return jnp.sum(nll * r_loss) / jnp.sum(r_loss)
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, opt_state = opt.update(grads, opt_state, params)
@@ -170,7 +200,9 @@ def train(cfg: WarmStartConfig, out_dir: str | None = None, log_every: int = 100
     probs = task.sample_problems(rng, cfg.batch_size, min_terms=cfg.min_terms,
                                  max_terms=cfg.max_terms)
     batch = encode_batch(tokenizer, [p.prompt for p in probs],
-                         [target_text(p, rng, cfg) for p in probs])
+                         [target_text(p, rng, cfg) for p in probs], calculator=cfg.calculator)
+    if not cfg.calculator:
+      batch += (batch[-1],)  # the loss on every response token
     params, opt_state, loss = step(params, opt_state, *batch)
     if log_every and (i % log_every == 0 or i == cfg.steps - 1):
       print(f"warmstart step {i:5d} loss {float(loss):.4f} ({time.time() - t0:.0f}s)", flush=True)
@@ -185,10 +217,17 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", required=True, help="checkpoint directory to write")
   ap.add_argument("--save_every", type=int, default=0, help="also save every N steps")
+  ap.add_argument("--recipe", default="base", choices=sorted(RECIPES),
+                  help="the defaults: base (mr_rl/demo/assets/base_policy) or calculator "
+                       "(mr_rl/demo/assets/calculator_policy); the flags below override them")
   for f in dataclasses.fields(WarmStartConfig):
-    ap.add_argument(f"--{f.name}", type=type(f.default), default=f.default)
+    kind = (lambda v: v.lower() in ("1", "true", "yes")) if f.type in (bool, "bool") else \
+        type(f.default)
+    ap.add_argument(f"--{f.name}", type=kind, default=None)
   args = ap.parse_args(argv)
-  cfg = WarmStartConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(WarmStartConfig)})
+  cfg = dataclasses.replace(RECIPES[args.recipe], **{
+      f.name: getattr(args, f.name) for f in dataclasses.fields(WarmStartConfig)
+      if getattr(args, f.name) is not None})
   train(cfg, args.out, save_every=args.save_every)
   print(f"wrote {args.out}")
 

@@ -1,6 +1,6 @@
 """Paper configs, tiny runlocal assets and launch tools (docs/style.md §2, §11-13).
 
-* Every sweep point of every `configs/<file>.py` (except demo.py) resolves: `get_config(point)`
+* Every sweep point of every `configs/<file>.py` (except the demos) resolves: `get_config(point)`
   and its `runlocal` variant pass `mr_rl.settings.from_config`, or fail there with the
   ValueError `config_lib.blocker` predicts (PPO not wired; reward channels not registered).
 * Paper values: spot checks of the hyperparameters each table needs.
@@ -38,7 +38,7 @@ from mr_rl.registry import PIPELINES
 REPO = str(pathlib.Path(__file__).resolve().parents[2])
 FILES = sorted(os.path.splitext(os.path.basename(p))[0]
                for p in glob.glob(os.path.join(REPO, "configs", "*.py"))
-               if os.path.basename(p) not in ("demo.py", "__init__.py"))
+               if os.path.basename(p) not in ("demo.py", "demo_tools.py", "__init__.py"))
 # Shared by both xdist workers and across runs; builds are atomic, the directory name carries
 # a hash of the mr_rl/testing files.
 os.environ.setdefault("MR_RL_CACHE", os.path.join(tempfile.gettempdir(), "mr_rl_test_cache"))

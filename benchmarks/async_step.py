@@ -12,7 +12,7 @@ stand-in), the case where scoring does not compete with the device for the host'
 
   s=0 : the synchronous loop (rollout, wait for the scores, update);
   s=1 : the draw of step t + 1 sampled before step t's update, its scoring waited for on the
-        worker thread while the main thread updates (`mr_rl.async_rl`).
+        worker thread while the main thread updates (`mr_rl.draw_queue`).
 
 Each round is one `train` call of `--steps` steps; a step's wall time is the interval between
 the trainer's per-step log lines, the first `--skip` steps of a round left out (compiles,
@@ -21,7 +21,7 @@ component times of the s=0 steps (rollout, scoring tail, update: `time/rollout`,
 `time/reward`, `time/update`), the ratio s=1 / s=0, the machine's busy CPU seconds per step
 (all processes, /proc/stat) with the bound they put on any overlap (a step cannot be shorter
 than its CPU work spread over every core), and the pod timeline model
-(`mr_rl.async_rl.timeline`) fed by those components.
+(`mr_rl.draw_queue.timeline`) fed by those components.
 
   python benchmarks/async_step.py --quick --json out.json   # 2 rounds x 6 steps
   python benchmarks/async_step.py                           # 3 rounds x 10 steps
@@ -127,7 +127,7 @@ def main(argv=None):
     a.rounds, a.steps = 2, 6
   if a.steps <= a.skip + 1:
     raise ValueError(f"--steps={a.steps} must exceed --skip + 1 = {a.skip + 1}")
-  from mr_rl import async_rl, settings as settings_lib, train as train_lib
+  from mr_rl import draw_queue, settings as settings_lib, train as train_lib
   lat = a.latency_ms / 1e3 if a.reward == "latency" else None
   build = {s: settings_lib.from_config(config(a.policy, a.steps, s, a.prompts, a.group,
                                               a.tokens, lat)) for s in (0, 1)}
@@ -170,10 +170,11 @@ def main(argv=None):
                                   **{k.replace("time/", "") + "_s": v for k, v in med.items()})
   s0, s1 = res["modes"]["s=0"], res["modes"]["s=1"]
   res["ratio"] = s1["steps_per_s"] / s0["steps_per_s"]
-  t = async_rl.StepTimes(rollout=s0["rollout_s"], score=s0["reward_s"], update=s0["update_s"])
-  res["model"] = {"one_set": {f"s={s}": async_rl.timeline(t, a.pod, 0, s) for s in (0, 1)}}
+  t = draw_queue.StepTimes(rollout=s0["rollout_s"], score=s0["reward_s"],
+                           update=s0["update_s"])
+  res["model"] = {"one_set": {f"s={s}": draw_queue.timeline(t, a.pod, 0, s) for s in (0, 1)}}
   for n in range(1, a.pod):
-    res["model"][f"split {n}+{a.pod - n}"] = {f"s={s}": async_rl.timeline(t, a.pod, n, s)
+    res["model"][f"split {n}+{a.pod - n}"] = {f"s={s}": draw_queue.timeline(t, a.pod, n, s)
                                               for s in (0, 1)}
   res["load_avg_end"] = os.getloadavg()
   print(f"s=0: {s0['steps_per_s']:.3f} steps/s (rollout {s0['rollout_s']:.3f} s, scoring tail "

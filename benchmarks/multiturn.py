@@ -30,7 +30,7 @@ from mr_rl import models
 from mr_rl.multiturn import env as env_lib
 from mr_rl.multiturn import rollout as mt
 from mr_rl.sampling import Engine
-from mr_rl.testing import checkpoints
+from mr_rl.tiny_assets import checkpoints
 
 VOCAB = 256
 END_IDS = tuple(range(7, VOCAB, 16))

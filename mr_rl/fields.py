@@ -8,7 +8,7 @@ string as a tuple, `tis_cap` 0 as None); checks are idempotent, so `dataclasses.
 validated section validates again. `mr_rl.settings` derives the config from these declarations
 (`default_config`) and builds the sections from a config (`from_config`). This module imports
 nothing of mr_rl, so the runtime modules that declare their own sections (rl/losses.py,
-rl/update.py, rollout.py, async_rl.py, models/lora.py) may use it.
+rl/update.py, rollout.py, draw_queue.py, models/lora.py) may use it.
 """
 
 from __future__ import annotations

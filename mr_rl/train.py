@@ -32,7 +32,7 @@ loss); the sampler/trainer mismatch is logged every step (`mismatch/*`) and, wit
 `optim.loss.recompute_old_logp` / `optim.loss.tis_cap`, corrected in the step;
 `asynchrony.max_staleness` / `asynchrony.sampler_devices` (groups sampled up to s updates
 ahead of the learner, host scoring overlapped or the sampler on devices of its own:
-`mr_rl.async_rl`). Shape letters:
+`mr_rl.draw_queue`). Shape letters:
 docs/shapes.md.
 """
 
@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mr_rl import async_rl, compilation, data, distributed, evaluation
+from mr_rl import compilation, data, distributed, draw_queue, evaluation
 from mr_rl import metrics as metrics_lib, models, program_plan, train_step
 from mr_rl import rollout as rollout_lib
 from mr_rl import startup
@@ -78,7 +78,7 @@ class Components:
     runner: the reward runner over `settings.rewards.channels`.
     eval_sets: `data.eval_sets` benchmark sets by name (evaluated instead of the eval split).
     learner_mesh: the learner's mesh when the sampler has devices of its own
-      (`asynchrony.sampler_devices`, `mr_rl.async_rl`); None: the learner uses `policy.mesh`.
+      (`asynchrony.sampler_devices`, `mr_rl.draw_queue`); None: the learner uses `policy.mesh`.
     turns: a multi-turn run's draws (`mr_rl.multiturn.draw.TurnDraws`; the runner then holds
       only the text channels), or None.
   """
@@ -213,7 +213,7 @@ def build(settings: RunSettings) -> Components:
   if not settings.asynchrony.sampler_devices:  # (before a mesh or a sampler meets them)
     startup.check_devices(settings, jax.device_count())
   if settings.asynchrony.sampler_devices:  # disjoint sampler / learner devices (config.mesh:
-    mesh, learner_mesh = async_rl.split_meshes(  # the learner's devices)
+    mesh, learner_mesh = draw_queue.split_meshes(  # the learner's devices)
         settings.mesh, settings.asynchrony.sampler_devices)
   else:
     mesh = sharding.make_mesh(dict(settings.mesh)) if jax.device_count() > 1 else None
@@ -264,13 +264,13 @@ class TrainResult:
 class _Outputs:
   """Where a run's steps go: the history `train` returns, the console (primary process) and,
   with a workdir, the metrics files (primary process) and orbax checkpoints (every process:
-  the draws in flight written first, `Pipeline.save`).
+  the draws in flight written first, `DrawQueue.save`).
 
   Attributes:
     meta: step -> the checkpoint meta after that step (0-based).
   """
   settings: RunSettings
-  pipe: async_rl.Pipeline
+  draws: draw_queue.DrawQueue
   meta: Callable[[int], dict]
   log: Callable[[str], None] | None
   workdir: str | None = None
@@ -292,7 +292,7 @@ class _Outputs:
   def save(self, step: int, state) -> None:
     """The checkpoint after `step` (0-based; no-op when written already)."""
     meta = self.meta(step)  # (the draws in flight finished first)
-    self.pipe.save(self.workdir, step + 1, keep=self.ckpt.all_steps())
+    self.draws.save(self.workdir, step + 1, keep=self.ckpt.all_steps())
     self.ckpt.save(step + 1, state, meta)
 
   def end_step(self, step: int, state, preemption: Preemption) -> None:
@@ -356,19 +356,19 @@ def _train(settings: RunSettings, workdir: str | None, *, comp: Components | Non
   rows_fp = None if workdir is None else data.fingerprint(  # (checked on resume, then saved)
       comp.train_examples, data.describe_source(s.data, s.data.split))
   alarm = metrics_lib.ShortcutAlarm(s.alarm_window)
-  # The sampler's params: the policy of the learner's state the loop pushes (`Pipeline.push`).
-  pipe = async_rl.Pipeline.for_run(s.asynchrony, comp.model, comp.policy.mesh, comp.learner_mesh,
-                                   policy=functools.partial(learner.policy,
-                                                            base=comp.base_params))
+  # The sampler's params: the policy of the learner's state the loop pushes (`DrawQueue.push`).
+  draws = draw_queue.DrawQueue.for_run(s.asynchrony, comp.model, comp.policy.mesh,
+                                       comp.learner_mesh, policy=functools.partial(
+                                           learner.policy, base=comp.base_params))
   settings_record = metrics_lib.settings_dict(s)
 
   def meta_now(step):  # (the draws in flight finished: the data iterator is ours alone)
-    pipe.settle()
+    draws.settle()
     return {"step": step + 1, "data": data_iter.state(), data.FINGERPRINT_KEY: rows_fp,
             "alarm": alarm.state(),
             "settings": settings_record, "reward_errors": dict(comp.runner.error_counts)}
 
-  out, start = _Outputs(s, pipe, meta_now, log, workdir), 0
+  out, start = _Outputs(s, draws, meta_now, log, workdir), 0
   if workdir is not None:  # (made by `train`'s claim, a bucket URL too)
     out.ckpt = Checkpointer(workdir)  # all processes save; the end of training always is saved
     restored = out.ckpt.restore_latest(state, log)
@@ -380,7 +380,7 @@ def _train(settings: RunSettings, workdir: str | None, *, comp: Components | Non
       data.restore_position(data_iter, meta, rows_fp, s.resume.allow_data_change,
                             out.ckpt.directory, log)
       alarm.restore(meta["alarm"])
-      pipe.restore(workdir, start)
+      draws.restore(workdir, start)
       if log:
         log(f"resumed from {out.ckpt.directory} at step {start}")
     if distributed.is_primary():  # metrics, TensorBoard and W&B are written once
@@ -388,24 +388,24 @@ def _train(settings: RunSettings, workdir: str | None, *, comp: Components | Non
 
   def draw_for(u):  # the call that draws step u now (the policy and aggregator state of now)
     k_roll_u, k_agg_u, _ = train_step.step_keys(state["key"], u)
-    return functools.partial(train_step.draw_groups, comp, pipe.policy_params(), state["agg"],
-                             data_iter, signal, k_roll_u, k_agg_u, overlap=pipe)
+    return functools.partial(train_step.draw_groups, comp, draws.policy_params(), state["agg"],
+                             data_iter, signal, k_roll_u, k_agg_u, overlap=draws)
 
   if s.compile.warmup:
     n = program_plan.warm_up(comp, s, learner, state["train"])
     compiles.take(log)
     if log:
       log(f"warm-up: compiled {n} programs ahead of step 0")
-  with Preemption() as preemption, pipe:
+  with Preemption() as preemption, draws:
     if start:
       preemption.saved(start)  # (the checkpoint this run resumed from)
-    pipe.push(state["train"])
+    draws.push(state["train"])
     row_multiple = M * (1 if comp.mesh is None else sharding.data_parallel_size(comp.mesh))
     eta = metrics_lib.ETA(s.total_steps)
     for step in range(start, s.total_steps):
       _, k_agg, k_upd = train_step.step_keys(state["key"], step)
-      pipe.fill(step, draw_for)  # draw + score, submitted up to max_staleness steps ahead
-      draw = pipe.take(step, draw_for)
+      draws.fill(step, draw_for)  # draw + score, submitted up to max_staleness steps ahead
+      draw = draws.take(step, draw_for)
       timer = metrics_lib.StageTimer(draw.seconds)  # time/rollout, time/reward (the draw's)
       with timer("update"):  # signal -> batch -> step
         sig = signal(state["agg"], jnp.asarray(draw.r_BGK[:draw.signal_groups]), k_agg)
@@ -414,24 +414,24 @@ def _train(settings: RunSettings, workdir: str | None, *, comp: Components | Non
                                                          state["train"], comp, row_multiple)
         placed = learner.place_batch(batch)
         state["train"], upd_m = learner.update(state["train"], placed, k_upd, comp.base_params)
-        pipe.draw_deferred()  # (split over processes: the next draws, beside the update)
-        pipe.push(state["train"])  # (split devices: a timed copy)
+        draws.draw_deferred()  # (split over processes: the next draws, beside the update)
+        draws.push(state["train"])  # (split devices: a timed copy)
         kl_m = None if ref_logp is None else reference_kl(ref_logp, placed.old_logp,
                                                           placed.response_mask)
         # (the device values of the step come to the host here)
         upd_m, kl_m, agg_m, R_BG = jax.device_get((upd_m, kl_m, sig.metrics, sig.R_BG))
       m = train_step.log_metrics(s, draw, R_BG, agg_m, upd_m, kl_m, batch_m, alarm)  # log
       m.update(timer.metrics())
-      m.update(pipe.metrics())  # (after the weight push of this step's update)
+      m.update(draws.metrics())  # (after the weight push of this step's update)
       m.update(compiles.take(log))  # every program compiled (or loaded from the cache)
       if s.eval.every and (step + 1) % s.eval.every == 0:
-        pipe.settle()  # the reward runner is the evaluation's alone
+        draws.settle()  # the reward runner is the evaluation's alone
         m.update(evaluation.run_evaluation(comp.policy, comp.runner, s, comp.eval_data,
-                                           pipe.policy_params(),
+                                           draws.policy_params(),
                                            jax.random.fold_in(root, 10**9 + step),
                                            turns=comp.turns))
       out.write(step, m, eta.update(step))
       out.end_step(step, state, preemption)
   out.close()
   # (split devices: the sampler's copy, where evaluation and export of the result run)
-  return TrainResult(pipe.policy_params(), state["agg"], out.history)
+  return TrainResult(draws.policy_params(), state["agg"], out.history)

@@ -1,6 +1,6 @@
 """The stages of one training step, which `mr_rl.train`'s loop runs in order:
 
-    draw (+ score)  `draw_groups` -> `Draw` (on the async pipeline: `mr_rl.async_rl`)
+    draw (+ score)  `draw_groups` -> `Draw` (through the draw queue: `mr_rl.draw_queue`)
     signal          `mr_rl.rl.signal.signal_fn`'s jitted function (called by the loop)
     batch           `step_batch`: `learner_batch` and, when asked, the reference forward
     step            the learner's update (`mr_rl.rl.update.learner`)
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mr_rl import async_rl
+from mr_rl import draw_queue
 from mr_rl import metrics as metrics_lib
 from mr_rl import rollout as rollout_lib
 from mr_rl.rl import batch as batch_lib
@@ -68,7 +68,7 @@ class Draw:
 
 
 def draw_groups(comp, params, agg_state, data_iter, signal, k_roll,
-                k_agg, overlap: async_rl.Pipeline | None = None):
+                k_agg, overlap: draw_queue.DrawQueue | None = None):
   """The step's B groups: one rollout, or DAPO dynamic sampling's rounds (rl.dynamic_sampling).
 
   `comp` is the run's `mr_rl.train.Components` (settings, policy, reward runner). Round 0
@@ -77,7 +77,7 @@ def draw_groups(comp, params, agg_state, data_iter, signal, k_roll,
   aggregator with the step's starting state (not committed) to each round.
 
   With `overlap` and no dynamic sampling, the scoring may run on its worker thread: the
-  result is then an `async_rl.InFlight` whose `resolve()` gives the Draw. (Dynamic
+  result is then a `draw_queue.InFlight` whose `resolve()` gives the Draw. (Dynamic
   sampling's rounds need their scores to decide, so they are scored here.)
   """
   s = comp.settings

@@ -76,7 +76,7 @@ def run(scenario: str, base_policy: str, out: str) -> dict:
   if scenario == "ppo":
     # PPO with a KL penalty; one channel is a reward model (a tiny ArmoRM stand-in) sharded
     # over each process's own devices (`mesh`): 4 of them with 2 processes, 8 with one.
-    from mr_rl.testing import tiny_reward_model
+    from mr_rl.tiny_assets import tiny_reward_model
     c = _config(base_policy, 2, **{"advantage.name": "ppo", "checkpoint_every": 0,
                                    "optim.loss.kl_coef": 0.01, "rewards.timeout_s": 300.0})
     c.rewards.channels = "arith_len,arith_brief,reward_model"

@@ -67,13 +67,13 @@ def test_a_family_module_is_picked_up_end_to_end(tmp_path):
   out = _run(tmp_path, "toy_family", TOY_FAMILY, f"""
       import json, os
       import numpy as np
-      from mr_rl import models, registry, testing
+      from mr_rl import models, registry, tiny_assets
       from mr_rl.data import templates
       from mr_rl.models import families
       registry.import_plugins("toy_family")
       assert families.FAMILIES.names() == ("llama", "qwen3", "qwen3_moe", "toy_qwen")
-      toy = testing.make_tiny_checkpoint("{tmp_path}/toy", "toy_qwen")
-      ref = testing.make_tiny_checkpoint("{tmp_path}/ref", "qwen3")
+      toy = tiny_assets.make_tiny_checkpoint("{tmp_path}/toy", "toy_qwen")
+      ref = tiny_assets.make_tiny_checkpoint("{tmp_path}/ref", "qwen3")
       hf = json.load(open(os.path.join(toy, "config.json")))
       assert hf["model_type"] == "toy_qwen" and hf["architectures"] == ["ToyQwenForCausalLM"]
       assert open(os.path.join(toy, "model.safetensors"), "rb").read() == \\
@@ -104,7 +104,7 @@ def test_an_engine_module_is_picked_up_end_to_end(tmp_path):
       import jax, numpy as np
       import ml_collections
       from ml_collections.config_flags import config_flags
-      from mr_rl import metrics, models, registry, rollout, rollout_engines, settings, testing
+      from mr_rl import metrics, models, registry, rollout, rollout_engines, settings, tiny_assets
       registry.import_plugins("toy_engine")  # before the config is built: its option is a field
       assert settings.default_config().rollout.chunk_prompts == 1
       c = config_flags.ConfigFileFlagParser(name="config").parse("configs/demo.py:smoke")
@@ -128,7 +128,7 @@ def test_an_engine_module_is_picked_up_end_to_end(tmp_path):
       except ValueError as e:
         assert "'chunked', 'continuous', 'static'" in str(e), e
 
-      path = testing.make_tiny_checkpoint("{tmp_path}/policy", "qwen3")
+      path = tiny_assets.make_tiny_checkpoint("{tmp_path}/policy", "qwen3")
       model, params = models.load_pretrained(path)
       tok = models.load_tokenizer(path)
       policy = rollout.Policy(model, tok, render=lambda ex: ex, max_prompt_len=8, add_bos=False)

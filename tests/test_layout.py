@@ -144,14 +144,32 @@ def test_the_settings_layer_imports_no_runtime_module():
   assert p.returncode == 0, p.stdout + p.stderr
 
 
-def test_core_does_not_import_the_test_helpers():
-  """Only the demo and `config_lib.local` (`:runlocal`) may import mr_rl.testing."""
+def _importers(package: str, allowed: tuple[str, ...]) -> list[str]:
+  """The modules of mr_rl outside `allowed` (and their submodules) that import `package`."""
   modules = _modules()
-  allowed = ("mr_rl.testing", "mr_rl.demo", "mr_rl.config_lib.local")
-  bad = [m for m, path in modules.items() if not m.startswith(allowed)
-         and any(t == "mr_rl.testing" or t.startswith("mr_rl.testing.")
-                 for t, _, _ in _imports(m, path, modules))]
-  assert not bad, bad
+  inside = lambda m, names: any(m == n or m.startswith(n + ".") for n in names)
+  return [m for m, path in modules.items() if not inside(m, allowed)
+          and any(inside(t, (package,)) for t, _, _ in _imports(m, path, modules))]
+
+
+def test_no_module_imports_the_test_helpers():
+  """`mr_rl.testing` (xla_env, runs, tpu_compile) is for tests and benchmarks: no module of
+  mr_rl outside it imports it."""
+  assert not _importers("mr_rl.testing", ("mr_rl.testing",)), \
+      _importers("mr_rl.testing", ("mr_rl.testing",))
+
+
+def test_only_runlocal_imports_the_tiny_assets():
+  """In the package only `config_lib.local` (`:runlocal`) and the test helpers may import
+  `mr_rl.tiny_assets` (the tiny checkpoints, tokenizers, data files and reward model)."""
+  allowed = ("mr_rl.tiny_assets", "mr_rl.config_lib.local", "mr_rl.testing")
+  assert not _importers("mr_rl.tiny_assets", allowed), _importers("mr_rl.tiny_assets", allowed)
+
+
+def test_the_importer_finder_finds_an_import():
+  """`config_lib.local` imports the tiny assets: reported unless its package is allowed."""
+  assert "mr_rl.config_lib.local" in _importers("mr_rl.tiny_assets", ("mr_rl.tiny_assets",))
+  assert "mr_rl.config_lib.local" not in _importers("mr_rl.tiny_assets", ("mr_rl.config_lib",))
 
 
 # The design docs: BUILD_NOTES.md is the index, docs/<area>.md the current design per area.

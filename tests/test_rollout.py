@@ -12,8 +12,8 @@ from mr_rl.data.example import Example
 from mr_rl.rewards import runner as rr
 from mr_rl.rl import batch as batch_lib
 from mr_rl.rollout import Policy, SamplingSettings, StreamingScore, rollout, score
-from mr_rl.testing.checkpoints import numpy_init, tiny_model_config
-from mr_rl.testing.tokenizer import make_tokenizer
+from mr_rl.tiny_assets.checkpoints import numpy_init, tiny_model_config
+from mr_rl.tiny_assets.tokenizer import make_tokenizer
 
 PROMPTS = ["1 + 2 =", "Question: 7 * 6", "x", "what is 3 - 5?", "y z", "12 / 4 ="]
 

@@ -1,6 +1,6 @@
 """End-to-end trainer tests: resume equals an uninterrupted run, SIGKILL recovery, start-up errors.
 
-They run the real pipeline (sampler, reward runner, aggregator, advantages, jitted update,
+They run the real trainer (sampler, reward runner, aggregator, advantages, jitted update,
 orbax) on the demo's arithmetic task with a tiny base policy made by the warm-start script.
 """
 

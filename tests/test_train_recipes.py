@@ -2,7 +2,7 @@
 signals, refill and shrink), overlong masking and penalty, the sampler/trainer mismatch
 (recomputed old log-probs, truncated importance sampling), and bit-exact resume with them on.
 
-They run the real pipeline on the demo's arithmetic task with a tiny warm-started policy
+They run the real trainer on the demo's arithmetic task with a tiny warm-started policy
 (tests/test_train.py's fixture and config)."""
 
 import dataclasses

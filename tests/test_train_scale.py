@@ -201,12 +201,13 @@ def test_sharded_training_matches_one_device(policy):
 # ------------------------------------------------------------ eval sets, long prompts
 @pytest.fixture(scope="module")
 def math_files(tmp_path_factory):
-  """A tiny Qwen3-layout checkpoint (byte-level BPE, chat template; mr_rl.testing) and tiny
+  """A tiny Qwen3-layout checkpoint (byte-level BPE, chat template; mr_rl.tiny_assets) and tiny
   NuminaMath / MATH-500 / AMC files in their hub schemas."""
-  from mr_rl import testing
+  from mr_rl import tiny_assets
   root = tmp_path_factory.mktemp("math")
-  ckpt = testing.make_tiny_checkpoint(str(root / "Qwen3-4B-Instruct-2507"), "qwen3")
-  files = {n: testing.make_tiny_data(n, str(root / "data")) for n in ("numina_math", "math500", "amc")}
+  ckpt = tiny_assets.make_tiny_checkpoint(str(root / "Qwen3-4B-Instruct-2507"), "qwen3")
+  files = {n: tiny_assets.make_tiny_data(n, str(root / "data"))
+           for n in ("numina_math", "math500", "amc")}
   return ckpt, files
 
 

@@ -5,8 +5,8 @@ greedy sampler token for token, for a dense model, a MoE model and parameters sh
 (fake) devices; the dry run; the offline errors naming the config fields.
 
 The dense run trains the demo's shipped base policy on the arithmetic task; the MoE run a tiny
-random Qwen3-MoE checkpoint (`mr_rl.testing`) on tiny NuminaMath rows. The 8-device check runs this
-file as a script in a subprocess (XLA_FLAGS set before jax is imported), as
+random Qwen3-MoE checkpoint (`mr_rl.tiny_assets`) on tiny NuminaMath rows. The 8-device check
+runs this file as a script in a subprocess (XLA_FLAGS set before jax is imported), as
 tests/test_train_scale.py does.
 """
 
@@ -133,14 +133,14 @@ def dense_run(tmp_path_factory):
 def moe_run(tmp_path_factory):
   """One step of a tiny Qwen3-MoE (4 experts, top 2) whose base has a generation config."""
   from transformers import GenerationConfig
-  from mr_rl import testing
+  from mr_rl import tiny_assets
   from mr_rl import train as train_lib
   root = tmp_path_factory.mktemp("moe")
-  ckpt = testing.make_tiny_checkpoint(str(root / "Qwen3-30B-A3B-Instruct-2507"), "qwen3_moe")
+  ckpt = tiny_assets.make_tiny_checkpoint(str(root / "Qwen3-30B-A3B-Instruct-2507"), "qwen3_moe")
   tok = models.load_tokenizer(ckpt)
   GenerationConfig(do_sample=True, temperature=0.7, top_p=0.8, eos_token_id=tok.eos_token_id,
                    pad_token_id=tok.pad_token_id).save_pretrained(ckpt)  # as Qwen3's hub copy
-  c = runs.numina_config(ckpt, testing.make_tiny_data("numina_math", str(root / "data")), 1)
+  c = runs.numina_config(ckpt, tiny_assets.make_tiny_data("numina_math", str(root / "data")), 1)
   c.checkpoint_every = 1
   c.optim.lr = 1e-2
   s = settings_lib.from_config(c)
@@ -210,8 +210,8 @@ def test_export_errors(dense_run, tmp_path):
     export_lib.export(wd, str(tmp_path / "x"), step=7, log=None)
   with pytest.raises(FileNotFoundError, match="no checkpoints under"):
     export_lib.export(str(tmp_path), str(tmp_path / "x"), log=None)
-  from mr_rl import testing
-  other = testing.make_tiny_checkpoint(str(tmp_path / "llama"), "llama")
+  from mr_rl import tiny_assets
+  other = tiny_assets.make_tiny_checkpoint(str(tmp_path / "llama"), "llama")
   with pytest.raises(ValueError, match="do not match the base checkpoint's architecture"):
     export_lib.export(wd, str(tmp_path / "x"), base=other, log=None)
   bare = tmp_path / "bare"

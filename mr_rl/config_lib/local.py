@@ -17,7 +17,7 @@ RUNLOCAL = dict(batch_prompts=2, group_size=2, max_new_tokens=8,
 def runlocal(c, model_key: str):
   """Shrinks config `c` to a CPU run: tiny checkpoint, tiny local data, 1 step of 2 x 2 rollouts.
 
-  The tiny checkpoint (mr_rl.testing) has the paper model's family and sits in a directory named
+  The tiny checkpoint (mr_rl.tiny_assets) has the paper model's family and sits in a directory named
   after the paper model, so the prompt template style is chosen exactly as for the real one.
   Settings are the same for every config (only family and loss settings differ), so the
   trainer's compiled sampler and step are shared across configs in one process. The end-of-run
@@ -26,20 +26,20 @@ def runlocal(c, model_key: str):
   `--dry_run` writes nothing); `build_assets`, added to `config.setup`, writes the missing
   ones when the run starts. Returns `c`.
   """
-  from mr_rl import testing
+  from mr_rl import tiny_assets
   m = MODELS[model_key]
-  c.model.path = testing.tiny_checkpoint_path(m.hub.split("/")[-1], m.family)  # 1 layer, d = 32
+  c.model.path = tiny_assets.tiny_checkpoint_path(m.hub.split("/")[-1], m.family)  # 1 layer, d = 32
   c.model.dtype = "float32"
   c.model.compute_dtype = ""                         # fp32 compute on CPU (bf16 is emulated there)
   c.rollout.dtype = c.rollout.cache_dtype = ""       # the sampler too
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))  # any devices
   c.optim.num_micro_batches = 1                      # 4 rows: no accumulation needed
-  c.data.path = testing.runlocal_data_path(c.data.name)  # a few records in the hub schema
+  c.data.path = tiny_assets.runlocal_data_path(c.data.name)  # a few records in the hub schema
   c.data.eval_set_options = ml_collections.ConfigDict(  # benchmark sets: tiny local files too
-      {n.strip(): {"path": testing.runlocal_data_path(n.strip())}
+      {n.strip(): {"path": tiny_assets.runlocal_data_path(n.strip())}
        for n in str(c.data.get("eval_sets", "")).split(",") if n.strip()})
   opts = dict(c.data.options.to_dict())
-  opts.update(testing.RUNLOCAL_DATA_OPTIONS.get(c.data.name, {}))
+  opts.update(tiny_assets.RUNLOCAL_DATA_OPTIONS.get(c.data.name, {}))
   c.data.options = ml_collections.ConfigDict(opts)   # loader options sized for the tiny file
   c.data.batch_prompts = RUNLOCAL["batch_prompts"]   # B = 2
   c.data.max_prompt_len = RUNLOCAL["max_prompt_len"]  # one padded length for every config
@@ -68,7 +68,7 @@ def runlocal(c, model_key: str):
   for ch in [ch for ch in params if ch.startswith("armorm_")]:  # a tiny 3-objective scorer
     params[ch] = dict(rescale=params[ch].get("rescale"), dtype="float32",
                       on_failure=params[ch].get("on_failure"),
-                      path=testing.tiny_reward_model_path())
+                      path=tiny_assets.tiny_reward_model_path())
   c.rewards.params = ml_collections.ConfigDict(params)
   hooks = [h.strip() for h in str(c.setup).split(",") if h.strip()]
   c.setup = ",".join(hooks + [h for h in [BUILD_HOOK] if h not in hooks])  # built at run start
@@ -83,19 +83,19 @@ def build_assets(c) -> None:
   hook, called when the run starts): the tiny checkpoint at `model.path`, the data files at
   `data.path` and the eval sets' paths, the tiny reward model of the `armorm_*` channels. A
   path overridden to somewhere else is left alone; finished assets are reused."""
-  from mr_rl import testing
-  rel = os.path.relpath(os.path.abspath(c.model.path), testing.asset_dir())
+  from mr_rl import tiny_assets
+  rel = os.path.relpath(os.path.abspath(c.model.path), tiny_assets.asset_dir())
   parts = rel.split(os.sep)
   if len(parts) == 3 and parts[0] == "models":  # models/<family>/<paper model's name>
-    testing.tiny_checkpoint_for(parts[2], parts[1])
+    tiny_assets.tiny_checkpoint_for(parts[2], parts[1])
   sets = {str(c.data.name): c.data.path}
   sets.update({n: o.get("path") for n, o in c.data.get("eval_set_options", {}).items()})
   for name, path in sets.items():
-    if path == testing.runlocal_data_path(name):
-      testing.runlocal_data(name)
+    if path == tiny_assets.runlocal_data_path(name):
+      tiny_assets.runlocal_data(name)
   for params in c.rewards.params.values():
-    if hasattr(params, "get") and params.get("path") == testing.tiny_reward_model_path():
-      testing.tiny_reward_model()
+    if hasattr(params, "get") and params.get("path") == tiny_assets.tiny_reward_model_path():
+      tiny_assets.tiny_reward_model()
 
 
 # ------------------------------------------------------------------------------- blockers

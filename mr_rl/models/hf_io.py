@@ -412,8 +412,8 @@ def save_pretrained(model: Transformer, params, path: str, *, source: str | None
   is written, as transformers does). Params keep their dtype. `source` (a local checkpoint
   directory) copies its tokenizer / generation_config files and token ids into the output.
   In a multi-process run only process 0 writes (a run's outputs), unless `write` says whether
-  this process writes: `write=True` for files each process needs on its own disk (the test
-  assets `mr_rl.testing` builds from host params, on every host of a multi-process job).
+  this process writes: `write=True` for files each process needs on its own disk (the tiny
+  assets `mr_rl.tiny_assets` builds from host params, on every host of a multi-process job).
   """
   config = model.config
   is_writer = jax.process_index() == 0 if write is None else write

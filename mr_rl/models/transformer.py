@@ -280,7 +280,7 @@ def layer_of(tree, i: int):
 def unstack_layers(tree, n_layers: int):
   """`tree` with every {'layers': stacked block} replaced by {'layers_0': block 0, ...,
   'layers_{L-1}': ...}: the per-layer layout of decoders before the layer scan (old checkpoints;
-  the order `testing.host_params` draws weights in). Works on params, adapters, optimizer states
+  the order `tiny_assets.host_params` draws weights in). Works on params, adapters, optimizer states
   and train states (any pytree holding such dicts), of arrays or ShapeDtypeStructs."""
   def fix(x):
     if not _is_layer_dict(x, LAYERS):

@@ -188,7 +188,7 @@ def policy_loss(logp_NT, old_logp_NT, advantages, response_mask_NT, config: Poli
   of each token is multiplied by ``min(exp(sg(logp) - old_logp), C)`` (truncated importance
   sampling of the sampler/trainer mismatch); KL and entropy terms are not reweighted (as in
   TRL and verl).
-  For stale rollouts (`mr_rl.async_rl`) the same settings are AReaL's decoupled objective,
+  For stale rollouts (`mr_rl.draw_queue`) the same settings are AReaL's decoupled objective,
   the trust region centred on the learner's params and the stale sampler corrected by the
   truncated weight (docs/methods.md §4, "Lag correction").
 

@@ -5,7 +5,7 @@ setting is declared once, in its section's dataclass (`mr_rl.fields.setting`: de
 check), and checked where it is declared (`__post_init__`): `sections` (model, data, rewards,
 aggregator), `loop` (anchor, eval, logging, export, compile, resume, batch, dynamic), the
 runtime modules' own (`mr_rl.rl.update.UpdateConfig` and `mr_rl.rl.losses.PolicyLossConfig`:
-config.update; `mr_rl.rollout.SamplingSettings`: config.rollout; `mr_rl.async_rl.AsyncSettings`:
+config.update; `mr_rl.rollout.SamplingSettings`: config.rollout; `mr_rl.draw_queue.AsyncSettings`:
 config.asynchrony; `mr_rl.models.lora.LoraConfig`: config.model.lora), and `run.RunSettings`
 (the top-level fields and the checks across sections). `config` derives `default_config()`
 from the declarations and builds the settings back (`from_config`); bad values fail there, at

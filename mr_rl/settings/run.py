@@ -29,7 +29,7 @@ def _update():
 
 
 def _async():
-  from mr_rl.async_rl import AsyncSettings
+  from mr_rl.draw_queue import AsyncSettings
   return AsyncSettings
 
 
@@ -98,7 +98,7 @@ class RunSettings:
   batch: BatchSettings = F.setting(help="learner batch layout", factory=BatchSettings)
   dynamic: DynamicSamplingSettings = F.setting(help="DAPO dynamic sampling",
                                                factory=DynamicSamplingSettings)
-  asynchrony: Any = F.setting(help="sampler ahead of the learner (mr_rl.async_rl)",
+  asynchrony: Any = F.setting(help="sampler ahead of the learner (mr_rl.draw_queue)",
                               factory=F.Lazy(_async))
   multiturn: Any = F.setting(help="multi-turn rollouts with tools or an environment "
                              "(mr_rl.multiturn.settings)", factory=F.Lazy(_multiturn))

@@ -4,7 +4,7 @@ check) and checked in `__post_init__`; names are checked against their registrie
 section is built (after the run's plugins registered theirs). The learner, sampler and
 asynchrony sections are declared by the modules that use them (`mr_rl.rl.update.UpdateConfig`,
 `mr_rl.rl.losses.PolicyLossConfig`, `mr_rl.rollout.SamplingSettings`,
-`mr_rl.async_rl.AsyncSettings`, `mr_rl.models.lora.LoraConfig`).
+`mr_rl.draw_queue.AsyncSettings`, `mr_rl.models.lora.LoraConfig`).
 """
 
 from __future__ import annotations

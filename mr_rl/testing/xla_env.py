@@ -1,6 +1,6 @@
 """XLA_FLAGS for test processes: fast compiles, and the host CPU split into fake devices.
 
-Nothing here (nor in `mr_rl.testing`'s other modules) imports jax, so a test file that runs
+Nothing here (nor `mr_rl.testing` itself) imports jax, so a test file that runs
 itself as a worker script on 8 fake devices sets the flags before its first `import jax`; XLA
 reads them when its CPU backend starts:
 

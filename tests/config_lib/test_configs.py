@@ -6,7 +6,7 @@
 * Paper values: spot checks of the hyperparameters each table needs.
 * ONE training step of one representative point per config file, on CPU through the real
   trainer (`mr_rl.pipelines.run` via `python -m mr_rl.config_lib smoke`: tiny checkpoint +
-  tokenizer from `mr_rl.testing`, tiny local data files in the hub schemas, 2 prompts x G 2,
+  tokenizer from `mr_rl.tiny_assets`, tiny local data files in the hub schemas, 2 prompts x G 2,
   8 new tokens; 'tag' pipelines probe 1 step per channel). All sweep points are resolved, but
   only one per file is run (CI budget); the runs share one process, so the trainer's compiled
   sampler and steps are reused across files.
@@ -31,7 +31,7 @@ from mr_rl import aggregators
 from mr_rl import config_lib as cl
 from mr_rl import pipelines
 from mr_rl import settings as settings_lib
-from mr_rl import testing
+from mr_rl import tiny_assets
 from mr_rl.aggregators import amrp
 from mr_rl.registry import PIPELINES
 
@@ -40,7 +40,7 @@ FILES = sorted(os.path.splitext(os.path.basename(p))[0]
                for p in glob.glob(os.path.join(REPO, "configs", "*.py"))
                if os.path.basename(p) not in ("demo.py", "demo_tools.py", "__init__.py"))
 # Shared by both xdist workers and across runs; builds are atomic, the directory name carries
-# a hash of the mr_rl/testing files.
+# a hash of the mr_rl/tiny_assets files.
 os.environ.setdefault("MR_RL_CACHE", os.path.join(tempfile.gettempdir(), "mr_rl_test_cache"))
 
 REPRESENTATIVE = {
@@ -109,7 +109,7 @@ def test_every_sweep_point_resolves(name):
     if s_local is not None:
       assert s_local.total_steps <= 1 and s_local.rollout.max_new_tokens == 8
       # Loading records paths in the cache (built when the run starts, `local.build_assets`).
-      root = testing.asset_dir()
+      root = tiny_assets.asset_dir()
       assert s_local.model.path.startswith(root) and s_local.data.path.startswith(root)
       assert cl.local.BUILD_HOOK in local.setup.split(",")
 
@@ -512,10 +512,10 @@ def test_config_loads_through_config_flags_from_another_cwd(tmp_path):
 
 def test_tiny_checkpoint_is_idempotent_and_loads_in_transformers(tmp_path):
   from transformers import AutoConfig, AutoTokenizer
-  from mr_rl import testing
-  d = testing.make_tiny_checkpoint(str(tmp_path / "llama"), family="llama")
+  from mr_rl import tiny_assets
+  d = tiny_assets.make_tiny_checkpoint(str(tmp_path / "llama"), family="llama")
   stamp = os.path.getmtime(os.path.join(d, "model.safetensors"))
-  assert testing.make_tiny_checkpoint(d, family="llama") == d
+  assert tiny_assets.make_tiny_checkpoint(d, family="llama") == d
   assert os.path.getmtime(os.path.join(d, "model.safetensors")) == stamp
   hf = AutoConfig.from_pretrained(d)
   tok = AutoTokenizer.from_pretrained(d)

@@ -13,7 +13,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from mr_rl import models as M
 from mr_rl.models import attention as A
-from mr_rl.testing.checkpoints import numpy_init
+from mr_rl.tiny_assets.checkpoints import numpy_init
 
 N, J, Q, W = 3, 2, 2, 16
 

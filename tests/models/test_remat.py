@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mr_rl import models
-from mr_rl.testing.checkpoints import numpy_init, tiny_model_config
+from mr_rl.tiny_assets.checkpoints import numpy_init, tiny_model_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "launch"))
@@ -59,7 +59,7 @@ def test_remat_gives_the_same_logits_gradients_and_cached_decode():
 _MEMORY = textwrap.dedent("""
     import dataclasses, sys, jax, jax.numpy as jnp
     from mr_rl import models
-    from mr_rl.testing.checkpoints import tiny_model_config
+    from mr_rl.tiny_assets.checkpoints import tiny_model_config
     out = []
     for remat in (False, True):
       cfg = dataclasses.replace(tiny_model_config("qwen3", 64, d_model=64, n_layers=4),

@@ -16,7 +16,7 @@ from mr_rl.multiturn import collect, env as env_lib
 from mr_rl.multiturn import render as render_lib
 from mr_rl.multiturn import rollout as mt
 from mr_rl.rl import batch as batch_lib
-from mr_rl.testing import checkpoints
+from mr_rl.tiny_assets import checkpoints
 
 G = 2
 S = 128

@@ -8,7 +8,7 @@ import pytest
 from mr_rl.demo import task
 from mr_rl.multiturn import render as render_lib
 from mr_rl.multiturn import tools
-from mr_rl.testing import tokenizer as tiny_tokenizer
+from mr_rl.tiny_assets import tokenizer as tiny_tokenizer
 
 CALL = tools.HermesFormat().render_call("calculator", {"expression": "7+5"})
 CONVERSATION = [

@@ -227,8 +227,8 @@ def test_rollout_dispatches_to_the_continuous_engine(tmp_path):
   an unknown engine name is an error."""
   from mr_rl import models
   from mr_rl.rollout import Policy, SamplingSettings, rollout
-  from mr_rl.testing.checkpoints import numpy_init, tiny_model_config
-  from mr_rl.testing.tokenizer import make_tokenizer
+  from mr_rl.tiny_assets.checkpoints import numpy_init, tiny_model_config
+  from mr_rl.tiny_assets.tokenizer import make_tokenizer
   tok = make_tokenizer(str(tmp_path), vocab_size=300)
   model = models.Transformer(tiny_model_config("qwen3", len(tok), d_model=32))
   params = numpy_init(model, std=0.3)

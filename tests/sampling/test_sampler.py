@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mr_rl import models, testing
+from mr_rl import models, tiny_assets
 from mr_rl.sampling import (Sampler, SamplingParams, filtered_log_probs, generate, generate_groups,
                             prompt_bucket, sample_tokens, segment_ends)
 
@@ -183,7 +183,7 @@ def test_filtered_log_probs_match_reference():
 def _host_model():
   """tiny_qwen3 with numpy-drawn weights (std 0.1; norm scales around 1): no jax init."""
   model = models.Transformer(models.get_preset("tiny_qwen3"))
-  return model, testing.host_params(model, np.random.default_rng(0))
+  return model, tiny_assets.host_params(model, np.random.default_rng(0))
 
 
 # Tokens drawn with key PRNGKey(42) by the sampler of commit 54d69df (its key closed over by

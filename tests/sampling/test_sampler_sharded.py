@@ -14,7 +14,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from mr_rl import models, testing  # noqa: E402
+from mr_rl import models, tiny_assets  # noqa: E402
 from mr_rl.models import sharding as shd  # noqa: E402
 from mr_rl.sampling import Engine, Sampler  # noqa: E402
 
@@ -26,7 +26,7 @@ def _worker():
   model = models.Transformer(models.get_preset("tiny_qwen3"))
   rng = np.random.default_rng(0)
   # Host-drawn weights (std 0.1 so greedy continuations are not one repeated token).
-  params = testing.host_params(model, rng)
+  params = tiny_assets.host_params(model, rng)
   tokens = rng.integers(1, 256, (ROWS, WIDTH)).astype(np.int32)
   mask = (np.arange(WIDTH)[None, :] >= (np.arange(ROWS) % 4)[:, None]).astype(np.int32)
   key = jax.random.PRNGKey(0)

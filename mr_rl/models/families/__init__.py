@@ -3,7 +3,7 @@
 A family is what differs between transformers' model types that share mr_rl's decoder
 (`mr_rl.models.transformer`): which HF `model_type`s it reads, how their config.json maps to
 `ModelConfig` and back, the per-layer weight names, the template style of the family's
-models, and the tiny test fixture (`mr_rl.testing`). Everything else (RoPE, attention,
+models, and the tiny test fixture (`mr_rl.tiny_assets`). Everything else (RoPE, attention,
 sharding, the layer scan) is shared and reads `ModelConfig` fields, never the family's name.
 
     from mr_rl.models import families
@@ -49,7 +49,7 @@ class FamilySpec:
     model_styles: the prompt template style ('chat' | 'plain') of the family's known models,
       by model key (`mr_rl.data.templates`: the hub name lower-cased, punctuation as '_').
     tiny_config: d_model -> the tiny test fixture's `ModelConfig` fields beyond the shared
-      toy sizes (`mr_rl.testing.tiny_model_config`).
+      toy sizes (`mr_rl.tiny_assets.tiny_model_config`).
     tiny_tokens: the tiny tokenizer's (bos, eos, pad) special tokens, as in the real one.
     tiny_chat_template: the tiny tokenizer's chat template (Jinja).
   """

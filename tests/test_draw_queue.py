@@ -1,4 +1,4 @@
-"""Asynchronous RL with bounded staleness (`mr_rl.async_rl`, issue 26): the bound, the
+"""The draw queue and its asynchronous mode (`mr_rl.draw_queue`, issue 26): the bound, the
 schedule, s = 0 equal to the synchronous loop, s = 1 resumed bit-exactly, and the sampler /
 learner split on 8 fake CPU devices (this file run as a script in a subprocess, XLA_FLAGS set
 before jax is imported); the pod timeline model against hand-computed periods.
@@ -19,8 +19,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from mr_rl import async_rl  # noqa: E402
 from mr_rl import data  # noqa: E402
+from mr_rl import draw_queue  # noqa: E402
 from mr_rl import metrics as metrics_lib  # noqa: E402
 from mr_rl import settings as settings_lib  # noqa: E402
 from mr_rl import train as train_lib  # noqa: E402
@@ -33,11 +33,11 @@ from mr_rl.testing import runs  # noqa: E402
 
 # ------------------------------------------------------------------ the queue and schedule
 def test_a_group_older_than_s_is_never_consumed():
-  q = async_rl.StaleQueue(max_staleness=1)
+  q = draw_queue.StaleQueue(max_staleness=1)
   for step, version in ((3, 1), (4, 3), (5, 4)):
-    q.put(async_rl.InFlight(step, version, draw=f"draw {step}"))
+    q.put(draw_queue.InFlight(step, version, draw=f"draw {step}"))
   with pytest.raises(ValueError, match="submitted after step 5"):
-    q.put(async_rl.InFlight(7, 5, draw="draw 7"))
+    q.put(draw_queue.InFlight(7, 5, draw="draw 7"))
   with pytest.raises(ValueError, match="for step 3, not 4"):
     q.take(4, 4)
   assert q.take(3, 3) is None and q.dropped == 1  # version 1 at learner 3: 2 > s, dropped
@@ -47,28 +47,28 @@ def test_a_group_older_than_s_is_never_consumed():
 
 
 @pytest.mark.parametrize("s", [0, 1, 3])
-def test_the_pipeline_consumes_the_draw_of_version_t_minus_s(s):
+def test_the_queue_consumes_the_draw_of_version_t_minus_s(s):
   submitted = []
 
-  def draw_fn(u):  # the call that draws step u now, with the policy the pipeline holds now
-    version = pipe.policy_params()
+  def draw_fn(u):  # the call that draws step u now, with the policy the queue holds now
+    version = draws.policy_params()
     return lambda: submitted.append((u, version)) or {"step": u, "version": version}
 
   policy = lambda train_state: train_state["version"]  # (the learner's policy of its state)
-  with async_rl.Pipeline(async_rl.AsyncSettings(max_staleness=s), policy=policy) as pipe:
+  with draw_queue.DrawQueue(draw_queue.AsyncSettings(max_staleness=s), policy=policy) as draws:
     with pytest.raises(RuntimeError, match="before any push"):
-      pipe.policy_params()
-    pipe.push({"version": 0})
+      draws.policy_params()
+    draws.push({"version": 0})
     for step in range(7):
-      pipe.fill(step, draw_fn)
-      assert len(pipe.queue) == s + 1
-      draw, m = pipe.take(step, draw_fn), pipe.metrics()
+      draws.fill(step, draw_fn)
+      assert len(draws.in_flight) == s + 1
+      draw, m = draws.take(step, draw_fn), draws.metrics()
       assert draw == {"step": step, "version": max(0, step - s)}
       if s:
         assert m["async/staleness"] == min(step, s) and m["async/stale_dropped"] == 0
       else:
         assert m == {}  # the synchronous loop logs what it always did
-      pipe.push({"version": step + 1})  # the step's update
+      draws.push({"version": step + 1})  # the step's update
   assert [u for u, _ in submitted] == list(range(7 + s))  # in step order, s past the end
 
 
@@ -81,7 +81,7 @@ def test_staleness_needs_the_lag_correction_and_valid_counts():
   with pytest.raises(ValueError, match="asynchrony.max_staleness"):
     settings_lib.from_config(c)
   with pytest.raises(ValueError, match="sampler_devices=1 must leave devices"):
-    async_rl.split_devices(jax.devices()[:1], 1)
+    draw_queue.split_devices(jax.devices()[:1], 1)
 
 
 def test_split_gives_each_process_the_same_share_of_its_devices():
@@ -89,27 +89,27 @@ def test_split_gives_each_process_the_same_share_of_its_devices():
   # first sampler_devices / 2 to the sampler, so both sides span both processes.
   Device = collections.namedtuple("Device", "id process_index")
   devices = [Device(p * 1024 + i, p) for p in range(2) for i in range(4)]
-  sampler, learner = async_rl.split_devices(devices, 4)
+  sampler, learner = draw_queue.split_devices(devices, 4)
   assert [(d.process_index, d.id % 1024) for d in sampler] == [(0, 0), (0, 1), (1, 0), (1, 1)]
   assert [(d.process_index, d.id % 1024) for d in learner] == [(0, 2), (0, 3), (1, 2), (1, 3)]
-  sampler, learner = async_rl.split_devices(devices, 2)
+  sampler, learner = draw_queue.split_devices(devices, 2)
   assert [d.process_index for d in sampler] == [0, 1] and len(learner) == 6
   with pytest.raises(ValueError, match="multiple of the process count 2"):
-    async_rl.split_devices(devices, 3)
+    draw_queue.split_devices(devices, 3)
   with pytest.raises(ValueError, match="must leave devices.*4 per process"):
-    async_rl.split_devices(devices, 8)
+    draw_queue.split_devices(devices, 8)
 
 
 # --------------------------------------------------------------------- the timeline model
 def test_timeline_model_against_hand_computed_steps():
-  t = async_rl.StepTimes(rollout=1.0, score=2.0, update=1.5, push=0.25)
-  period = lambda *a, **k: 1.0 / async_rl.timeline(t, 8, *a, **k)
+  t = draw_queue.StepTimes(rollout=1.0, score=2.0, update=1.5, push=0.25)
+  period = lambda *a, **k: 1.0 / draw_queue.timeline(t, 8, *a, **k)
   # one device set: s = 0 adds everything; s >= 1 hides the scoring tail behind the next
   # rollout + update (2.5 s > 2 s of scoring)
   assert period() == pytest.approx(1.0 + 2.0 + 1.5)
   assert period(max_staleness=1) == period(max_staleness=3) == pytest.approx(2.5)
   # scoring longer than rollout + update bounds the step: 4 s
-  assert 1.0 / async_rl.timeline(async_rl.StepTimes(1.0, 4.0, 1.5), 8, max_staleness=1) == \
+  assert 1.0 / draw_queue.timeline(draw_queue.StepTimes(1.0, 4.0, 1.5), 8, max_staleness=1) == \
       pytest.approx(4.0)
   # 4 + 4 of 8 devices: rollout 2 s, update 3 s; s = 0 in series, s = 1 the longer side
   assert period(4) == pytest.approx(2.0 + 2.0 + 3.0 + 0.25)
@@ -117,7 +117,7 @@ def test_timeline_model_against_hand_computed_steps():
   # 2 samplers: rollout 4 s + 2 s of scoring against update 1.5 x 8 / 6 = 2 s + push
   assert period(2, max_staleness=1) == pytest.approx(6.0)
   with pytest.raises(ValueError, match="sampler_devices=8"):
-    async_rl.timeline(t, 8, 8)
+    draw_queue.timeline(t, 8, 8)
 
 
 # ------------------------------------------------------------------------ the trainer
@@ -258,12 +258,12 @@ def _split_worker(policy_path: str) -> dict:
                                      for x in jax.tree.leaves(tree))
       out["base_on_learner"] = on(comp.base_params, learner)
       out["result_on_sampler"] = on(res.params, sampler)  # the last push
-      pipe = async_rl.Pipeline.for_run(s.asynchrony, comp.model, comp.policy.mesh, comp.mesh)
-      pipe.push(comp.base_params)
-      pushed = pipe.policy_params()
+      draws = draw_queue.DrawQueue.for_run(s.asynchrony, comp.model, comp.policy.mesh, comp.mesh)
+      draws.push(comp.base_params)
+      pushed = draws.policy_params()
       out["pushed_on_sampler"] = on(pushed, sampler)
       out["pushed_equal"] = not _trees_differ(pushed, comp.base_params)
-      pipe.close()
+      draws.close()
   # PPO (the critic stays with the learner) and LoRA (pushed merged), shared against split.
   for kind in ("ppo", "lora"):
     for split in (0, 4):

@@ -8,8 +8,8 @@ import shutil
 
 import numpy as np
 
-from mr_rl.testing.assets import asset_dir, build_once
-from mr_rl.testing.checkpoints import make_tiny_checkpoint
+from mr_rl.tiny_assets.assets import asset_dir, build_once
+from mr_rl.tiny_assets.checkpoints import make_tiny_checkpoint
 
 REWARD_OBJECTIVES = ("helpsteer-helpfulness", "helpsteer-correctness", "helpsteer-coherence")
 

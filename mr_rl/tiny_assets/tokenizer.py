@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from mr_rl.testing.assets import family_spec
-from mr_rl.testing.datasets import ALCE_QUESTIONS, CODE_PROBLEMS, HELPSTEER_PAIRS, MATH_PROBLEMS
+from mr_rl.tiny_assets.assets import family_spec
+from mr_rl.tiny_assets.datasets import ALCE_QUESTIONS, CODE_PROBLEMS, HELPSTEER_PAIRS, MATH_PROBLEMS
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>",
                   "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")

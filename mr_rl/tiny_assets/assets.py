@@ -18,8 +18,8 @@ def cache_root() -> str:
 
 
 def family_spec(family: str):
-  """The `mr_rl.models.families` spec of `family` (imported here, not when mr_rl.testing is:
-  `xla_env` must come before jax).
+  """The `mr_rl.models.families` spec of `family` (imported here, not when mr_rl.tiny_assets is:
+  a test's `xla_env` must come before jax).
 
   Raises:
     ValueError: `family` is not registered (the message lists the registered ones).

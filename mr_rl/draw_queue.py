@@ -1,51 +1,54 @@
-"""Asynchronous RL with bounded staleness: the sampler runs up to `s` policy versions ahead of
-the learner (issue 26; docs/architecture.md "Asynchronous RL").
+"""The queue of a run's draws between sampler and learner (`DrawQueue`). Every run's loop goes
+through it; with `asynchrony.max_staleness = 0` it holds one draw at a time (issue 26;
+docs/architecture.md "The draw queue").
 
-The schedule is fixed, so a resumed run equals an uninterrupted one. A policy's *version* is
-the number of updates applied to it (the learner is at version t when step t starts). At
-step t, before its update, the trainer submits the draw of step t + s with the current
-policy (version t) and takes the draw of step t, sampled by version max(0, t - s):
+A *draw* is one step's sampled and scored groups, and a policy's *version* the number of
+updates applied to it (the learner is at version t when step t starts). Draws are submitted
+and taken in step order: at step t, before its update, the trainer submits the draw of step
+t + s with the current policy (version t) and takes the draw of step t, sampled by version
+max(0, t - s). The schedule is fixed, so a resumed run equals an uninterrupted one:
 
     step t:  submit draw t+s (version t) -> take draw t -> signal -> batch -> update -> push
 
-With `max_staleness = 0` this is the synchronous loop: draw t is submitted and taken at once,
-on the main thread, with nothing else in flight.
+For every run the queue:
 
-Where the work runs (`Pipeline`):
-
-* one device set (`asynchrony.sampler_devices = 0`): sampling and updates alternate on the
-  devices as before, and the reward scoring of the draw just sampled (host threads and
-  process pools) runs on a worker thread while the main thread signals and updates the
-  previous draw (`Pipeline.score_later`). The batch-level rules of the rewards (the rows
+* submits and takes the draws (`fill`, `take`); at s = 0 draw t is submitted and taken at
+  once, on the main thread, with nothing else in flight (the synchronous loop).
+* overlaps scoring with the update when a draw is in flight beside it (the asynchronous mode;
+  at s = 0 a draw is scored before it is taken): the reward scoring of the draw just sampled
+  (host threads, process pools) runs on a worker thread while the main thread signals and
+  updates the previous draw (`score_later`). The batch-level rules of the rewards (the rows
   gathered over processes, applicability per prompt, the failure guards:
   `mr_rl.rollout.StreamingScore.finish`) run on the main thread when the draw is taken, in
   submission order, so the guards count the same consecutive batches as without overlap.
-* disjoint device sets (`asynchrony.sampler_devices = n > 0`): the first n devices sample, the
-  rest learn (`split_devices`); each draw (sampling and scoring) runs on the worker thread
-  with the sampler's own copy of the weights, which the trainer refreshes after every
-  update (`Pipeline.push`, timed as `time/weight_push`).
-* split devices over several processes ("ordered"): each process gives the same number of its
-  devices to each side (`split_devices`) and the push copies within each process
-  (`push_params`). Programs of a multi-process job must start in the same order on every
-  process, which two threads dispatching at will do not guarantee (on XLA:CPU with gloo,
-  two threads running cross-process programs on disjoint device sets hang within a few
-  hundred steps; docs/architecture.md "Asynchronous RL"). So every device program is dispatched from
-  the main thread: the draws of later steps are deferred (`fill`) and started right after
-  the step's update is dispatched (`draw_deferred`), and since jax dispatches
-  asynchronously the learner's devices run the update while the main thread drives the
-  sampler's devices; scoring waits on the worker as on one device set.
+* owns the params the sampler draws with: after every update the trainer pushes the
+  learner's policy (`push`; on split devices a copy, timed as `time/weight_push`).
+* writes the draws in flight next to each checkpoint (`save`, host numpy values in
+  WORKDIR/inflight/<step>.p<process>.pkl; none at s = 0) and restores them with it
+  (`restore`), so the resumed run consumes the very groups the uninterrupted one would have.
 
-The bound: `StaleQueue.take` never hands out a draw sampled more than `s` versions before
-the learner's; such a draw is dropped (`async/stale_dropped`) and the trainer samples afresh.
-Metrics (only when `s > 0` or the devices are split, so a synchronous run logs what it
-always did): `async/staleness` (learner version minus the consumed draw's), `async/in_flight`,
+The asynchronous mode (`AsyncSettings`, `config.asynchrony`; `active`) is one part of it:
+
+* bounded staleness (`max_staleness = s > 0`): `StaleQueue.take` never hands out a draw
+  sampled more than `s` versions before the learner's; such a draw is dropped
+  (`async/stale_dropped`) and the trainer samples afresh.
+* split devices (`sampler_devices = n > 0`): the first n devices sample, the rest learn
+  (`split_devices`); each draw (sampling and scoring) runs on the worker thread with the
+  sampler's own copy of the weights, which the push refreshes (`push_params`).
+* ordered dispatch, split devices over several processes: each process gives the same number
+  of its devices to each side (`split_devices`) and the push copies within each process.
+  Programs of a multi-process job must start in the same order on every process, which two
+  threads dispatching at will do not guarantee (on XLA:CPU with gloo, two threads running
+  cross-process programs on disjoint device sets hang within a few hundred steps). So every
+  device program is dispatched from the main thread: the draws of later steps are deferred
+  (`fill`) and started right after the step's update is dispatched (`draw_deferred`), and
+  since jax dispatches asynchronously the learner's devices run the update while the main
+  thread drives the sampler's devices; scoring waits on the worker as on one device set.
+
+Metrics (only in the asynchronous mode, so a synchronous run logs what it always did):
+`async/staleness` (learner version minus the consumed draw's), `async/in_flight`,
 `async/stale_dropped`, `time/reward_wait` (the part of the scoring the main thread waited
 for), `time/weight_push`.
-
-Resume: at each checkpoint the draws in flight are finished and written next to it
-(`Pipeline.save`: WORKDIR/inflight/<step>.p<process>.pkl, host numpy values) and restored
-with it (`Pipeline.restore`), so the resumed run consumes the very groups the uninterrupted
-one would have.
 """
 
 from __future__ import annotations
@@ -207,7 +210,7 @@ class InFlight:
   """A draw on its way: for step `step`, sampled by policy version `version`.
 
   `call` is the sampling not started yet (split devices over several processes: it runs
-  when `Pipeline.draw_deferred` or `resolve` calls it), `job` its unfinished part (a future,
+  when `DrawQueue.draw_deferred` or `resolve` calls it), `job` its unfinished part (a future,
   or None once finished) and `finish` turns the job's value into the draw on the main thread;
   `draw` is set once finished.
   """
@@ -280,14 +283,14 @@ class StaleQueue:
     return item
 
 
-class Pipeline:
-  """The trainer's draws in flight (module docstring): submits, bounds, finishes, saves.
+class DrawQueue:
+  """A run's draws in flight (module docstring): submits, bounds, finishes, saves.
 
   Draws are submitted past the run's last step too (s of them, written with the last
   checkpoint), so a run resumed with a larger `total_steps` consumes what an uninterrupted
   longer run would have.
 
-  The pipeline owns the params the sampler draws with: `push(train_state)` makes the policy
+  The queue owns the params the sampler draws with: `push(train_state)` makes the policy
   of the learner's state the sampler's (`policy_params`).
 
   Args:
@@ -302,26 +305,26 @@ class Pipeline:
   def __init__(self, settings: AsyncSettings, sampler_shardings=None, learner_mesh=None,
                policy: Callable[[Any], Any] | None = None):
     self.settings = settings
-    self.queue = StaleQueue(settings.max_staleness)
+    self.in_flight = StaleQueue(settings.max_staleness)
     self._shardings = sampler_shardings
     self._learner_mesh = learner_mesh
     self._policy = (lambda params: params) if policy is None else policy
     # Split devices over several processes: every device program is dispatched from the main
-    # thread, in the schedule's order (module docstring: "ordered").
+    # thread, in the schedule's order (module docstring: "ordered dispatch").
     self.ordered = sampler_shardings is not None and jax.process_count() > 1
     self._sampler_params = None
     self._push_s = 0.0
     self._taken: InFlight | None = None
-    self._worker = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mr_rl_async")
+    self._worker = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mr_rl_draws")
                     if settings.active else None)
 
   @classmethod
   def for_run(cls, settings: AsyncSettings, model, sampler_mesh, learner_mesh,
-              policy: Callable[[Any], Any] | None = None) -> "Pipeline":
-    """A trainer's pipeline; with split devices (`learner_mesh` given, built by
+              policy: Callable[[Any], Any] | None = None) -> "DrawQueue":
+    """A trainer's draw queue; with split devices (`learner_mesh` given, built by
     `split_meshes`) the sampler's copy of the params is sharded on `sampler_mesh`. PPO's
     critic stays with the learner (its values are computed when the batch is made); a LoRA
-    policy is pushed merged (`push`). `policy`: as in `Pipeline`."""
+    policy is pushed merged (`push`). `policy`: as in `DrawQueue`."""
     n = settings.sampler_devices
     have = 0 if learner_mesh is None else sampler_mesh.devices.size
     if n != have:
@@ -357,7 +360,7 @@ class Pipeline:
     """The params the sampler draws with: those of the latest `push` (its copy on split
     devices)."""
     if self._sampler_params is None:
-      raise RuntimeError("Pipeline.policy_params before any push: push the learner's state "
+      raise RuntimeError("DrawQueue.policy_params before any push: push the learner's state "
                          "first")
     return self._sampler_params
 
@@ -387,9 +390,9 @@ class Pipeline:
   def fill(self, step: int, draw_fn: Callable[[int], Callable[[], Any]]) -> None:
     """Submits the draws of steps up to `step + max_staleness` with the current policy,
     version `step`. `draw_fn(u)` returns the call that draws step u."""
-    u = step if self.queue.next_step is None else self.queue.next_step
+    u = step if self.in_flight.next_step is None else self.in_flight.next_step
     while u <= step + self.settings.max_staleness:
-      self.queue.put(self._submit(u, step, draw_fn(u)))
+      self.in_flight.put(self._submit(u, step, draw_fn(u)))
       u += 1
 
   def _submit(self, u: int, version: int, call: Callable[[], Any]) -> InFlight:
@@ -410,12 +413,12 @@ class Pipeline:
     drives the sampler's devices through the next draws, with the sampler's copy of the
     weights still the version `fill` recorded (the push comes after).
     """
-    for item in self.queue:
+    for item in self.in_flight:
       item.start()
 
   def take(self, step: int, draw_fn: Callable[[int], Callable[[], Any]]) -> Any:
     """The draw of `step` for the learner at version `step`."""
-    item = self.queue.take(step, step)
+    item = self.in_flight.take(step, step)
     if item is None:  # dropped as too stale (or nothing in flight): sample with this policy
       item = self._submit(step, step, draw_fn(step))
     draw = item.resolve()
@@ -428,14 +431,14 @@ class Pipeline:
     if not self.settings.active or self._taken is None:
       return {}
     return {"async/staleness": float(self._taken.step - self._taken.version),
-            "async/in_flight": float(len(self.queue)),
-            "async/stale_dropped": float(self.queue.dropped),
+            "async/in_flight": float(len(self.in_flight)),
+            "async/stale_dropped": float(self.in_flight.dropped),
             "time/reward_wait": self._taken.wait_s, "time/weight_push": self._push_s}
 
   def settle(self) -> None:
     """Finishes every draw in flight (before evaluation and checkpoints: the reward runner
     and the data iterator are then the main thread's alone)."""
-    for item in self.queue:
+    for item in self.in_flight:
       item.resolve()
 
   # ---------------------------------------------------------------- resume
@@ -451,7 +454,7 @@ class Pipeline:
     self.settle()
     path = self._path(workdir, step)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    items = [(it.step, it.version, it.draw) for it in self.queue]
+    items = [(it.step, it.version, it.draw) for it in self.in_flight]
     with open(path + ".tmp", "wb") as f:
       pickle.dump({"step": step, "items": items}, f)
     os.replace(path + ".tmp", path)
@@ -472,9 +475,9 @@ class Pipeline:
     with open(path, "rb") as f:
       saved = pickle.load(f)
     for u, version, draw in saved["items"]:
-      self.queue.put(InFlight(u, version, draw=draw))
+      self.in_flight.put(InFlight(u, version, draw=draw))
 
-  def __enter__(self) -> "Pipeline":
+  def __enter__(self) -> "DrawQueue":
     return self
 
   def __exit__(self, *exc) -> None:

@@ -6,7 +6,7 @@ import json
 import os
 import tempfile
 
-from mr_rl.testing.assets import asset_dir
+from mr_rl.tiny_assets.assets import asset_dir
 
 # (problem, short solution, answer): a few with negative answers for TAG's negative channel.
 MATH_PROBLEMS = [

@@ -8,8 +8,8 @@ import shutil
 
 import numpy as np
 
-from mr_rl.testing.assets import asset_dir, build_once, family_spec
-from mr_rl.testing.tokenizer import make_tokenizer
+from mr_rl.tiny_assets.assets import asset_dir, build_once, family_spec
+from mr_rl.tiny_assets.tokenizer import make_tokenizer
 
 
 def tiny_model_config(family: str, vocab_size: int, *, d_model: int = 32, n_layers: int = 1,

@@ -71,13 +71,12 @@ class TurnDraws:
 
   def engine_for(self, r) -> TurnRollout:
     """The `TurnRollout` of sampling settings `r` (the run's `rollout`, or evaluation's and
-    the anchor probes' sampling): `rollout.slots` slots (0, or the static engine: one per
-    training row), compiled once per temperature / top-k / top-p."""
+    the anchor probes' sampling): `rollout.slots` slots (0: one per training row), compiled
+    once per temperature / top-k / top-p."""
     key = (r.temperature, r.top_k, r.top_p, r.max_new_tokens, r.dtype, r.cache_dtype)
     if key not in self._engines:
       s = self.settings
-      slots = rollout_engines.option(s.rollout, "slots") if s.rollout.engine == "continuous" \
-          else 0
+      slots = rollout_engines.option(s.rollout, "slots")  # the slot engines' option
       self._engines[key] = TurnRollout(
           rollout_lib.sampling_model(self._model, r.dtype), slots=int(slots or s.rows),
           max_new_tokens=r.max_new_tokens,

@@ -19,7 +19,6 @@ def test_tools_by_import_path_build_a_tool_env():
 
 @pytest.mark.parametrize("field,value,message", [
     ("tools", "mr_rl.multiturn.builtin_tools:nope", "no attribute"),
-    ("tools", "", "needs an env"),
     ("env", "not_a_path", "import path"),
     ("env", "no_such_module_abc:make", "did not import"),
     ("max_turns", 0, "max_turns"),
@@ -39,3 +38,8 @@ def test_unknown_fields_are_refused():
   c["max_turn"] = 3
   with pytest.raises(ValueError, match="unknown field"):
     settings.from_config(c)
+
+
+def test_neither_env_nor_tools_is_a_single_turn_run():
+  s = settings.from_config({"tools": ""})
+  assert not s.enabled

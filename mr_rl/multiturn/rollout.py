@@ -11,7 +11,8 @@ observation tokens), A the observation bucket.
   3. each paused slot's turn is read out and its environment step submitted to the host
      workers (a thread pool), while the next `step` call decodes the other slots;
   4. a finished step either ends the trajectory (its slot is freed) or inserts the
-     observation's delta ids into the same slot (`TurnPrograms.append`), which resumes it.
+     observation's delta ids into the same slot, which resumes it: one `TurnPrograms.append`
+     call for up to `append_rows` observations of the steps that finished together.
 An environment step that raises or runs past `step_timeout_s` fails its trajectory only
 (`Trajectory.status`), the rest go on; a rollout in which every trajectory fails raises
 `AllTrajectoriesFailed` naming the first error.
@@ -107,7 +108,8 @@ class TurnStats:
   rows: int = 0
   calls: int = 0
   prefills: int = 0
-  appends: int = 0
+  appends: int = 0              # `append` calls (each inserts up to `append_rows` observations)
+  observations: int = 0         # observations inserted
   decode_steps: int = 0
   slot_steps: int = 0
   busy_slot_steps: int = 0
@@ -139,17 +141,19 @@ class TurnRollout:
       plain format also the call's closing id).
     limits: `TurnLimits`.
     workers: host threads running environment steps.
+    append_rows: observations inserted per `append` call at most (its fixed row bucket).
     temperature, top_k, top_p, steps_per_call, prompt_buckets, pad_id, cache_dtype: as
       `mr_rl.sampling.engine.Engine`.
   """
 
   def __init__(self, model, *, slots: int, max_new_tokens: int, end_of_turn_ids,
-               limits: TurnLimits = TurnLimits(), workers: int = 8, temperature: float = 1.0,
-               top_k: int = 0, top_p: float = 1.0, steps_per_call: int = 8,
-               prompt_buckets: Sequence[int] | None = None, pad_id: int = 0,
-               cache_dtype=None):
+               limits: TurnLimits = TurnLimits(), workers: int = 8, append_rows: int = 8,
+               temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+               steps_per_call: int = 8, prompt_buckets: Sequence[int] | None = None,
+               pad_id: int = 0, cache_dtype=None):
     for name, value in (("slots", slots), ("max_new_tokens", max_new_tokens),
-                        ("workers", workers), ("steps_per_call", steps_per_call)):
+                        ("workers", workers), ("steps_per_call", steps_per_call),
+                        ("append_rows", append_rows)):
       if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     self.model = model
@@ -159,6 +163,7 @@ class TurnRollout:
       raise ValueError("multi-turn rollouts need at least one end-of-turn id")
     self.limits = limits
     self.workers = int(workers)
+    self.append_rows = min(int(append_rows), self.slots)
     self.sampling = processing.SamplingParams(temperature, top_k, top_p)
     self.steps_per_call = int(steps_per_call)
     self.prompt_buckets = prompt_buckets
@@ -173,7 +178,8 @@ class TurnRollout:
           self.model, slots=self.slots, max_new_tokens=self.max_new_tokens,
           sampling=self.sampling, eos_ids=self.end_of_turn_ids,
           steps_per_call=self.steps_per_call, refill_at=self.slots, shrink_at=0,
-          prefill_prompts=prefill_prompts, cache_dtype=self.cache_dtype)
+          prefill_prompts=prefill_prompts, cache_dtype=self.cache_dtype,
+          append_rows=self.append_rows)
     return self._programs[prefill_prompts]
 
   def run(self, params, prompts_BP, prompt_mask_BP, envs: Sequence[Environment], *,
@@ -225,10 +231,24 @@ class TurnRollout:
       obs = None if result.done else render.observation_ids(result.messages, a)
       return result, obs, time.perf_counter() - t0
 
+    def append(batch):  # [(slot, ids)], at most append_rows
+      nonlocal state
+      slots_R = np.zeros((progs.append_rows,), np.int32)
+      ids_RA = np.zeros((progs.append_rows, a), np.int32)
+      n_R = np.zeros((progs.append_rows,), np.int32)
+      for r, (slot, ids) in enumerate(batch):
+        slots_R[r], ids_RA[r, :len(ids)], n_R[r] = slot, ids, len(ids)
+        waiting[slot] = False
+        turn_start[slot] = s_now[slot] + len(ids)
+      state = progs.append(params, state, slots_R, ids_RA, n_R)
+      stats.appends += 1
+      stats.observations += len(batch)
+
     try:
       while True:
         # Finished environment steps: end the trajectory or insert the observation.
         now = time.perf_counter()
+        inserts = []
         for slot, (fut, t0) in list(pending.items()):
           if not fut.done() and now - t0 <= self.limits.step_timeout_s:
             continue
@@ -262,12 +282,9 @@ class TurnRollout:
             ids, truncated = obs
             t.observations_truncated += int(truncated)
             t.inserted.append((int(s_now[slot]), list(ids)))
-            ids_A = np.zeros((a,), np.int32)
-            ids_A[:len(ids)] = ids
-            state = progs.append(params, state, np.int32(slot), ids_A, np.int32(len(ids)))
-            stats.appends += 1
-            waiting[slot] = False
-            turn_start[slot] = s_now[slot] + len(ids)
+            inserts.append((slot, ids))
+        for i in range(0, len(inserts), progs.append_rows):
+          append(inserts[i:i + progs.append_rows])
         # New trajectories into free slots.
         plan = np.concatenate([np.full((self.slots,), -1, np.int32),
                                np.zeros((self.slots + 1,), np.int32)])

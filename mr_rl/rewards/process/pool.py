@@ -323,9 +323,10 @@ class HardTimeoutPool:
     raise WorkerSetupError(f"the worker zygote died {self._MAX_ZYGOTE_RETRIES} times in a row")
 
   def _discard(self, worker: _Worker) -> int | None:
-    """Kills `worker`; returns its wait status (None if unknown)."""
-    worker.sock.close()
-    return worker.zygote.kill(worker.pid)
+    """Kills `worker` (its process group); returns its wait status (None if unknown)."""
+    status = worker.zygote.kill(worker.pid)  # before the socket closes: an idle worker exits
+    worker.sock.close()  # at EOF, and its group would outlive it until the kill came
+    return status
 
   def _acquire(self) -> _Worker:
     with self._cv:

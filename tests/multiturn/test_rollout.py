@@ -214,6 +214,9 @@ def test_invalid_settings_raise(setup):
     mt.TurnRollout(model, slots=2, max_new_tokens=S, end_of_turn_ids=())
   with pytest.raises(ValueError, match="workers"):
     mt.TurnRollout(model, slots=2, max_new_tokens=S, end_of_turn_ids=END_IDS, workers=0)
+  with pytest.raises(ValueError, match="workers_kind"):
+    mt.TurnRollout(model, slots=2, max_new_tokens=S, end_of_turn_ids=END_IDS,
+                   workers_kind="fork")
   with pytest.raises(ValueError, match="append_rows"):
     mt.TurnRollout(model, slots=2, max_new_tokens=S, end_of_turn_ids=END_IDS, append_rows=0)
   with pytest.raises(ValueError, match="max_turns"):

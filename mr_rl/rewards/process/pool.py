@@ -44,7 +44,10 @@ class RewardTimeoutError(TimeoutError):
 
 
 class RewardWorkerError(RuntimeError):
-  """A reward worker process died while running a call."""
+  """A reward worker process died while running a call (`how`: its exit, e.g. 'killed by
+  signal 11 (SIGSEGV)'; '' where not known)."""
+
+  how = ""
 
 
 class WorkerSetupError(RewardWorkerError):
@@ -395,8 +398,9 @@ class HardTimeoutPool:
           continue  # the zygote (and with it this worker) died: not this call's doing
         with self._cv:
           self.restarts += 1
-        raise RewardWorkerError(f"reward worker died running {name!s} ({_describe(status)})"
-                                ) from e
+        err = RewardWorkerError(f"reward worker died running {name!s} ({_describe(status)})")
+        err.how = _describe(status)
+        raise err from e
       finally:
         self._release(worker, healthy)
       return self._unpack(reply, name)

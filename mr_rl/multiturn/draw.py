@@ -81,8 +81,8 @@ class TurnDraws:
           rollout_lib.sampling_model(self._model, r.dtype), slots=int(slots or s.rows),
           max_new_tokens=r.max_new_tokens,
           end_of_turn_ids=end_of_turn_ids(s, self.render, self._tokenizer),
-          limits=s.multiturn.limits(), workers=s.multiturn.workers, temperature=r.temperature,
-          top_k=r.top_k, top_p=r.top_p, pad_id=self._pad_id, cache_dtype=r.cache_dtype or None)
+          temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, pad_id=self._pad_id,
+          cache_dtype=r.cache_dtype or None, **s.multiturn.rollout_options())
     return self._engines[key]
 
   def sample(self, params, examples: Sequence[Any], key: jax.Array, group_size: int,

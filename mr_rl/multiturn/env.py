@@ -3,8 +3,9 @@
 An environment drives one trajectory: `reset(example)` gives the first messages (the chat
 turns the prompt is rendered from), then the policy writes a turn and `step(turn)` answers
 with the messages to append (a tool's result, a user's reply), per-channel rewards and
-`done`. Environments run on host workers (`mr_rl.multiturn.rollout`), never inside the
-engine's loop; one instance serves one trajectory, so it may keep state.
+`done`. Environments run on host workers (`mr_rl.multiturn.workers`), never inside the
+engine's loop; one instance serves one trajectory, so it may keep state (with worker
+processes, in attributes that pickle: each step gets the environment as the last one left it).
 
     class Retry:
       def reset(self, example):

@@ -9,12 +9,14 @@ observation tokens), A the observation bucket.
   1. free slots take queued trajectories (the prompt's prefill shared by its G rows);
   2. one `step` call decodes every live slot; a slot that samples an end-of-turn id pauses;
   3. each paused slot's turn is read out and its environment step submitted to the host
-     workers (a thread pool), while the next `step` call decodes the other slots;
+     threads (the step runs there or in a worker process, `mr_rl.multiturn.workers`), while
+     the next `step` call decodes the other slots;
   4. a finished step either ends the trajectory (its slot is freed) or inserts the
-     observation's delta ids into the same slot (`TurnPrograms.append`), which resumes it.
-An environment step that raises or runs past `step_timeout_s` fails its trajectory only
-(`Trajectory.status`), the rest go on; a rollout in which every trajectory fails raises
-`AllTrajectoriesFailed` naming the first error.
+     observation's delta ids into the same slot, which resumes it: one `TurnPrograms.append`
+     call for up to `append_rows` observations of the steps that finished together.
+An environment step that raises, runs past `step_timeout_s` or kills its worker process fails
+its trajectory only (`Trajectory.status`), the rest go on; a rollout in which every trajectory
+fails raises `AllTrajectoriesFailed` naming the first error.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ import concurrent.futures as cf
 import dataclasses
 import math
 import time
-from typing import Any, Callable, Sequence
+import weakref
+from typing import Any, Sequence
 
 import jax
 import numpy as np
 
-from mr_rl.multiturn.env import Environment, StepResult, Turn
+from mr_rl.multiturn import workers as workers_lib
+from mr_rl.multiturn.env import Environment, Turn
 from mr_rl.multiturn.turn_slots import TurnPrograms
 from mr_rl.sampling import processing
 from mr_rl.sampling.sampler import normalize_eos, prepare_prompts
@@ -107,7 +111,8 @@ class TurnStats:
   rows: int = 0
   calls: int = 0
   prefills: int = 0
-  appends: int = 0
+  appends: int = 0              # `append` calls (each inserts up to `append_rows` observations)
+  observations: int = 0         # observations inserted
   decode_steps: int = 0
   slot_steps: int = 0
   busy_slot_steps: int = 0
@@ -138,27 +143,36 @@ class TurnRollout:
     end_of_turn_ids: ids that end a policy turn (the family's end-of-turn id; for a
       plain format also the call's closing id).
     limits: `TurnLimits`.
-    workers: host threads running environment steps.
+    workers: host threads running environment steps (and, for "process", worker processes).
+    workers_kind: "thread" (steps run on the host threads) or "process" (each step in a fresh
+      worker process, killed at the timeout: `mr_rl.multiturn.workers`).
+    append_rows: observations inserted per `append` call at most (its fixed row bucket).
     temperature, top_k, top_p, steps_per_call, prompt_buckets, pad_id, cache_dtype: as
       `mr_rl.sampling.engine.Engine`.
   """
 
   def __init__(self, model, *, slots: int, max_new_tokens: int, end_of_turn_ids,
-               limits: TurnLimits = TurnLimits(), workers: int = 8, temperature: float = 1.0,
+               limits: TurnLimits = TurnLimits(), workers: int = 8,
+               workers_kind: str = "thread", append_rows: int = 8, temperature: float = 1.0,
                top_k: int = 0, top_p: float = 1.0, steps_per_call: int = 8,
                prompt_buckets: Sequence[int] | None = None, pad_id: int = 0,
                cache_dtype=None):
     for name, value in (("slots", slots), ("max_new_tokens", max_new_tokens),
-                        ("workers", workers), ("steps_per_call", steps_per_call)):
+                        ("workers", workers), ("steps_per_call", steps_per_call),
+                        ("append_rows", append_rows)):
       if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if workers_kind not in workers_lib.KINDS:
+      raise ValueError(f"workers_kind must be one of {workers_lib.KINDS}, got {workers_kind!r}")
     self.model = model
     self.slots, self.max_new_tokens = int(slots), int(max_new_tokens)
     self.end_of_turn_ids = normalize_eos(end_of_turn_ids)
     if not self.end_of_turn_ids:
       raise ValueError("multi-turn rollouts need at least one end-of-turn id")
     self.limits = limits
-    self.workers = int(workers)
+    self.workers, self.workers_kind = int(workers), workers_kind
+    self.append_rows = min(int(append_rows), self.slots)
+    self._pool = None  # the worker processes ("process"), started by the first run
     self.sampling = processing.SamplingParams(temperature, top_k, top_p)
     self.steps_per_call = int(steps_per_call)
     self.prompt_buckets = prompt_buckets
@@ -173,8 +187,27 @@ class TurnRollout:
           self.model, slots=self.slots, max_new_tokens=self.max_new_tokens,
           sampling=self.sampling, eos_ids=self.end_of_turn_ids,
           steps_per_call=self.steps_per_call, refill_at=self.slots, shrink_at=0,
-          prefill_prompts=prefill_prompts, cache_dtype=self.cache_dtype)
+          prefill_prompts=prefill_prompts, cache_dtype=self.cache_dtype,
+          append_rows=self.append_rows)
     return self._programs[prefill_prompts]
+
+  def step_runner(self, envs: Sequence[Environment]) -> workers_lib.StepRunner:
+    """The runner of this rollout's environment steps ("process": the pool, started once and
+    closed with the rollout or `close`, told the environments' modules)."""
+    if self.workers_kind == "thread":
+      return workers_lib.StepRunner("thread", self.limits.step_timeout_s)
+    workers_lib.check_picklable(envs)
+    if self._pool is None:
+      self._pool = workers_lib.process_pool(self.workers)
+      weakref.finalize(self, self._pool.close)
+    workers_lib.preload(self._pool, envs)
+    return workers_lib.StepRunner("process", self.limits.step_timeout_s, self._pool)
+
+  def close(self) -> None:
+    """Stops the worker processes ("process"; a later run starts them again)."""
+    if self._pool is not None:
+      self._pool.close()
+      self._pool = None
 
   def run(self, params, prompts_BP, prompt_mask_BP, envs: Sequence[Environment], *,
           key: jax.Array, group_size: int, render: Any) -> list[Trajectory]:
@@ -184,7 +217,8 @@ class TurnRollout:
       params: the model's parameters.
       prompts_BP, prompt_mask_BP: left-padded prompt ids and mask (the rendered first
         messages of each prompt).
-      envs: B * G environments, already `reset` (row n's is envs[n]).
+      envs: B * G environments, already `reset` (row n's is envs[n]; with "process" workers
+        each step runs on a copy, and the list is not updated).
       key: PRNG key (row n's token at response column s from fold_in(fold_in(key, n), s)).
       group_size: G.
       render: the renderer (`turn_text(ids)`, `observation_ids(messages, max_tokens)`).
@@ -196,6 +230,8 @@ class TurnRollout:
     rows, group = n_prompts * group_size, group_size
     if len(envs) != rows:
       raise ValueError(f"{len(envs)} environments for {rows} trajectories")
+    envs = list(envs)  # "process": row n's environment as its last step left it
+    runner = self.step_runner(envs)
     m = math.ceil(self.slots / group)
     progs = self.programs(m)
     a = self.limits.max_observation_tokens
@@ -209,7 +245,7 @@ class TurnRollout:
     pending: dict[int, tuple[cf.Future, float]] = {}  # slot -> (env step, start time)
     s_now = np.zeros((self.slots,), np.int64)  # tokens in each slot's response columns
     head, chunks = 0, 0
-    pool = cf.ThreadPoolExecutor(self.workers, thread_name_prefix="mr_rl-env")
+    threads = cf.ThreadPoolExecutor(self.workers, thread_name_prefix="mr_rl-env")
 
     def finish(slot: int, status: str, error: str | None = None):
       t = trajs[slot_row[slot]]
@@ -219,19 +255,32 @@ class TurnRollout:
 
     def env_step(n: int, turn: Turn):
       t0 = time.perf_counter()
-      result = envs[n].step(turn)
-      if not isinstance(result, StepResult):
-        raise TypeError(f"step returned a {type(result).__name__}, not a StepResult")
+      envs[n], result = runner(envs[n], turn)
       obs = None if result.done else render.observation_ids(result.messages, a)
       return result, obs, time.perf_counter() - t0
+
+    def append(batch):  # [(slot, ids)], at most append_rows
+      nonlocal state
+      slots_R = np.zeros((progs.append_rows,), np.int32)
+      ids_RA = np.zeros((progs.append_rows, a), np.int32)
+      n_R = np.zeros((progs.append_rows,), np.int32)
+      for r, (slot, ids) in enumerate(batch):
+        slots_R[r], ids_RA[r, :len(ids)], n_R[r] = slot, ids, len(ids)
+        waiting[slot] = False
+        turn_start[slot] = s_now[slot] + len(ids)
+      state = progs.append(params, state, slots_R, ids_RA, n_R)
+      stats.appends += 1
+      stats.observations += len(batch)
 
     try:
       while True:
         # Finished environment steps: end the trajectory or insert the observation.
         now = time.perf_counter()
+        inserts = []
         for slot, (fut, t0) in list(pending.items()):
-          if not fut.done() and now - t0 <= self.limits.step_timeout_s:
-            continue
+          if not fut.done() and (runner.kills_on_timeout
+                                 or now - t0 <= self.limits.step_timeout_s):
+            continue  # (a process step ends by itself: its worker is killed at the timeout)
           del pending[slot]
           t = trajs[slot_row[slot]]
           if not fut.done():  # the worker thread is abandoned (Python cannot stop it)
@@ -239,6 +288,9 @@ class TurnRollout:
             continue
           try:
             result, obs, seconds = fut.result()
+          except workers_lib.StepTimeout as e:
+            finish(slot, "timeout", str(e))
+            continue
           except Exception as e:  # pylint: disable=broad-except  (the env's fault: one row)
             finish(slot, "error", f"{type(e).__name__}: {e}")
             continue
@@ -262,12 +314,9 @@ class TurnRollout:
             ids, truncated = obs
             t.observations_truncated += int(truncated)
             t.inserted.append((int(s_now[slot]), list(ids)))
-            ids_A = np.zeros((a,), np.int32)
-            ids_A[:len(ids)] = ids
-            state = progs.append(params, state, np.int32(slot), ids_A, np.int32(len(ids)))
-            stats.appends += 1
-            waiting[slot] = False
-            turn_start[slot] = s_now[slot] + len(ids)
+            inserts.append((slot, ids))
+        for i in range(0, len(inserts), progs.append_rows):
+          append(inserts[i:i + progs.append_rows])
         # New trajectories into free slots.
         plan = np.concatenate([np.full((self.slots,), -1, np.int32),
                                np.zeros((self.slots + 1,), np.int32)])
@@ -290,7 +339,8 @@ class TurnRollout:
           if not pending:
             break
           t0 = time.perf_counter()
-          cf.wait([f for f, _ in pending.values()], timeout=self._next_deadline(pending),
+          cf.wait([f for f, _ in pending.values()],
+                  timeout=None if runner.kills_on_timeout else self._next_deadline(pending),
                   return_when=cf.FIRST_COMPLETED)
           stats.wait_time_s += time.perf_counter() - t0
           continue
@@ -320,10 +370,10 @@ class TurnRollout:
                         token_ids=tuple(int(x) for x in t.tokens[turn_start[slot]:]),
                         index=t.turns - 1)
             waiting[slot] = True
-            pending[slot] = (pool.submit(env_step, int(slot_row[slot]), turn),
+            pending[slot] = (threads.submit(env_step, int(slot_row[slot]), turn),
                              time.perf_counter())
     finally:
-      pool.shutdown(wait=False, cancel_futures=True)
+      threads.shutdown(wait=False, cancel_futures=True)
     if all(t.failed for t in trajs):
       raise AllTrajectoriesFailed(f"all {rows} trajectories failed in their environment; the "
                                   f"first: {trajs[0].error}")

@@ -12,6 +12,7 @@ from typing import Any, Callable, ClassVar, Mapping
 from mr_rl import fields as F
 from mr_rl.multiturn import env as env_lib
 from mr_rl.multiturn import tools as tools_lib
+from mr_rl.multiturn import workers as workers_lib
 from mr_rl.multiturn.rollout import TurnLimits
 
 
@@ -44,7 +45,12 @@ class MultiTurnSettings:
   step_timeout_s: float = F.setting(
       30.0, "an environment step running longer fails its trajectory",
       F.Float(lo=0.0, lo_open=True))
-  workers: int = F.setting(8, "host threads running environment steps", F.Int(lo=1))
+  workers: int = F.setting(8, "host threads running environment steps (and, with "
+                           "workers_kind 'process', worker processes)", F.Int(lo=1))
+  workers_kind: str = F.setting(
+      "thread", "where environment steps run: 'thread' (host threads; a step past the timeout "
+      "is abandoned) or 'process' (each step in a fresh worker process, killed at the timeout; "
+      "environments must pickle)", F.Choice(workers_lib.KINDS))
   renderer: str = F.setting("", "renderer factory 'pkg.mod:make' (make(tokenizer) -> renderer; "
                             "'': the tokenizer's chat template, mr_rl.multiturn.render."
                             "ChatRenderer)", _import_path_or_empty)
@@ -61,9 +67,14 @@ class MultiTurnSettings:
       raise ValueError("config.multiturn: give env or tools, not both (an environment with "
                        "tools builds its own ToolEnv)")
     try:
-      self.environment_factory()  # imports, schemas and one build now: errors at start-up
+      make = self.environment_factory()  # imports, schemas and one build now: start-up errors
     except env_lib.EnvConfigError as e:
       raise ValueError(f"config.multiturn: {e}") from e
+    if self.workers_kind == "process":
+      try:
+        workers_lib.check_picklable([make()])
+      except ValueError as e:
+        raise ValueError(f"config.multiturn: {e}") from e
 
   def tool_format_object(self):
     if self.tool_format == "plain":
@@ -88,6 +99,10 @@ class MultiTurnSettings:
     return TurnLimits(max_turns=self.max_turns,
                       max_observation_tokens=self.max_observation_tokens,
                       step_timeout_s=self.step_timeout_s)
+
+  def rollout_options(self) -> dict:
+    """`TurnRollout`'s keyword arguments from this section (limits and workers)."""
+    return {"limits": self.limits(), "workers": self.workers, "workers_kind": self.workers_kind}
 
 
 def default_config():

@@ -16,8 +16,8 @@ runs the tool and answers with its result as a 'tool' message; a turn without a 
 the trajectory. Formats: `HermesFormat` (Qwen3's `<tool_call>{"name": ..., "arguments":
 {...}}</tool_call>`) and `PlainFormat` (the text between two markers is the one argument of
 the one tool: the demo tokenizer, which has no letters). The per-step timeout and the host
-workers are the rollout's (`mr_rl.multiturn.rollout`): a tool runs in the worker thread that
-runs the step.
+workers are the rollout's (`mr_rl.multiturn.rollout`): a tool runs where the step runs, on a
+host thread or in a worker process (`mr_rl.multiturn.workers`).
 """
 
 from __future__ import annotations

@@ -115,6 +115,45 @@ def test_tokens_do_not_depend_on_the_slot_count(setup):
     assert x.turn_ends == y.turn_ends
 
 
+def test_batched_appends_equal_one_at_a_time(setup):
+  """The observations of steps that finish together go in with one `append` call: the same
+  tokens and log-probs as one call per observation of the same program (a row's result does
+  not depend on the other rows), and the same tokens as the one-row program (`append_rows=1`,
+  the per-observation program of before, whose log-probs may differ in the last bits: the
+  matmuls' row count differs)."""
+  model, params, tokens, mask, render = setup
+  limits = mt.TurnLimits(max_turns=4, max_observation_tokens=8, step_timeout_s=5.0)
+
+  def run(append_rows, one_at_a_time=False):
+    ro = mt.TurnRollout(model, slots=4, max_new_tokens=S, end_of_turn_ids=END_IDS,
+                        limits=limits, workers=4, append_rows=append_rows)
+    progs = ro.programs(2)  # ceil(slots / G) prompts per prefill
+    batched = progs.append
+    if one_at_a_time:
+      def one(params, state, slots_R, ids_RA, n_R):
+        for r in np.flatnonzero(n_R):
+          state = batched(params, state, slots_R, ids_RA, np.where(np.arange(len(n_R)) == r,
+                                                                   n_R, 0).astype(np.int32))
+        return state
+      progs.append = one
+    trajs = ro.run(params, tokens, mask, [Counter(n) for n in range(len(PROMPT_LENS) * G)],
+                   key=jax.random.PRNGKey(3), group_size=G, render=render)
+    assert batched._cache_size() == 1
+    return ro.last_stats, trajs
+
+  stats, batched = run(4)
+  assert stats.observations > stats.appends > 0  # some calls carried several observations
+  assert stats.token_mismatches == 0
+  _, single = run(4, one_at_a_time=True)
+  _, one_row = run(1)
+  for x, y, z in zip(batched, single, one_row):
+    np.testing.assert_array_equal(x.tokens, y.tokens)
+    np.testing.assert_array_equal(x.logprobs, y.logprobs)
+    assert x.inserted == y.inserted == z.inserted and x.status == y.status == z.status
+    np.testing.assert_array_equal(x.tokens, z.tokens)
+    np.testing.assert_allclose(x.logprobs, z.logprobs, atol=1e-5)
+
+
 def test_max_turns_and_observation_truncation(setup):
   _, trajs = _run(setup, limits=mt.TurnLimits(max_turns=2, max_observation_tokens=12,
                                               step_timeout_s=5.0), turns=10, long_row=1)
@@ -177,5 +216,10 @@ def test_invalid_settings_raise(setup):
     mt.TurnRollout(model, slots=2, max_new_tokens=S, end_of_turn_ids=())
   with pytest.raises(ValueError, match="workers"):
     mt.TurnRollout(model, slots=2, max_new_tokens=S, end_of_turn_ids=END_IDS, workers=0)
+  with pytest.raises(ValueError, match="workers_kind"):
+    mt.TurnRollout(model, slots=2, max_new_tokens=S, end_of_turn_ids=END_IDS,
+                   workers_kind="fork")
+  with pytest.raises(ValueError, match="append_rows"):
+    mt.TurnRollout(model, slots=2, max_new_tokens=S, end_of_turn_ids=END_IDS, append_rows=0)
   with pytest.raises(ValueError, match="max_turns"):
     mt.TurnLimits(max_turns=0)

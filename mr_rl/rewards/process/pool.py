@@ -44,7 +44,10 @@ class RewardTimeoutError(TimeoutError):
 
 
 class RewardWorkerError(RuntimeError):
-  """A reward worker process died while running a call."""
+  """A reward worker process died while running a call (`how`: its exit, e.g. 'killed by
+  signal 11 (SIGSEGV)'; '' where not known)."""
+
+  how = ""
 
 
 class WorkerSetupError(RewardWorkerError):
@@ -323,9 +326,10 @@ class HardTimeoutPool:
     raise WorkerSetupError(f"the worker zygote died {self._MAX_ZYGOTE_RETRIES} times in a row")
 
   def _discard(self, worker: _Worker) -> int | None:
-    """Kills `worker`; returns its wait status (None if unknown)."""
-    worker.sock.close()
-    return worker.zygote.kill(worker.pid)
+    """Kills `worker` (its process group); returns its wait status (None if unknown)."""
+    status = worker.zygote.kill(worker.pid)  # before the socket closes: an idle worker exits
+    worker.sock.close()  # at EOF, and its group would outlive it until the kill came
+    return status
 
   def _acquire(self) -> _Worker:
     with self._cv:
@@ -394,8 +398,9 @@ class HardTimeoutPool:
           continue  # the zygote (and with it this worker) died: not this call's doing
         with self._cv:
           self.restarts += 1
-        raise RewardWorkerError(f"reward worker died running {name!s} ({_describe(status)})"
-                                ) from e
+        err = RewardWorkerError(f"reward worker died running {name!s} ({_describe(status)})")
+        err.how = _describe(status)
+        raise err from e
       finally:
         self._release(worker, healthy)
       return self._unpack(reply, name)

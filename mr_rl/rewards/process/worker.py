@@ -185,7 +185,14 @@ def _worker_main(fd: int, zygote_pid: int, prctl: Any) -> int:
 
 # -------------------------------------------------------------------------- zygote
 def _kill(pid: int, children: set[int], exited: dict[int, int]) -> int | None:
+  """SIGKILLs worker `pid`'s process group and reaps the worker. A worker that exited
+  already may have left children in its group (a process started by a call): they are
+  killed too."""
   if pid in exited:
+    try:
+      os.killpg(pid, signal.SIGKILL)
+    except OSError:  # no process left in the group
+      pass
     return exited.pop(pid)
   if pid not in children:
     return None

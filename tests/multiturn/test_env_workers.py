@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from mr_rl.multiturn import channels as mt_channels
 from mr_rl.multiturn import workers
 from mr_rl.multiturn.env import StepResult, Turn
 
@@ -171,7 +172,6 @@ def test_hostile_trajectories_fail_alone_in_a_rollout(tiny_hf_pair, left_padded_
   from mr_rl.demo import task
   from mr_rl.multiturn import render as render_lib
   from mr_rl.multiturn import rollout as mt
-  from mr_rl.multiturn import trajectories
   _, model, params = tiny_hf_pair("qwen3")
   tokens, mask = left_padded_prompts((7, 3, 12, 5), vocab=128, seed=0)
   render = render_lib.PlainRenderer(task.make_tokenizer(), template="={content};", marker="--")
@@ -199,7 +199,8 @@ def test_hostile_trajectories_fail_alone_in_a_rollout(tiny_hf_pair, left_padded_
     assert [r["steps_seen"] for r in t.turn_rewards] == list(range(1, len(t.turn_rewards) + 1))
     assert t.rewards.get("leaked", 0.0) == 0.0
   # The failed trajectories are never paid: every channel scores the failure value.
-  r = trajectories.trajectory_rewards(trajs, ["steps_seen"], group_size=2, on_failure=-1.0)
+  r = mt_channels.environment_scores(
+      trajs, [mt_channels.EnvironmentChannel("steps_seen", reduce="sum", on_failure=-1.0)], 2)
   assert [r.reshape(-1)[n] for n in (1, 2, 3, 4, 6)] == [-1.0] * 5
   assert ro.last_stats.token_mismatches == 0
   for pid_file in tmp_path.iterdir():

@@ -57,7 +57,7 @@ def test_hermes_call_runs_the_tool_and_answers():
 ])
 def test_malformed_calls_answer_with_the_error(text, error):
   r = tools.ToolEnv([lookup]).step(env.Turn(text=text, token_ids=(), index=0))
-  assert error in r.messages[0]["content"] and r.rewards == {tools.FORMAT_CHANNEL: 0.0}
+  assert error in r.messages[0]["content"] and r.rewards == {tools.FORMAT_CHANNEL: 0.0, tools.SUCCESS_CHANNEL: 0.0}
   assert r.info["tool_failures"] == 1
 
 

@@ -59,5 +59,5 @@ def get_config(arg=None):
   c.demo.problems_for = ml_collections.ConfigDict({"calculator": {"min_terms": 4}})
   c.demo.brief_threshold = 14
   if "smoke" in args:
-    c.demo.methods = "additive,tag"
+    c.demo.methods = "tag"          # probes, training and evaluation, all multi-turn
   return c

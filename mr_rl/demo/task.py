@@ -97,11 +97,11 @@ class Problem:
         scored by `accuracy`, fails `fmt`).
       loop_step: the step index where a 'loop' starts repeating.
     """
-    if style == "tool":  # the calculator's call, its observation not written (`calculator`)
-      return f"<r>{self.prompt[len('Q:'):-len('=')]}</r><a>{answer}</a>"
     if style not in STYLES:
       raise ValueError(f"unknown solution style {style!r}; valid: {STYLES}")
     answer = self.answer if answer is None else int(answer)
+    if style == "tool":  # the calculator's call, its observation not written (`calculator`)
+      return f"<r>{self.prompt[len('Q:'):-len('=')]}</r><a>{answer}</a>"
     steps = [] if style == "direct" else self.steps()
     if style == "verbose":
       steps = [s for step in steps for s in (step, step)]

@@ -52,6 +52,8 @@ class Draw:
       after it}; the step's `metrics_lib.StageTimer` starts from them.
     policy_mask_BGS: multi-turn draws: 1 on the ids the policy sampled, 0 on observations
       (the loss mask; `mr_rl.multiturn.draw`); None: every response id is the policy's.
+    trajectories: multi-turn draws: the B * G `Trajectory`s (per-turn credit reads their step
+      rewards), else None.
   """
   rollout: rollout_lib.Rollout
   r_BGK: np.ndarray
@@ -60,6 +62,7 @@ class Draw:
   metrics: dict
   seconds: dict
   policy_mask_BGS: np.ndarray | None = None
+  trajectories: list | None = None
 
   @property
   def signal_groups(self) -> int:
@@ -84,9 +87,10 @@ def draw_groups(comp, params, agg_state, data_iter, signal, k_roll,
   dyn = s.dynamic
   B = s.data.batch_prompts
   if comp.turns is not None:  # multi-turn: trajectories with tools or an environment
-    ro, policy_mask, r_BGK, reward_m, turn_m, seconds = comp.turns(
+    d, r_BGK, reward_m, seconds = comp.turns.draw(
         params, next(data_iter), k_roll, comp.runner, s.rewards, s.rollout.group_size)
-    return Draw(ro, r_BGK, B, reward_m, turn_m, seconds, policy_mask)
+    return Draw(d.rollout, r_BGK, B, reward_m, d.metrics, seconds, d.policy_mask_BGS,
+                d.trajectories)
   rounds, kept, dropped, reward_m = [], [], [], {}
   timer = metrics_lib.StageTimer()
   for i in range(1 + (dyn.max_rounds if dyn.mode == "refill" else 0)):
@@ -159,6 +163,10 @@ def learner_batch(s: RunSettings, draw: Draw, sig: signal_lib.Signal, learner, t
   elif s.update.pack:
     pack = batch_lib.PackSpec(s.update.loss.loss_agg, s.update.loss.norm_len, row_multiple)
   A_BG = None if ppo else signal_lib.pad_groups(sig, B).A_BG
+  if s.multiturn.per_turn_credit:  # (+ per-turn advantages: [B, G, S])
+    from mr_rl.multiturn import credit  # pylint: disable=import-outside-toplevel
+    A_BG = credit.per_turn_advantages(draw.trajectories, np.asarray(A_BG), credit.turn_weights(s),
+                                      group_size=G, max_new_tokens=s.rollout.max_new_tokens)
   return batch_lib.make_batch(draw.rollout, A_BG, loss_rows_BG=loss_rows,
                               trim=s.batch.trim_columns,
                               column_buckets=s.batch.column_buckets, ppo=ppo, pack=pack,

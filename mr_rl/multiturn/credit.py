@@ -65,3 +65,14 @@ def per_turn_advantages(trajs: Sequence[Trajectory], A_BG, weights: Mapping[str,
       extra[inside] = to_go[g, turn_of[inside]]
       out[n, :len(t.tokens)] += extra
   return out.reshape(B, G, S)
+
+
+def turn_weights(settings) -> dict[str, float]:
+  """`multiturn.turn_weights`, or 1 for each environment channel of the run's rewards."""
+  given = dict(settings.multiturn.turn_weights)
+  if given:
+    return {k: float(v) for k, v in given.items()}
+  from mr_rl.rewards import runner  # pylint: disable=import-outside-toplevel
+  r = settings.rewards
+  return {name: 1.0 for spec, name in zip(r.specs, r.channels)
+          if runner.get_reward(spec, **dict(r.params.get(name) or {})).kind == "environment"}

@@ -98,9 +98,16 @@ class TurnDraws:
   def __call__(self, params, examples: Sequence[Any], key: jax.Array, runner, rewards,
                group_size: int, sampling=None
                ) -> tuple[rollout_lib.Rollout, np.ndarray, np.ndarray, dict, dict, dict]:
-    """(rollout, policy_mask_BGS, r_BGK, reward metrics, multiturn metrics, seconds) of B * G
-    trajectories scored on `rewards` (a `RewardSettings`: the run's or a sub-run's channels;
-    `runner` holds its text channels, in order)."""
+    """(rollout, policy_mask_BGS, r_BGK, reward metrics, multiturn metrics, seconds)."""
+    d, r_BGK, reward_m, seconds = self.draw(params, examples, key, runner, rewards, group_size,
+                                            sampling)
+    return d.rollout, d.policy_mask_BGS, r_BGK, reward_m, d.metrics, seconds
+
+  def draw(self, params, examples: Sequence[Any], key: jax.Array, runner, rewards,
+           group_size: int, sampling=None) -> tuple[collect.TurnDraw, np.ndarray, dict, dict]:
+    """(the draw, r_BGK, reward metrics, seconds) of B * G trajectories scored on `rewards`
+    (a `RewardSettings`: the run's or a sub-run's channels; `runner` holds its text
+    channels, in order)."""
     t0 = time.perf_counter()
     d = self.sample(params, examples, key, group_size, sampling)
     t_roll = time.perf_counter() - t0
@@ -134,5 +141,4 @@ class TurnDraws:
       col = r_BGK[..., k]
       reward_m[f"rewards/{c.name}/mean"] = float(np.nanmean(col)) if np.isfinite(col).any() \
           else float("nan")
-    return (d.rollout, d.policy_mask_BGS, r_BGK, reward_m, d.metrics,
-            {"rollout": t_roll, "reward": time.perf_counter() - t0 - t_roll})
+    return d, r_BGK, reward_m, {"rollout": t_roll, "reward": time.perf_counter() - t0 - t_roll}

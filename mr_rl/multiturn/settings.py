@@ -51,6 +51,14 @@ class MultiTurnSettings:
       "thread", "where environment steps run: 'thread' (host threads; a step past the timeout "
       "is abandoned) or 'process' (each step in a fresh worker process, killed at the timeout; "
       "environments must pickle)", F.Choice(workers_lib.KINDS))
+  per_turn_credit: bool = F.setting(
+      False, "add per-turn advantages: each step's rewards (turn_weights) on its turn's last "
+      "token, normalised per turn index in the group, reward-to-go per token "
+      "(mr_rl.multiturn.credit; biased, docs/multiturn.md); off: trajectory-level GRPO",
+      F.boolean)
+  turn_weights: Mapping[str, float] = F.setting(
+      help="per_turn_credit: weight of each environment channel in a turn's reward (default: "
+      "1 for each environment channel of the run)", check=F.mapping, factory=dict, free=True)
   renderer: str = F.setting("", "renderer factory 'pkg.mod:make' (make(tokenizer) -> renderer; "
                             "'': the tokenizer's chat template, mr_rl.multiturn.render."
                             "ChatRenderer)", _import_path_or_empty)

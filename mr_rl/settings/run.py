@@ -168,6 +168,10 @@ class RunSettings:
       raise ValueError("a multi-turn run needs at least one text channel in "
                        "config.rewards.channels (scored on what the policy wrote); all of "
                        f"{env} are environment channels")
+    bad = sorted(set(self.multiturn.turn_weights) - set(env))
+    if bad:
+      raise ValueError(f"config.multiturn.turn_weights names {bad}, which are not environment "
+                       f"channels of config.rewards.channels (those are {env})")
     unsupported = [(self.advantage == "ppo", "advantage.name=ppo (GAE over turns is not wired)"),
                    (self.dynamic.mode != "off", "dynamic.mode (DAPO's rounds)"),
                    (bool(self.update.pack), "optim.pack"),

@@ -22,7 +22,7 @@ from mr_rl.multiturn.rollout import Trajectory
 from mr_rl.rewards import runner as runner_lib
 from mr_rl.testing.runs import arith_config, assert_same_metrics
 
-POLICY = os.path.join(os.path.dirname(task.__file__), "assets", "base_policy")
+POLICY = os.path.join(os.path.dirname(task.__file__), "assets", "calculator_policy")
 CHANNELS = "arith_acc,tool_success,arith_brief"
 
 
@@ -64,6 +64,35 @@ def test_a_multiturn_run_trains_and_resumes_bit_exactly(tmp_path):
   assert np.isfinite([h["reward/tool_success/mean"] for h in a]).all()
 
 
+def test_per_turn_credit_puts_turn_advantages_in_the_batch(monkeypatch):
+  """With multiturn.per_turn_credit the trainer hands make_batch the per-token advantages of
+  `credit.per_turn_advantages` (whose values and batch layout tests/multiturn/test_collect.py
+  checks) over the trajectories it drew, weighted 1 per environment channel by default."""
+  from mr_rl import train_step
+  from mr_rl.multiturn import credit
+  s = settings_lib.from_config(_config(1, per_turn_credit=True))
+  assert credit.turn_weights(s) == {"tool_success": 1.0}
+  made, given = [], []
+  real_credit, real_batch = credit.per_turn_advantages, train_step.batch_lib.make_batch
+
+  def spy_credit(trajs, A_BG, weights, **kw):
+    made.append((len(trajs), np.asarray(A_BG), weights, real_credit(trajs, A_BG, weights, **kw)))
+    return made[-1][-1]
+
+  def spy_batch(ro, advantages_BG=None, **kw):
+    given.append(advantages_BG)
+    return real_batch(ro, advantages_BG, **kw)
+
+  monkeypatch.setattr(credit, "per_turn_advantages", spy_credit)
+  monkeypatch.setattr(train_step.batch_lib, "make_batch", spy_batch)
+  res = train_lib.train(s, None, log=None)
+  assert len(res.history) == 1 and len(made) == 1
+  n, A_BG, weights, A_BGS = made[0]
+  assert n == s.rows and A_BG.shape == (4, 4) and weights == {"tool_success": 1.0}
+  assert A_BGS.shape == (4, 4, s.rollout.max_new_tokens)
+  assert given[0] is A_BGS
+
+
 def test_multiturn_evaluation_scores_every_channel():
   from mr_rl import evaluation
   s = settings_lib.from_config(_config(1))
@@ -83,6 +112,7 @@ def test_multiturn_evaluation_scores_every_channel():
     (dict(advantage="ppo"), "advantage.name=ppo"),
     (dict(dynamic="refill"), "dynamic.mode"),
     (dict(plain_close="</a></r>"), "must be one token"),
+    (dict(turn_weights={"arith_acc": 1.0}), "not environment channels"),
 ])
 def test_multiturn_settings_refuse_what_they_do_not_support(change, needle):
   c = _config(1)
@@ -94,6 +124,8 @@ def test_multiturn_settings_refuse_what_they_do_not_support(change, needle):
     c.advantage.name = "ppo"
   if "dynamic" in change:
     c.dynamic.mode = "refill"
+  if "turn_weights" in change:
+    c.multiturn.turn_weights = change["turn_weights"]
   if "plain_close" in change:
     c.multiturn.plain_close = change["plain_close"]
     with pytest.raises(ValueError, match=needle):

@@ -177,9 +177,10 @@ def build_runner(settings: RunSettings) -> RewardRunner:
   names or import paths) with their `rewards.params` and the failure-rate guard; environment
   channels (multi-turn runs) are filled by `mr_rl.multiturn.draw`, not the runner."""
   r = settings.rewards
+  from mr_rl.multiturn import channels as mt_channels  # pylint: disable=import-outside-toplevel
   channels = [get_reward(spec, **r.params.get(name, {}))
-              for spec, name in zip(r.specs, r.channels)]
-  channels = [c for c in channels if c.kind != "environment"]
+              for spec, name in zip(r.specs, r.channels)
+              if not mt_channels.is_environment_spec(spec)]
   shared_pool().set_limits(r.worker_max_calls, r.worker_memory_bytes)
   return RewardRunner(channels, timeout_s=r.timeout_s, max_failure_share=r.max_failure_share,
                       failure_patience=r.failure_patience,

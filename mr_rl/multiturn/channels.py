@@ -13,7 +13,8 @@ A multi-turn run's `config.rewards.channels` mixes two kinds of channel, in any 
 The built-in tool environment reports `tool_format` and `tool_success` per call (registered
 here, 'mean' over calls, range [0, 1]); a 'sum' would pay for calling more often. Your own
 environment's channel: `register_reward("name", lambda **p: EnvironmentChannel("name",
-reduce="sum", value_range=(lo, hi), **p))` in a plugin module (`config.plugins`).
+reduce="sum", value_range=(lo, hi), **p))` in a plugin module (`config.plugins`), the factory
+marked with `environment_factory`.
 """
 
 from __future__ import annotations
@@ -79,13 +80,35 @@ def is_environment_channel(channel: RewardChannel) -> bool:
   return channel.kind == ENVIRONMENT
 
 
+def environment_factory(factory):
+  """Marks a registered factory as one of environment channels, so a run's settings know
+  its kind without building it (a reward model channel is not built to learn that)."""
+  factory.environment_channel = True
+  return factory
+
+
+def is_environment_spec(spec: str) -> bool:
+  """Whether channel spec `spec` (a registered name; import paths are text channels) names an
+  environment channel."""
+  return ":" not in spec and getattr(REWARDS.get(spec), "environment_channel", False)
+
+
+def environment_channels(rewards) -> dict[int, EnvironmentChannel]:
+  """{k: channel} of the environment channels of a `RewardSettings`, built with their params."""
+  return {k: REWARDS.get(spec)(**dict(rewards.params.get(name) or {}))
+          for k, (spec, name) in enumerate(zip(rewards.specs, rewards.channels))
+          if is_environment_spec(spec)}
+
+
 @REWARDS.register
+@environment_factory
 def tool_format(**params) -> EnvironmentChannel:
   """1 per well-formed tool call, 0 per malformed one (`ToolEnv`), mean over calls."""
   return EnvironmentChannel(tools_lib.FORMAT_CHANNEL, **{"value_range": UNIT_RANGE, **params})
 
 
 @REWARDS.register
+@environment_factory
 def tool_success(**params) -> EnvironmentChannel:
   """1 per tool call that returned, 0 per call that raised or was malformed (`ToolEnv`),
   mean over calls."""

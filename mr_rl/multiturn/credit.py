@@ -72,7 +72,6 @@ def turn_weights(settings) -> dict[str, float]:
   given = dict(settings.multiturn.turn_weights)
   if given:
     return {k: float(v) for k, v in given.items()}
-  from mr_rl.rewards import runner  # pylint: disable=import-outside-toplevel
+  from mr_rl.multiturn import channels  # pylint: disable=import-outside-toplevel
   r = settings.rewards
-  return {name: 1.0 for spec, name in zip(r.specs, r.channels)
-          if runner.get_reward(spec, **dict(r.params.get(name) or {})).kind == "environment"}
+  return {r.channels[k]: 1.0 for k in channels.environment_channels(r)}

@@ -31,7 +31,6 @@ from mr_rl.multiturn import channels as channels_lib
 from mr_rl.multiturn import collect
 from mr_rl.multiturn import trajectories as traj_lib
 from mr_rl.multiturn.rollout import TurnRollout
-from mr_rl.rewards import runner as runner_lib
 
 
 def end_of_turn_ids(settings, render, tokenizer) -> tuple[int, ...]:
@@ -112,15 +111,13 @@ class TurnDraws:
     d = self.sample(params, examples, key, group_size, sampling)
     t_roll = time.perf_counter() - t0
     B, G = len(examples), group_size
-    built = [runner_lib.get_reward(spec, **dict(rewards.params.get(name) or {}))
-             for spec, name in zip(rewards.specs, rewards.channels)]
-    env_k = [k for k, c in enumerate(built) if channels_lib.is_environment_channel(c)]
-    text_k = [k for k in range(len(built)) if k not in env_k]
-    env_channels = [built[k] for k in env_k]
+    env = channels_lib.environment_channels(rewards)
+    env_k, env_channels = list(env), list(env.values())
+    text_k = [k for k in range(len(rewards.channels)) if k not in env]
     if tuple(runner.names) != tuple(rewards.channels[k] for k in text_k):
       raise ValueError(f"the reward runner's channels {runner.names} are not the text channels "
                        f"of {rewards.channels}")
-    r_BGK = np.full((B, G, len(built)), np.nan, np.float32)
+    r_BGK = np.full((B, G, len(rewards.channels)), np.nan, np.float32)
     r_BGK[..., env_k] = channels_lib.environment_scores(d.trajectories, env_channels, G)
     for k, c in zip(env_k, env_channels):  # declared applicability, per prompt
       if c.applies is not None:

@@ -155,10 +155,9 @@ class RunSettings:
   def _check_multiturn(self) -> None:
     """Environment channels need config.multiturn; a multi-turn run takes what its rollout
     (mr_rl.multiturn.draw) supports and refuses the rest by name."""
-    from mr_rl.rewards import runner
+    from mr_rl.multiturn import channels as mt_channels
     env = [name for spec, name in zip(self.rewards.specs, self.rewards.channels)
-           if runner.get_reward(spec, **dict(self.rewards.params.get(name) or {})).kind
-           == "environment"]
+           if mt_channels.is_environment_spec(spec)]
     if not self.multiturn.enabled:
       if env:
         raise ValueError(f"config.rewards.channels {env} are scored from an environment's step "

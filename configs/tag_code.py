@@ -31,6 +31,10 @@ AUX = {"fast": "code_fast", "noop": "code_noop"}     # the auxiliary channel of 
 THRESHOLD_MS = {"fast": 60.0, "noop": 3.0}           # RA = 1 below this runtime
 
 
+# optim.num_micro_batches per model on its slice, chosen by launch/check.py --fit.
+FITTED_MICRO_BATCHES = {"qwen3_4b": 128}
+
+
 def base_config(model: str, task: str):
   """DeepCoder with auxiliary `task` on paper model `model` (a config_lib.MODELS key), no method."""
   c = cl.paper_base()   # GRPO of both papers: 500 steps, B 32 x G 8, lr 1e-6, clip 0.2 / 0.28
@@ -40,6 +44,7 @@ def base_config(model: str, task: str):
   c.data.template = "tag_code"                       # one ```python block, stdin -> stdout
   c.data.max_prompt_len = 2048                       # problem statements with examples
   c.rollout.max_new_tokens = 4096                    # project choice (not in the summary)
+  c.optim.num_micro_batches = FITTED_MICRO_BATCHES.get(model, c.optim.num_micro_batches)
   # The static sampler's cache for 256 x 6,144 tokens of Qwen3-4B is 58 GB per chip on v5p-8:
   # 98.3 GB at its peak by XLA:TPU (4% of HBM free). The continuous engine's pool of 160 slots
   # (launch/check.py --topology=v5p-8, 2026-12-06): step 76.2 GB, shrink 80.9 GB (21% free);

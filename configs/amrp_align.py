@@ -39,6 +39,13 @@ TRAIN_PROMPTS = 10_162  # ~20,324 train rows with about two responses per prompt
 CHANNELS = "armorm_helpfulness,armorm_correctness,armorm_coherence"  # ArmoRM objectives 0 / 1 / 2
 
 
+# optim.num_micro_batches per model on its slice, chosen by launch/check.py --fit (2 rows:
+# 65.9 GB per chip; 4 rows 96.5 GB). Its slot search allowed 168 slots (engine peak 92.4 GB),
+# but the check does not count the ArmoRM scorer resident on the same chips (about 4 GB per
+# chip in bf16 over tensor=4), so the slot counts below stay.
+FITTED_MICRO_BATCHES = {"qwen3_4b": 128}
+
+
 def base_config(model: str):
   """HelpSteer2 + ArmoRM on paper model `model` (a config_lib.MODELS key), before the method."""
   c = cl.paper_base()   # GRPO of both papers: B 32 x G 8, lr 1e-6, clip 0.2 / 0.28, rollout T 1
@@ -49,6 +56,7 @@ def base_config(model: str):
   c.data.template = "helpsteer2"                     # no extra instruction
   c.data.max_prompt_len = 4096                       # some prompts hold long documents
   c.rollout.max_new_tokens = 512                     # max completion length 512
+  c.optim.num_micro_batches = FITTED_MICRO_BATCHES.get(model, c.optim.num_micro_batches)
   # The static sampler prefills all 256 prompts of 4,096 tokens at once: 213 GB per chip for
   # Llama-3.1-8B on v5p-16 (compiled), over 137 GB of attention scores alone for Qwen3-4B on
   # v5p-8. The continuous engine prefills M = slots / 8 at a time (launch/check.py, compiled):

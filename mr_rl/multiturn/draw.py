@@ -6,7 +6,7 @@ S response columns.
 
 `TurnDraws` is built once per run (`mr_rl.train.build`): the environment factory, the renderer,
 the `TurnRollout` (one continuous-engine slot per trajectory across turns, `rollout.slots`
-slots, `rollout.max_new_tokens` columns for every turn and observation) and the channels of
+slots, `rollout.max_new_tokens` columns for every turn and observation, on the policy's mesh) and the channels of
 `config.rewards.channels` split into text channels (the reward runner's) and environment
 channels (`mr_rl.multiturn.channels`). Each call runs B * G trajectories and returns the
 learner's rollout, its policy mask (0 on observations) and r[B, G, K] in the config's channel
@@ -65,7 +65,7 @@ class TurnDraws:
     self.make_env = mt.environment_factory()
     self.render = mt.make_renderer(policy.tokenizer)
     self._tokenizer = policy.tokenizer
-    self._model, self._pad_id = policy.model, policy.pad_id
+    self._model, self._pad_id, self._mesh = policy.model, policy.pad_id, policy.mesh
     self._engines = {}
     self.engine = self.engine_for(s.rollout)
 
@@ -82,7 +82,7 @@ class TurnDraws:
           max_new_tokens=r.max_new_tokens,
           end_of_turn_ids=end_of_turn_ids(s, self.render, self._tokenizer),
           temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, pad_id=self._pad_id,
-          cache_dtype=r.cache_dtype or None, **s.multiturn.rollout_options())
+          cache_dtype=r.cache_dtype or None, mesh=self._mesh, **s.multiturn.rollout_options())
     return self._engines[key]
 
   def sample(self, params, examples: Sequence[Any], key: jax.Array, group_size: int,

@@ -34,6 +34,19 @@ from mr_rl.multiturn.rollout import TurnRollout
 from mr_rl.rewards import runner as runner_lib
 
 
+# The device programs of a multi-turn rollout (`TurnRollout`): the continuous engine's, without
+# the tail's `shrink`, plus `append` (`mr_rl.compilation.PROGRAMS` names).
+TURN_PROGRAMS = ("engine_init", "engine_prefill", "engine_step", "engine_gather", "engine_append")
+
+
+def expected_programs(settings, prompt_buckets: int) -> dict[str, int]:
+  """{program: most compiles} of a multi-turn run's draws (`mr_rl.program_plan`): each turn
+  program once per prompt bucket for the rollout's sampling, and once more for evaluation's
+  during training (`eval.every`: its own `TurnRollout` and group size)."""
+  sets = 1 + bool(settings.eval.every)
+  return {name: prompt_buckets * sets for name in TURN_PROGRAMS}
+
+
 def end_of_turn_ids(settings, render, tokenizer) -> tuple[int, ...]:
   """Ids that end a policy turn: the renderer's end of turn (a chat template's), the
   tokenizer's eos, and with `multiturn.tool_format = 'plain'` (the built-in tool environment's

@@ -64,6 +64,21 @@ def test_a_multiturn_run_trains_and_resumes_bit_exactly(tmp_path):
   assert np.isfinite([h["reward/tool_success/mean"] for h in a]).all()
 
 
+def test_a_multiturn_run_compiles_the_turn_programs_it_predicts():
+  """The draws run on the turn programs (`draw.TURN_PROGRAMS`), each compiled at most as often
+  as `program_plan.expected_programs` says, and no sampler or shrink."""
+  from mr_rl import compilation, program_plan
+  s = settings_lib.from_config(_config(1))
+  log = compilation.compile_log()
+  start = len(log)
+  train_lib.train(s, None, log=None)
+  got, bound = compilation.counts(log.since(start)), program_plan.expected_programs(s)
+  assert set(got) <= {n for n, c in bound.items() if c}, (got, bound)
+  assert all(got[k] <= bound[k] for k in got), (got, bound)
+  assert {"engine_prefill", "engine_step", "engine_append"} <= set(got), got
+  assert not bound.get("sampler") and not bound.get("engine_shrink"), bound
+
+
 def test_multiturn_evaluation_scores_every_channel():
   from mr_rl import evaluation
   s = settings_lib.from_config(_config(1))
@@ -82,6 +97,7 @@ def test_multiturn_evaluation_scores_every_channel():
     (dict(channels="tool_success"), "needs at least one text channel"),
     (dict(advantage="ppo"), "advantage.name=ppo"),
     (dict(dynamic="refill"), "dynamic.mode"),
+    (dict(warmup=True), "compile.warmup"),
     (dict(plain_close="</a></r>"), "must be one token"),
 ])
 def test_multiturn_settings_refuse_what_they_do_not_support(change, needle):
@@ -94,6 +110,8 @@ def test_multiturn_settings_refuse_what_they_do_not_support(change, needle):
     c.advantage.name = "ppo"
   if "dynamic" in change:
     c.dynamic.mode = "refill"
+  if "warmup" in change:
+    c.compile.warmup = True
   if "plain_close" in change:
     c.multiturn.plain_close = change["plain_close"]
     with pytest.raises(ValueError, match=needle):

@@ -44,7 +44,8 @@ class TurnPrograms(SlotPrograms):
       raise ValueError(f"append_rows must be in [1, slots={self.slots}], got {append_rows}")
     self.append_rows = int(append_rows)
     # Traced and called under the mesh as the engine's programs are (`SlotPrograms._on_mesh`):
-    # the model's constraints bind there and a Pallas attention kernel sits in its shard_map.
+    # the model's logical constraints bind to it (and a Pallas attention kernel would sit in
+    # its shard_map; the cached path `append` takes runs none today).
     self.append = self._on_mesh(jax.jit(
         compilation.program("engine_append", self._wrap(self._append)), donate_argnums=1))
 

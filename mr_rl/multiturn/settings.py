@@ -53,7 +53,7 @@ class MultiTurnSettings:
       "environments must pickle)", F.Choice(workers_lib.KINDS))
   renderer: str = F.setting("", "renderer factory 'pkg.mod:make' (make(tokenizer) -> renderer; "
                             "'': the tokenizer's chat template, mr_rl.multiturn.render."
-                            "ChatRenderer)", _import_path_or_empty)
+                            "ChatRenderer, given the tools' schemas)", _import_path_or_empty)
 
   @property
   def enabled(self) -> bool:
@@ -91,8 +91,10 @@ class MultiTurnSettings:
   def make_renderer(self, tokenizer):
     """The renderer of observations for `tokenizer`."""
     from mr_rl.multiturn import render as render_lib
-    if not self.renderer:
-      return render_lib.ChatRenderer(tokenizer)
+    if not self.renderer:  # the built-in tool environment's schemas go to the template (tools=)
+      tools = tools_lib.load_tools(self.tools) if self.tools else {}
+      return render_lib.ChatRenderer(tokenizer, tools=[tools_lib.schema(f) for f in
+                                                       tools.values()] or None)
     return env_lib.resolve(self.renderer, "renderer")(tokenizer)
 
   def limits(self) -> TurnLimits:

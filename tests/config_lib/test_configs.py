@@ -60,6 +60,7 @@ REPRESENTATIVE = {
     "tag_lambda": "lam=0.5",                                         # probes + TAG training
     "tag_moe": "task=negative,method=additive",                      # MoE family
     "tag_downweight": "w_a=0.3",
+    "math_tools": "method=tag",                                      # multi-turn, python tool
 }
 
 

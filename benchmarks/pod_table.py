@@ -51,12 +51,14 @@ CONFIGS = [
     ("tag_kl_sweep.py", "v5p-8"),
     ("tag_lambda.py", "v5p-8"),
     ("tag_three_channels.py", "v5p-8"),
+    ("math_tools.py", "v5p-8"),  # multi-turn: the turn programs (launch/check_turns.py)
 ]
 
 
 def shape_key(config_arg: str) -> tuple:
   """What fixes a config's programs: model, dtypes, lengths, rows, mesh, micro-batches, engine,
-  LoRA, loss terms that add arrays (KL's reference log-probs), the critic."""
+  LoRA, loss terms that add arrays (KL's reference log-probs), the critic, multi-turn rollouts
+  (tools or environment, observation width)."""
   sys.path.insert(0, REPO)
   from mr_rl import config_lib  # pylint: disable=import-outside-toplevel
   path, _, arg = config_arg.partition(":")
@@ -67,7 +69,8 @@ def shape_key(config_arg: str) -> tuple:
           int(c.rollout.group_size), tuple(sorted((k, int(v)) for k, v in c.mesh.items())),
           int(c.optim.num_micro_batches), c.rollout.engine, int(c.rollout.get("slots", 0)),
           c.rollout.get("dtype", ""), c.rollout.get("cache_dtype", ""),
-          float(c.optim.loss.kl_coef) > 0, c.advantage.name == "ppo")
+          float(c.optim.loss.kl_coef) > 0, c.advantage.name == "ppo",
+          bool(c.multiturn.env or c.multiturn.tools), int(c.multiturn.max_observation_tokens))
 
 
 def run_check(config_arg: str, topology: str) -> dict:
@@ -89,8 +92,8 @@ def run_check(config_arg: str, topology: str) -> dict:
 
 def row(config_arg, topology, r) -> str:
   cells = []
-  for name in ("policy_step", "ref_logprob", "sampler", "engine_prefill", "engine_step",
-               "engine_shrink"):
+  for name in ("policy_step", "ref_logprob", "sampler", "engine_init", "engine_prefill",
+               "engine_step", "engine_gather", "engine_shrink", "engine_append"):
     if name in r["programs"]:
       gb, secs, _ = r["programs"][name]
       share = f"{gb:.1f} ({100 * gb / r['hbm']:.0f}%)" if gb is not None else "refused"

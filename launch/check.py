@@ -36,7 +36,11 @@ lowered with the shardings of `mr_rl.models.sharding` (`train_state_shardings`,
     default instead of `sampler` when `rollout.engine = "continuous"`): the continuous engine's
     slot programs at S slots (`--slots`: the config's `rollout.slots`, one per row if 0, or
     `budget`: the count `mr_rl.sampling.memory` says fits), see launch/check_engine.py. The
-    analytic slot budget (bytes per slot, slots that fit) is printed for every config.
+    analytic slot budget (bytes per slot, slots that fit) is printed for every config;
+  * a multi-turn config (`config.multiturn.env` or `.tools`) rolls out on the turn programs
+    instead, whatever its engine: `engine_init`, `engine_prefill`, `engine_step`,
+    `engine_gather` and `engine_append` (`--programs=engine` for the five) at S slots, built as
+    the trainer builds them (launch/check_turns.py); `--fit` searches their slots.
 
 LoRA (`config.model.lora.rank > 0`): the train state is the adapters and their Adam moments; the
 policy step takes the frozen base params as a further argument (not donated); the reference
@@ -155,7 +159,8 @@ def _args(argv):
                       "--set rollout.cache_dtype=bfloat16 --set optim.num_micro_batches=128")
   p.add_argument("--programs", default="",
                  help="comma-separated, from policy_step, ref_logprob, sampler, engine (= "
-                      "engine_prefill, engine_step, engine_shrink), moe_block, or none "
+                      "engine_prefill, engine_step, engine_shrink; a multi-turn config's turn "
+                      "programs), moe_block, or none "
                       "(default: policy_step, ref_logprob, then sampler or with "
                       "rollout.engine=continuous the engine's, and moe_block for an MoE model)")
   p.add_argument("--slots", default="",
@@ -406,10 +411,12 @@ def fit(a, c, target) -> int:
   chosen.append(f"optim.num_micro_batches={rows // best}")
   a.micro_batches = rows // best
   from mr_rl import rollout_engines
-  engine_has_slots = any(o.name == "slots"
-                         for o in rollout_engines.ENGINES.get(c.rollout.engine).options)
+  import check_turns  # launch/check_turns.py: multi-turn rollouts have slots, any engine
+  slotted = "turn programs" if check_turns.settings(c) is not None else "continuous engine"
+  engine_has_slots = slotted == "turn programs" or any(
+      o.name == "slots" for o in rollout_engines.ENGINES.get(c.rollout.engine).options)
   if engine_has_slots and a.slots.isdigit():
-    print(f"  continuous engine: {a.slots} slots as given (--slots), not searched", flush=True)
+    print(f"  {slotted}: {a.slots} slots as given (--slots), not searched", flush=True)
   elif engine_has_slots:
     slot_counts = list(range(dp, rows + 1, dp))
 
@@ -417,7 +424,7 @@ def fit(a, c, target) -> int:
       trial = argparse.Namespace(**dict(vars(a), slots=str(n), programs="engine", fit=False))
       return summary(check(trial, c, target, quiet=True)[1])
 
-    slots = _bisect(slot_counts, slots_pass, lambda n: f"continuous engine, {n} slots")
+    slots = _bisect(slot_counts, slots_pass, lambda n: f"{slotted}, {n} slots")
     if slots is None:
       print("\nresult: no slot count fits the engine's programs: change the mesh, slice or "
             "lengths")
@@ -498,7 +505,9 @@ def check(a, c, target, quiet: bool = False):
   from mr_rl.rl.batch import LearnerBatch
   from mr_rl.rl.losses import PolicyLossConfig
   from mr_rl.sampling import Sampler
+  import check_turns  # launch/check_turns.py, next to this script
 
+  turns = check_turns.settings(c)  # a multi-turn config's MultiTurnSettings, else None
   preset, preset_fields = _parse_preset(a.preset)
   preset = preset or next((m.preset for m in config_lib.MODELS.values()
                            if m.hub == c.model.path), "") or c.model.get("preset", "")
@@ -579,7 +588,7 @@ def check(a, c, target, quiet: bool = False):
            "gives XLA:TPU's own verdict\n") +
         f"batch    rows={rows} (G={group}), T={prompt_cols}+{resp_cols}, micro_batches={micro}, "
         f"reference pass in {ref_chunks} chunk(s)\n"
-        f"sampler  {c.rollout.engine} engine, compute "
+        f"sampler  {'multi-turn rollouts' if turns else c.rollout.engine + ' engine'}, compute "
         f"{c.rollout.get('dtype', '') or compute.name}, KV cache "
         f"{c.rollout.get('cache_dtype', '') or c.rollout.get('dtype', '') or compute.name}\n"
         f"budget   {_gb(hbm)} per device ({budget_of}); a program passes with "
@@ -720,25 +729,32 @@ def check(a, c, target, quiet: bool = False):
       raise ValueError("--slots=budget: no slot fits next to the params and the resident state")
     slots = budget.slots
   else:
-    slots = int(a.slots or c.rollout.slots or rows)  # what rollout.generate_continuous uses
-  engine_names = ("engine_prefill", "engine_step", "engine_shrink")
+    slots = int(a.slots or 0) or int(c.rollout.slots) or rows  # as the trainer: 0 = one per row
+  # A multi-turn config rolls out on the turn programs instead (launch/check_turns.py).
+  engine_names = (check_turns.program_names() if turns is not None
+                  else ("engine_prefill", "engine_step", "engine_shrink"))
   engine_progs = {}
 
   def engine_program(name):
     if not engine_progs:
-      progs, info = check_engine.lowerings(
-          sample_model, slots=slots, group=group, prompt_cols=prompt_cols, resp_cols=resp_cols,
-          cache_dtype=cache_dtype, mesh=mesh, rules=rules, params_in=params_in, key_in=key_in,
-          param_bytes=params_dev)
+      kw = dict(slots=slots, group=group, prompt_cols=prompt_cols, resp_cols=resp_cols,
+                cache_dtype=cache_dtype, mesh=mesh, rules=rules, params_in=params_in,
+                key_in=key_in, param_bytes=params_dev)
+      if turns is not None:
+        progs, info = check_turns.lowerings(sample_model, turns, **kw)
+        print(check_turns.describe(info, slots, _gb))
+      else:
+        progs, info = check_engine.lowerings(sample_model, **kw)
+        print(f"  engine       S={slots} slots (pool sizes {info['pool_sizes']}), M="
+              f"{info['prefill_prompts']} prompts per prefill, prompt bucket {info['bucket']}; "
+              f"per device: slot state {_gb(info['state_bytes'])}, prompt store "
+              f"{_gb(info['store_bytes'])}")
       engine_progs.update(progs)
-      print(f"  engine       S={slots} slots (pool sizes {info['pool_sizes']}), M="
-            f"{info['prefill_prompts']} prompts per prefill, prompt bucket {info['bucket']}; "
-            f"per device: slot state {_gb(info['state_bytes'])}, prompt store "
-            f"{_gb(info['store_bytes'])}")
     return engine_progs.get(name)
 
   lowerings = {"policy_step": lower_step, "ref_logprob": lower_ref, "sampler": lower_sampler}
-  samplers = list(rollout_engines.ENGINES.get(c.rollout.engine).check_programs)  # its own
+  samplers = (list(engine_names) if turns is not None else  # the engine's own
+              list(rollout_engines.ENGINES.get(c.rollout.engine).check_programs))
   wanted = [p.strip() for p in a.programs.split(",") if p.strip()] or (
       ["policy_step", "ref_logprob"] + samplers + (["moe_block"] if grouped else []))
   wanted = [n for p in wanted for n in (engine_names if p == "engine" else (p,))]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 
-def _per_device(tree) -> int:
+def per_device(tree) -> int:
   """Bytes of `tree`'s ShapeDtypeStructs on one device, by their shardings."""
   import jax
   return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
@@ -80,7 +80,7 @@ def lowerings(model, *, slots: int, group: int, prompt_cols: int, resp_cols: int
   shardings = lowered.compile().output_shardings
   state, store = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                               lowered.out_info, shardings)
-  state_b, store_b = _per_device(state), _per_device(store)
+  state_b, store_b = per_device(state), per_device(store)
   repl = NamedSharding(mesh, P())
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=repl)
   programs = {

@@ -49,7 +49,8 @@ def expected_programs(settings) -> dict[str, int]:
   """Upper bounds on the programs of each name a training run with `settings` compiles: the
   learner's one per batch shape, the rollout's one per prompt bucket and row count (rollout
   rows, evaluation's) or per prompt bucket and engine pool (the engine's
-  `EngineSpec.expected_programs`), the signal's one per group count."""
+  `EngineSpec.expected_programs`; a multi-turn run's turn programs instead,
+  `mr_rl.multiturn.draw.expected_programs`), the signal's one per group count."""
   s = settings
   widths = learner_widths(s)
   buckets = len(prompt_buckets(s.data.max_prompt_len))
@@ -60,8 +61,12 @@ def expected_programs(settings) -> dict[str, int]:
   out = {"policy_step": widths, "ppo_step": widths, "value_forward": widths,
          "logprob_forward": widths, "signal": groups, "lora_merge": 1,
          "finite_check": 1}
-  engine = rollout_engines.ENGINES.get(s.rollout.engine)
-  out.update(engine.expected_programs(s.rollout, buckets, rollout_rows, eval_rows))
+  if s.multiturn.enabled:  # trajectories on the turn programs (mr_rl.multiturn.draw), any engine
+    from mr_rl.multiturn import draw as turn_draw  # pylint: disable=import-outside-toplevel
+    out.update(turn_draw.expected_programs(s, buckets))
+  else:
+    engine = rollout_engines.ENGINES.get(s.rollout.engine)
+    out.update(engine.expected_programs(s.rollout, buckets, rollout_rows, eval_rows))
   return out
 
 

@@ -232,12 +232,18 @@ def build(settings: RunSettings) -> Components:
     render = lambda ex: ex.prompt
   policy = rollout_lib.Policy(model, tokenizer, render, d.max_prompt_len,
                               add_bos=not d.template, mesh=mesh)
+  turns = None
+  if settings.multiturn.enabled:
+    from mr_rl.multiturn import draw as turn_draw  # pylint: disable=import-outside-toplevel
+    turns = turn_draw.TurnDraws(settings, policy)
   train_ex, eval_ex = load_examples(settings)
   eval_sets = load_eval_sets(settings)
   # Every prompt's length before step 0 (mr_rl.data.lengths): over-long ones are an error
   # naming them, or dropped with data.skip_long_prompts (before the rows are fingerprinted).
   where, path = data.describe_source(d), d.path or None
-  check = functools.partial(data.check_prompt_lengths, policy, skip=d.skip_long_prompts)
+  check = functools.partial(data.check_prompt_lengths,  # (a multi-turn run's prompts: its own)
+                            policy if turns is None else turns.checked_policy(policy),
+                            skip=d.skip_long_prompts)
   train_ex = check(train_ex, f"train split {d.split!r} of {where}", path=path)
   eval_ex = check(eval_ex, f"eval split {d.eval_split!r} of {where}", path=path)
   eval_sets = {n: check(ex, f"eval set {n!r}",
@@ -245,10 +251,6 @@ def build(settings: RunSettings) -> Components:
                for n, ex in eval_sets.items()}
   startup.check_rows(settings, len(train_ex),
                      f"train split {d.split!r} of {where} (after the length checks)")
-  turns = None
-  if settings.multiturn.enabled:
-    from mr_rl.multiturn import draw as turn_draw  # pylint: disable=import-outside-toplevel
-    turns = turn_draw.TurnDraws(settings, policy)
   return Components(settings, policy, params, train_ex, eval_ex, build_runner(settings),
                     eval_sets, learner_mesh, turns)
 

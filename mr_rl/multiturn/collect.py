@@ -45,9 +45,15 @@ class TurnDraw:
   metrics: dict
 
 
-def left_pad(ids: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-  """Left-padded ids and mask [B, P] (P the longest)."""
+def left_pad(ids: Sequence[Sequence[int]], pad_id: int = 0,
+             width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """Left-padded ids and mask [B, P] (P = `width`, or the longest when None)."""
   P = max(len(x) for x in ids)
+  if width is not None:
+    if P > width:
+      raise ValueError(f"a prompt's first messages render to {P} tokens, more than the prompt "
+                       f"width {width} (config.data.max_prompt_len)")
+    P = width
   tokens = np.full((len(ids), P), pad_id, np.int32)
   mask = np.zeros((len(ids), P), np.int32)
   for b, x in enumerate(ids):
@@ -59,7 +65,7 @@ def draw(engine: TurnRollout, params, examples: Sequence[Any], make_env: Callabl
          render: Any, *, group_size: int, key: jax.Array,
          env_channels: Sequence[channels_lib.EnvironmentChannel | str] = (),
          text_rewards: Mapping[str, Callable[[str, Any], float]] | None = None,
-         on_failure: float = 0.0) -> TurnDraw:
+         on_failure: float = 0.0, prompt_width: int | None = None) -> TurnDraw:
   """Runs B * G trajectories of `examples` (module docstring).
 
   Args:
@@ -75,6 +81,8 @@ def draw(engine: TurnRollout, params, examples: Sequence[Any], make_env: Callabl
     text_rewards: {channel: fn(text, example) -> float} on the policy's text.
     on_failure: the text channels' (and named environment channels') score of a
       trajectory whose environment failed.
+    prompt_width: P of the learner's rollout (the run's `data.max_prompt_len`: one learner
+      width per response bucket, as single-turn prompts); None: the longest prompt.
   """
   text_rewards = dict(text_rewards or {})
   env_channels = [c if isinstance(c, channels_lib.EnvironmentChannel) else
@@ -99,7 +107,7 @@ def draw(engine: TurnRollout, params, examples: Sequence[Any], make_env: Callabl
       ids = got
       envs.append(env)
     prompts.append(ids)
-  tokens_BP, mask_BP = left_pad(prompts, engine.pad_id)
+  tokens_BP, mask_BP = left_pad(prompts, engine.pad_id, prompt_width)
   trajs = engine.run(params, tokens_BP, mask_BP, envs, key=key, group_size=group_size,
                      render=render)
   ro, policy = traj_lib.to_rollout(trajs, tokens_BP, mask_BP, group_size=group_size,

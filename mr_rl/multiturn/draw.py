@@ -6,11 +6,18 @@ S response columns.
 
 `TurnDraws` is built once per run (`mr_rl.train.build`): the environment factory, the renderer,
 the `TurnRollout` (one continuous-engine slot per trajectory across turns, `rollout.slots`
-slots, `rollout.max_new_tokens` columns for every turn and observation) and the channels of
+slots, `rollout.max_new_tokens` columns for every turn and observation, on the policy's mesh) and the channels of
 `config.rewards.channels` split into text channels (the reward runner's) and environment
 channels (`mr_rl.multiturn.channels`). Each call runs B * G trajectories and returns the
 learner's rollout, its policy mask (0 on observations) and r[B, G, K] in the config's channel
 order, which go through the aggregator and the trajectory-level advantage unchanged.
+
+Prompts: the environments' `reset` gets each example with the data template's turns as its
+messages (`data.template`: a system instruction, a request on the last user turn) when the
+renderer is the tokenizer's chat template (`multiturn.renderer` ''), which renders them with
+the tools' schemas; they are left-padded to `data.max_prompt_len` (one learner width per
+response bucket, as single-turn prompts), and with the built-in tool environment the start-up
+length check reads that rendering (`checked_policy`).
 
 Text channels score what the policy wrote: its turns' text with the observations left out, and
 its sampled token count (`trajectories.policy_text`), so a tool's output is never read as the policy's
@@ -19,6 +26,7 @@ answer or counted as its length.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Sequence
 
@@ -27,10 +35,24 @@ import numpy as np
 
 from mr_rl import rollout as rollout_lib
 from mr_rl import rollout_engines
+from mr_rl.data.example import Example
 from mr_rl.multiturn import channels as channels_lib
 from mr_rl.multiturn import collect
 from mr_rl.multiturn import trajectories as traj_lib
 from mr_rl.multiturn.rollout import TurnRollout
+
+
+# The device programs of a multi-turn rollout (`TurnRollout`): the continuous engine's, without
+# the tail's `shrink`, plus `append` (`mr_rl.compilation.PROGRAMS` names).
+TURN_PROGRAMS = ("engine_init", "engine_prefill", "engine_step", "engine_gather", "engine_append")
+
+
+def expected_programs(settings, prompt_buckets: int) -> dict[str, int]:
+  """{program: most compiles} of a multi-turn run's draws (`mr_rl.program_plan`): each turn
+  program once per prompt bucket for the rollout's sampling, and once more for evaluation's
+  during training (`eval.every`: its own `TurnRollout` and group size)."""
+  sets = 1 + bool(settings.eval.every)
+  return {name: prompt_buckets * sets for name in TURN_PROGRAMS}
 
 
 def end_of_turn_ids(settings, render, tokenizer) -> tuple[int, ...]:
@@ -63,8 +85,12 @@ class TurnDraws:
     self.settings = s
     self.make_env = mt.environment_factory()
     self.render = mt.make_renderer(policy.tokenizer)
+    self.template = None  # the data template's turns, through the tokenizer's chat template
+    if s.data.template and not mt.renderer:
+      from mr_rl.data import templates  # pylint: disable=import-outside-toplevel
+      self.template = templates.make_template(s.data.template, style="chat")
     self._tokenizer = policy.tokenizer
-    self._model, self._pad_id = policy.model, policy.pad_id
+    self._model, self._pad_id, self._mesh = policy.model, policy.pad_id, policy.mesh
     self._engines = {}
     self.engine = self.engine_for(s.rollout)
 
@@ -81,8 +107,28 @@ class TurnDraws:
           max_new_tokens=r.max_new_tokens,
           end_of_turn_ids=end_of_turn_ids(s, self.render, self._tokenizer),
           temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, pad_id=self._pad_id,
-          cache_dtype=r.cache_dtype or None, **s.multiturn.rollout_options())
+          cache_dtype=r.cache_dtype or None, mesh=self._mesh, **s.multiturn.rollout_options())
     return self._engines[key]
+
+  def first_examples(self, examples: Sequence[Any]) -> list:
+    """`examples` as the environments' `reset` gets them: with the data template's turns as
+    their messages (module docstring)."""
+    if self.template is None:
+      return list(examples)
+    return [dataclasses.replace(ex, messages=tuple(self.template.messages(ex)))
+            if isinstance(ex, Example) else ex for ex in examples]
+
+  def checked_policy(self, policy: rollout_lib.Policy) -> rollout_lib.Policy:
+    """`policy` with the prompts the draws render, for the start-up length check
+    (`mr_rl.data.check_prompt_lengths`): with the built-in tool environment and the chat
+    template, `reset`'s messages (the example's, templated) rendered with the tools' schemas;
+    otherwise `policy` (an environment's own `reset` is not run for the check)."""
+    mt = self.settings.multiturn
+    if not mt.tools or mt.renderer:
+      return policy
+    env = self.make_env()  # (a tool environment's reset reads the example only)
+    text = lambda ex: self.render.prompt_text(env.reset(self.first_examples([ex])[0]))
+    return dataclasses.replace(policy, render=text, add_bos=False)
 
   def sample(self, params, examples: Sequence[Any], key: jax.Array, group_size: int,
              sampling=None) -> collect.TurnDraw:
@@ -91,8 +137,9 @@ class TurnDraws:
     if jax.process_count() > 1:
       raise NotImplementedError("multi-turn draws run in one process (docs/multiturn.md)")
     engine = self.engine if sampling is None else self.engine_for(sampling)
-    return collect.draw(engine, params, examples, self.make_env, self.render,
-                        group_size=group_size, key=key)
+    return collect.draw(engine, params, self.first_examples(examples), self.make_env,
+                        self.render, group_size=group_size, key=key,
+                        prompt_width=self.settings.data.max_prompt_len)
 
   def __call__(self, params, examples: Sequence[Any], key: jax.Array, runner, rewards,
                group_size: int, sampling=None

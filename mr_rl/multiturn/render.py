@@ -60,9 +60,13 @@ class ChatRenderer:
   def _encode(self, text: str) -> list[int]:
     return self.tokenizer.encode(text, add_special_tokens=False)
 
+  def prompt_text(self, messages: Sequence[Mapping[str, str]]) -> str:
+    """The first messages with the assistant header, as text (with the tools' schemas)."""
+    return self._render(messages, True)
+
   def prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
     """The first messages with the assistant header (the rollout's prompt)."""
-    return self._encode(self._render(messages, True))
+    return self._encode(self.prompt_text(messages))
 
   def turn_text(self, ids: Sequence[int]) -> str:
     """A sampled turn's text, without its end-of-turn token."""

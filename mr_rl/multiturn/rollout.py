@@ -149,6 +149,8 @@ class TurnRollout:
     append_rows: observations inserted per `append` call at most (its fixed row bucket).
     temperature, top_k, top_p, steps_per_call, prompt_buckets, pad_id, cache_dtype: as
       `mr_rl.sampling.engine.Engine`.
+    mesh, rules: the device mesh and logical rules (as the engine's): slots and caches split
+      over the batch axes, every program (`append` too) traced and run under the mesh.
   """
 
   def __init__(self, model, *, slots: int, max_new_tokens: int, end_of_turn_ids,
@@ -156,7 +158,7 @@ class TurnRollout:
                workers_kind: str = "thread", append_rows: int = 8, temperature: float = 1.0,
                top_k: int = 0, top_p: float = 1.0, steps_per_call: int = 8,
                prompt_buckets: Sequence[int] | None = None, pad_id: int = 0,
-               cache_dtype=None):
+               cache_dtype=None, mesh=None, rules=None):
     for name, value in (("slots", slots), ("max_new_tokens", max_new_tokens),
                         ("workers", workers), ("steps_per_call", steps_per_call),
                         ("append_rows", append_rows)):
@@ -178,6 +180,7 @@ class TurnRollout:
     self.prompt_buckets = prompt_buckets
     self.pad_id = pad_id
     self.cache_dtype = cache_dtype
+    self.mesh, self.rules = mesh, rules
     self._programs = {}
     self.last_stats = TurnStats()
 
@@ -188,7 +191,7 @@ class TurnRollout:
           sampling=self.sampling, eos_ids=self.end_of_turn_ids,
           steps_per_call=self.steps_per_call, refill_at=self.slots, shrink_at=0,
           prefill_prompts=prefill_prompts, cache_dtype=self.cache_dtype,
-          append_rows=self.append_rows)
+          append_rows=self.append_rows, mesh=self.mesh, rules=self.rules)
     return self._programs[prefill_prompts]
 
   def step_runner(self, envs: Sequence[Environment]) -> workers_lib.StepRunner:

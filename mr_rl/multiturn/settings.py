@@ -61,7 +61,7 @@ class MultiTurnSettings:
       "1 for each environment channel of the run)", check=F.mapping, factory=dict, free=True)
   renderer: str = F.setting("", "renderer factory 'pkg.mod:make' (make(tokenizer) -> renderer; "
                             "'': the tokenizer's chat template, mr_rl.multiturn.render."
-                            "ChatRenderer)", _import_path_or_empty)
+                            "ChatRenderer, given the tools' schemas)", _import_path_or_empty)
 
   @property
   def enabled(self) -> bool:
@@ -99,8 +99,10 @@ class MultiTurnSettings:
   def make_renderer(self, tokenizer):
     """The renderer of observations for `tokenizer`."""
     from mr_rl.multiturn import render as render_lib
-    if not self.renderer:
-      return render_lib.ChatRenderer(tokenizer)
+    if not self.renderer:  # the built-in tool environment's schemas go to the template (tools=)
+      tools = tools_lib.load_tools(self.tools) if self.tools else {}
+      return render_lib.ChatRenderer(tokenizer, tools=[tools_lib.schema(f) for f in
+                                                       tools.values()] or None)
     return env_lib.resolve(self.renderer, "renderer")(tokenizer)
 
   def limits(self) -> TurnLimits:

@@ -19,7 +19,9 @@ nothing. The prompt and earlier turns stay in the cache; nothing is prefilled tw
 The R rows run as one batch of the model: each row's slot cache is copied with A spare
 columns and the new tokens go in at the spare columns (one cache index for every row); their
 keys and values are then written at the slot's own columns. Attention reads a set of keys, not
-their places, so a row's result is the same bits whatever the other rows hold.
+their places, so a row's result is the same bits whatever the other rows hold. With a mesh
+(`mesh`, `rules`) `append` is traced and run under it like the engine's programs, and the
+state keeps the engine's shardings (slots over the batch axes).
 """
 
 from __future__ import annotations
@@ -41,8 +43,11 @@ class TurnPrograms(SlotPrograms):
     if not 1 <= append_rows <= self.slots:
       raise ValueError(f"append_rows must be in [1, slots={self.slots}], got {append_rows}")
     self.append_rows = int(append_rows)
-    self.append = jax.jit(compilation.program("engine_append", self._wrap(self._append)),
-                          donate_argnums=1)
+    # Traced and called under the mesh as the engine's programs are (`SlotPrograms._on_mesh`):
+    # the model's logical constraints bind to it (and a Pallas attention kernel would sit in
+    # its shard_map; the cached path `append` takes runs none today).
+    self.append = self._on_mesh(jax.jit(
+        compilation.program("engine_append", self._wrap(self._append)), donate_argnums=1))
 
   def _append(self, params, state: SlotState, slots_R, ids_RA, n_R) -> SlotState:
     """Prefills observation ids_RA[r, :n_R[r]] into paused slot slots_R[r] for every row with
@@ -81,7 +86,7 @@ class TurnPrograms(SlotPrograms):
     ids_RS = jnp.take_along_axis(ids_RA, jnp.clip(j_S - s_R[:, None], 0, a - 1), axis=1)
     mask_RC = state.kv_mask[slot_R] | ((span[:cols] >= col0_R[:, None])
                                        & (span[:cols] < (col0_R + n_R)[:, None]))
-    put = lambda arr, value: arr.at[put_R].set(value, mode="drop")
+    put = lambda arr, value: self._batch_sharded(arr.at[put_R].set(value, mode="drop"), n_slots)
     return state.replace(
         cache=self._cache_sharded(cache),
         kv_mask=put(state.kv_mask, mask_RC),

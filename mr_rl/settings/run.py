@@ -174,7 +174,8 @@ class RunSettings:
     unsupported = [(self.advantage == "ppo", "advantage.name=ppo (GAE over turns is not wired)"),
                    (self.dynamic.mode != "off", "dynamic.mode (DAPO's rounds)"),
                    (bool(self.update.pack), "optim.pack"),
-                   (self.asynchrony.active, "asynchrony (a sampler ahead of the learner)")]
+                   (self.asynchrony.active, "asynchrony (a sampler ahead of the learner)"),
+                   (self.compile.warmup, "compile.warmup (the turn programs are not warmed up)")]
     names = [what for bad, what in unsupported if bad]
     if names:
       raise ValueError(f"config.multiturn: multi-turn runs do not support {', '.join(names)} "

@@ -60,6 +60,7 @@ REPRESENTATIVE = {
     "tag_lambda": "lam=0.5",                                         # probes + TAG training
     "tag_moe": "task=negative,method=additive",                      # MoE family
     "tag_downweight": "w_a=0.3",
+    "math_tools": "method=tag",                                      # multi-turn, python tool
 }
 
 
@@ -328,7 +329,9 @@ def _check_run(name, c, workdir):
       assert f"reward/{ch}/mean" in recs[0], (name, ch)
       if recs[0][f"reward/{ch}/nan_frac"] > 0:
         nan_channels.append(f"train {ch}")
-      if recs[0][f"reward_runner/{ch}/errors"] > 0:  # failures score 0, not NaN
+      # Failures score 0, not NaN. (An environment channel has no runner: a multi-turn run
+      # counts its environments' errors instead.)
+      if recs[0].get(f"reward_runner/{ch}/errors", recs[0].get("multiturn/env_errors")) > 0:
         nan_channels.append(f"train {ch} failed")
   return nan_channels
 

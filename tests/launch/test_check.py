@@ -140,3 +140,19 @@ def test_the_readme_command_runs_as_written_and_the_slot_budget_fits_every_engin
     assert re.search(rf"{name} .* fits", text), text
   assert "XLA:CPU's float32 copy of the cache" in text     # bf16 cache (paper configs)
   assert "bfloat16 compute" in text and "float32 master weights" in text
+
+
+def test_a_multiturn_config_is_checked_on_its_turn_programs():
+  """`--config=configs/demo_tools.py --programs=engine` (the multi-turn demo, its local
+  checkpoint) on fake CPU devices: the turn programs TurnDraws builds, append included."""
+  out = subprocess.run([sys.executable, os.path.join(REPO, "launch", "check.py"),
+                        "--config=configs/demo_tools.py", "--devices=2", "--mesh=data=2",
+                        "--programs=engine"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  text = out.stdout
+  assert "sampler  multi-turn rollouts" in text and "append R=8 rows x A=8 ids" in text, text
+  for name in ("engine_init", "engine_prefill", "engine_step", "engine_gather", "engine_append"):
+    assert re.search(rf"{name} .* fits", text), text
+  assert "engine_shrink" not in text

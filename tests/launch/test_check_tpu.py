@@ -39,7 +39,8 @@ TINY = ["--config=configs/tag_math.py", "--topology=v5p-8", "--mesh=data=2,fsdp=
 # check.py's program -> the program of a training run (mr_rl.compilation.PROGRAMS).
 RUN_NAME = {"policy_step": "policy_step", "ref_logprob": "logprob_forward", "sampler": "sampler",
             "engine_prefill": "engine_prefill", "engine_step": "engine_step",
-            "engine_shrink": "engine_shrink"}
+            "engine_shrink": "engine_shrink", "engine_init": "engine_init",
+            "engine_gather": "engine_gather", "engine_append": "engine_append"}
 # Device programs of a run the check does not size: small ones (the signal, the finite check,
 # LoRA's merge, the engine's init and gather of 8 rows) and PPO's (not in these settings).
 UNSIZED = {"signal", "finite_check", "lora_merge", "engine_init", "engine_gather", "ppo_step",
@@ -127,6 +128,20 @@ def test_continuous_engine_and_lora_compile_for_v5p_8_as_a_run_predicts():
   assert "LoRA rank 4" in text, text
   compiled = _compiled(text)
   assert {RUN_NAME[n] for n in compiled} == _expected("configs/tag_math.py", sets), compiled
+
+
+@needs_libtpu
+def test_multiturn_turn_programs_compile_for_v5p_8_as_a_run_predicts():
+  """configs/math_tools.py's rollouts are its turn programs (launch/check_turns.py), not its
+  engine's: compiled under the mesh by XLA:TPU, the names a run compiles."""
+  rc, text, err = _check(TINY + ["--preset=tiny_qwen3", "--config=configs/math_tools.py",
+                                 "--slots=8"])
+  assert rc == 0, text[-3000:] + err[-3000:]
+  assert "sampler  multi-turn rollouts" in text and "append R=8 rows x A=128 ids" in text, text
+  compiled = _compiled(text)
+  assert {"engine_append", "engine_step", "engine_gather"} <= set(compiled), compiled
+  assert {RUN_NAME[n] for n in compiled} - UNSIZED == _expected("configs/math_tools.py", {})
+  assert all("fits" in v for _, v in compiled.values()), compiled
 
 
 @needs_libtpu

@@ -3,11 +3,13 @@ demo tokenizer (mr_rl/multiturn/render.py)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from mr_rl.demo import task
 from mr_rl.multiturn import render as render_lib
-from mr_rl.multiturn import tools
+from mr_rl.multiturn import builtin_tools, tools
 from mr_rl.tiny_assets import tokenizer as tiny_tokenizer
 
 CALL = tools.HermesFormat().render_call("calculator", {"expression": "7+5"})
@@ -76,6 +78,46 @@ def test_a_template_that_is_not_append_only_is_refused(family_tokenizer):
       "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
   with pytest.raises(render_lib.NotAppendOnly):
     render_lib.ChatRenderer(tok)
+
+
+def _trl_template(name):
+  """A chat template as its model ships it: TRL keeps byte-exact copies (`trl/chat_templates`)."""
+  trl = pytest.importorskip("trl")
+  path = os.path.join(os.path.dirname(trl.__file__), "chat_templates", name)
+  if not os.path.exists(path):
+    pytest.skip(f"this trl has no {name}")
+  return open(path, encoding="utf-8").read()
+
+
+def test_qwen3_real_templates_and_tool_observations(tmp_path):
+  """Qwen3-4B-Instruct-2507's own template (configs/math_tools.py's model) is append-only for
+  tool observations, the tools' schemas in its system block: the deltas are the whole
+  conversation's ids. The hybrid-thinking Qwen3 template is refused: it writes an empty
+  `<think>` block on the last assistant turn only (and drops earlier turns' reasoning once a
+  new user turn comes; a non-empty reasoning survives a tool message)."""
+  tok = tiny_tokenizer.make_tokenizer(str(tmp_path), "qwen3", vocab_size=1024)
+  schemas = [tools.schema(builtin_tools.python)]
+  tok.chat_template = _trl_template("qwen3_instruct_2507.jinja")
+  r = render_lib.ChatRenderer(tok, tools=schemas)
+  assert r.delta_text([{"role": "tool", "content": "12"}]) == (
+      "\n<|im_start|>user\n<tool_response>\n12\n</tool_response><|im_end|>\n"
+      "<|im_start|>assistant\n")
+  assert '"name": "python"' in r.prompt_text([{"role": "user", "content": "Q"}])
+  encode = lambda text: tok.encode(text, add_special_tokens=False)
+  whole = encode(tok.apply_chat_template(CONVERSATION, tools=schemas, tokenize=False))
+  ids = _trajectory_ids(r, encode, CONVERSATION)
+  assert whole[:len(ids)] == ids and tok.decode(whole[len(ids):]) in ("", "\n")
+  tok.chat_template = _trl_template("qwen3.jinja")
+  with pytest.raises(render_lib.NotAppendOnly, match="<think>"):
+    render_lib.ChatRenderer(tok, tools=schemas)
+  turn = [{"role": "user", "content": "A"},
+          {"role": "assistant", "content": "<think>\nr\n</think>\n\nB"}]
+  before = tok.apply_chat_template(turn, tokenize=False)
+  tool = [{"role": "tool", "content": "x"}]
+  assert tok.apply_chat_template(turn + tool, tokenize=False,
+                                 add_generation_prompt=True).startswith(before)
+  again = turn + tool + [{"role": "assistant", "content": "C"}, {"role": "user", "content": "D"}]
+  assert not tok.apply_chat_template(again, tokenize=False).startswith(before)
 
 
 def test_plain_rendering_for_the_demo_tokenizer():

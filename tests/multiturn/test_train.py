@@ -22,6 +22,7 @@ from mr_rl.multiturn.rollout import Trajectory
 from mr_rl.rewards import runner as runner_lib
 from mr_rl.testing.runs import arith_config, assert_same_metrics
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 POLICY = os.path.join(os.path.dirname(task.__file__), "assets", "calculator_policy")
 CHANNELS = "arith_acc,tool_success,arith_brief"
 
@@ -93,6 +94,21 @@ def test_per_turn_credit_puts_turn_advantages_in_the_batch(monkeypatch):
   assert given[0] is A_BGS
 
 
+def test_a_multiturn_run_compiles_the_turn_programs_it_predicts():
+  """The draws run on the turn programs (`draw.TURN_PROGRAMS`), each compiled at most as often
+  as `program_plan.expected_programs` says, and no sampler or shrink."""
+  from mr_rl import compilation, program_plan
+  s = settings_lib.from_config(_config(1))
+  log = compilation.compile_log()
+  start = len(log)
+  train_lib.train(s, None, log=None)
+  got, bound = compilation.counts(log.since(start)), program_plan.expected_programs(s)
+  assert set(got) <= {n for n, c in bound.items() if c}, (got, bound)
+  assert all(got[k] <= bound[k] for k in got), (got, bound)
+  assert {"engine_prefill", "engine_step", "engine_append"} <= set(got), got
+  assert not bound.get("sampler") and not bound.get("engine_shrink"), bound
+
+
 def test_multiturn_evaluation_scores_every_channel():
   from mr_rl import evaluation
   s = settings_lib.from_config(_config(1))
@@ -111,6 +127,7 @@ def test_multiturn_evaluation_scores_every_channel():
     (dict(channels="tool_success"), "needs at least one text channel"),
     (dict(advantage="ppo"), "advantage.name=ppo"),
     (dict(dynamic="refill"), "dynamic.mode"),
+    (dict(warmup=True), "compile.warmup"),
     (dict(plain_close="</a></r>"), "must be one token"),
     (dict(turn_weights={"arith_acc": 1.0}), "not environment channels"),
 ])
@@ -126,6 +143,8 @@ def test_multiturn_settings_refuse_what_they_do_not_support(change, needle):
     c.dynamic.mode = "refill"
   if "turn_weights" in change:
     c.multiturn.turn_weights = change["turn_weights"]
+  if "warmup" in change:
+    c.compile.warmup = True
   if "plain_close" in change:
     c.multiturn.plain_close = change["plain_close"]
     with pytest.raises(ValueError, match=needle):
@@ -177,3 +196,34 @@ def test_an_observation_holding_the_answer_does_not_pay_the_policy():
   text, count = trajectories.policy_text(calculator.renderer(tok), t)
   assert "<a>" not in text and count == len(call) + 1
   assert task.accuracy(text, problem.answer) == 0.0
+
+
+def test_tool_prompts_are_the_templated_turns_with_the_tools_schemas(tmp_path):
+  """With `multiturn.tools` and the chat template (configs/math_tools.py): the environments
+  get the data template's turns (the \\boxed{} request), the template gets the tools' schemas,
+  the start-up length check reads that rendering, and prompts pad to data.max_prompt_len (a
+  longer one is an error naming it)."""
+  from mr_rl import config_lib, models, rollout
+  from mr_rl.data import templates
+  from mr_rl.data.example import Example
+  from mr_rl.multiturn import builtin_tools, collect, draw, tools
+  from mr_rl.tiny_assets import tokenizer as tiny_tokenizer
+  c = config_lib.load_config_module(
+      os.path.join(REPO, "configs", "math_tools.py")).get_config("runlocal")
+  s = settings_lib.from_config(c)
+  tok = tiny_tokenizer.make_tokenizer(str(tmp_path), "qwen3", vocab_size=1024)
+  policy = rollout.Policy(models.Transformer(models.get_preset("tiny_qwen3")), tok,
+                          lambda ex: "", s.data.max_prompt_len, add_bos=True)
+  turns = draw.TurnDraws(s, policy)
+  assert turns.render.tools == [tools.schema(builtin_tools.python)]
+  ex = Example(uid="t/1", dataset="t", messages=({"role": "user", "content": "2+2?"},),
+               reference="4")
+  first = turns.first_examples([ex])[0]
+  assert first.messages[-1]["content"].endswith(templates.TAG_BOXED_INSTRUCTION)
+  checked = turns.checked_policy(policy)
+  assert not checked.add_bos
+  assert checked.render(ex) == turns.render.prompt_text(first.messages)
+  tokens, mask = collect.left_pad([[5, 6, 7]], 0, width=s.data.max_prompt_len)
+  assert tokens.shape == (1, s.data.max_prompt_len) and mask.sum() == 3
+  with pytest.raises(ValueError, match="max_prompt_len"):
+    collect.left_pad([[5] * (s.data.max_prompt_len + 1)], 0, width=s.data.max_prompt_len)

@@ -41,7 +41,8 @@ BRIEF_THRESHOLD = {"qwen3": 200, "llama": 128, "qwen3_moe": 512}  # tokens, per 
 
 
 # optim.num_micro_batches per model on its slice, chosen by launch/check.py --fit.
-FITTED_MICRO_BATCHES = {"qwen3_1_7b": 32, "qwen3_4b": 128, "llama3_2_3b": 64}
+FITTED_MICRO_BATCHES = {"qwen3_1_7b": 32, "qwen3_4b": 128, "llama3_2_3b": 64,
+                        "llama3_1_8b": 64}
 
 
 def base_config(model: str, task: str, subset: str = "auto"):

@@ -239,6 +239,9 @@ def test_the_default_config_is_derived_from_the_declarations_with_the_same_value
   for old in settings_lib.ALIASES:
     if "." not in old:
       assert got.pop(old) == {}
+  # Sections declared after v1; off by default (a run without them is what v1 ran).
+  multiturn = got.pop("multiturn")
+  assert multiturn["env"] == "" and multiturn["tools"] == ""
   assert got == _renamed(json.load(open(V1_DEFAULTS)))
   assert got["optim"]["pack"] is False and got["optim"]["loss"]["recompute_old_logp"] == "auto"
   assert got["asynchrony"] == {"max_staleness": 0, "sampler_devices": 0}

@@ -37,6 +37,8 @@ lowered with the shardings of `mr_rl.models.sharding` (`train_state_shardings`,
     slot programs at S slots (`--slots`: the config's `rollout.slots`, one per row if 0, or
     `budget`: the count `mr_rl.sampling.memory` says fits), see launch/check_engine.py. The
     analytic slot budget (bytes per slot, slots that fit) is printed for every config.
+  * PPO (`advantage.name = "ppo"`): `ppo_step` and `value_forward` (the critic's forward over a
+    chunk) in place of `policy_step`; the critic's state joins the residents (launch/check_ppo.py).
 
 LoRA (`config.model.lora.rank > 0`): the train state is the adapters and their Adam moments; the
 policy step takes the frozen base params as a further argument (not donated); the reference

@@ -92,8 +92,9 @@ def run_check(config_arg: str, topology: str) -> dict:
 
 def row(config_arg, topology, r) -> str:
   cells = []
-  for name in ("policy_step", "ref_logprob", "sampler", "engine_init", "engine_prefill",
-               "engine_step", "engine_gather", "engine_shrink", "engine_append"):
+  for name in ("policy_step", "ppo_step", "value_forward", "ref_logprob", "sampler",
+               "engine_init", "engine_prefill", "engine_step", "engine_gather", "engine_shrink",
+               "engine_append"):
     if name in r["programs"]:
       gb, secs, _ = r["programs"][name]
       share = f"{gb:.1f} ({100 * gb / r['hbm']:.0f}%)" if gb is not None else "refused"

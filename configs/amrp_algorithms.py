@@ -13,7 +13,7 @@ outcome reward on the last response token and uses GAE (gamma = lambda = 1, whit
 critic initialised from the same checkpoint (critic lr 1e-5: project choice, the paper gives none).
 The GRPO rows are the Table 1 runs. The text does not list Table 4's baselines beyond static /
 AMRP; the sweep covers all four methods.
-TPU slice: v5p-8 (PPO: the critic doubles the train state; check with launch/check.py).
+TPU slice: v5p-8 (PPO: the critic doubles the train state; 2 rows per micro-batch fit).
 Estimate: 48 v5p chip-hours for the default point (algorithm=gdpo,method=amrp); whole table
 659 (PPO points include the critic; configs/README.md).
 """
@@ -25,6 +25,10 @@ amrp_math = cl.load_sibling(__file__, "amrp_math")  # Table 1's set-up (base_con
 CHOICES = {"algorithm": ("grpo", "gdpo", "ppo"),
            "method": ("static", "drbo_inverse", "drbo_delta", "amrp")}
 DEFAULTS = {"algorithm": "gdpo", "method": "amrp"}
+# PPO's optim.num_micro_batches on v5p-8, chosen by launch/check.py --fit (XLA:TPU, 2026-12-06,
+# T = 4,024): 2 rows per micro-batch (ppo_step 91.0 GB, 11.5% of HBM free; 4 rows 117.7 GB), as
+# the critic's state (12.1 GB per chip) and its activations join the policy's.
+PPO_MICRO_BATCHES = 128
 
 
 def get_config(arg=None):
@@ -36,6 +40,7 @@ def get_config(arg=None):
     c.advantage.gamma = 1.0                          # GAE discount (outcome reward at the end)
     c.advantage.lam = 1.0                            # GAE lambda
     c.optim.value_lr = 1e-5                          # critic AdamW lr (project choice)
+    c.optim.num_micro_batches = PPO_MICRO_BATCHES    # 2 rows each (launch/check.py --fit)
   return cl.runlocal(c, "qwen3_4b") if a["runlocal"] else c
 
 

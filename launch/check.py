@@ -40,7 +40,9 @@ lowered with the shardings of `mr_rl.models.sharding` (`train_state_shardings`,
   * a multi-turn config (`config.multiturn.env` or `.tools`) rolls out on the turn programs
     instead, whatever its engine: `engine_init`, `engine_prefill`, `engine_step`,
     `engine_gather` and `engine_append` (`--programs=engine` for the five) at S slots, built as
-    the trainer builds them (launch/check_turns.py); `--fit` searches their slots.
+    the trainer builds them (launch/check_turns.py); `--fit` searches their slots;
+  * PPO (`advantage.name = "ppo"`): `ppo_step` and `value_forward` (the critic's forward over a
+    chunk) in place of `policy_step`; the critic's state joins the residents (launch/check_ppo.py).
 
 LoRA (`config.model.lora.rank > 0`): the train state is the adapters and their Adam moments; the
 policy step takes the frozen base params as a further argument (not donated); the reference
@@ -657,6 +659,11 @@ def check(a, c, target, quiet: bool = False):
   # device: the peak counts at least these.
   declared = {"policy_step": state_dev + (0 if lora_cfg is None else params_dev),
               "ref_logprob": params_dev, "sampler": params_dev, "moe_block": 0}
+  import check_ppo  # launch/check_ppo.py: PPO's critic state and programs
+  ppo_lowerings = check_ppo.lowerings(
+      c, model, ucfg, mesh, rules, train_abs=train_abs, batch_abs=batch_abs, rows=rows,
+      micro=micro, params_in=params_in, params_dev=params_dev, state_dev=state_dev,
+      resident=resident, declared=declared, gb=_gb) if check_ppo.is_ppo(c) else {}
 
   def lower_step():
     step = update_lib.make_policy_step(
@@ -752,12 +759,14 @@ def check(a, c, target, quiet: bool = False):
       engine_progs.update(progs)
     return engine_progs.get(name)
 
-  lowerings = {"policy_step": lower_step, "ref_logprob": lower_ref, "sampler": lower_sampler}
+  lowerings = {"policy_step": lower_step, "ref_logprob": lower_ref, "sampler": lower_sampler,
+               **ppo_lowerings}
   samplers = (list(engine_names) if turns is not None else  # the engine's own
               list(rollout_engines.ENGINES.get(c.rollout.engine).check_programs))
   wanted = [p.strip() for p in a.programs.split(",") if p.strip()] or (
       ["policy_step", "ref_logprob"] + samplers + (["moe_block"] if grouped else []))
   wanted = [n for p in wanted for n in (engine_names if p == "engine" else (p,))]
+  wanted = check_ppo.programs(wanted) if ppo_lowerings else wanted  # PPO's step and critic
   wanted = [] if wanted == ["none"] else wanted
   valid = sorted(lowerings) + list(engine_names) + ["engine", "moe_block", "none"]
   unknown = sorted(set(wanted) - set(valid))

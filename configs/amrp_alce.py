@@ -33,9 +33,9 @@ MAX_NEW_TOKENS = {"asqa": 400, "eli5": 500}
 
 
 # optim.num_micro_batches per model on its slice, chosen by launch/check.py --fit at ASQA's
-# lengths (2,048 + 400 tokens: 68.0 GB at 4 rows, 8 rows do not fit); ELI5's 500 new tokens
-# were not fitted apart.
-FITTED_MICRO_BATCHES = {"qwen3_4b": 64}
+# lengths (2,048 + 400 tokens; Qwen3-4B 68.0 GB at 4 rows, Llama-3.1-8B 64.6 GB; 8 rows do not
+# fit); ELI5's 500 new tokens were not fitted apart.
+FITTED_MICRO_BATCHES = {"qwen3_4b": 64, "llama3_1_8b_instruct": 64}  # v5p-8; v5p-16
 
 
 def base_config(model: str, dataset: str):

@@ -11,7 +11,8 @@ Two engines, same model, slots and budgets:
     continuous engine (`mr_rl.sampling.Engine`), then all environment steps run (in parallel
     threads), then the next turn.
 Reports sampled tokens/s (after one warm-up run of each, compiles excluded), the kept engine's
-slot utilization (busy slot-steps / slot-steps), the share of slot-steps paused for
+slot utilization (busy slot-steps / slot-steps; also over the step calls made while rows were
+still queued, and the tail's share of slot-steps), the share of slot-steps paused for
 environments, slot-steps paused per environment step and the decode step's time (the step
 calls' wall time over their decode steps). `--kept-only` skips the re-prefill engine.
 
@@ -36,6 +37,7 @@ from mr_rl import models
 from mr_rl.multiturn import env as env_lib
 from mr_rl.multiturn import rollout as mt
 from mr_rl.sampling import Engine
+from mr_rl.sampling.slots import unpack_report
 from mr_rl.tiny_assets import checkpoints
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -85,14 +87,33 @@ def kept(model, params, prompts, mask, a, key):
   warm = min(rows, a.slots)  # the programs depend on the slots, not on the rows
   ro.run(params, prompts[:warm], mask[:warm], envs(warm), key=key, group_size=1,
          render=IdsRenderer())
+  # Each step call's slot-steps, split by whether rows were still queued (fewer rows started,
+  # counting the plans' inserts, than there are): the tail (no row left to start) leaves slots
+  # free that no scheduling could fill.
+  progs, calls, started = ro.programs(a.slots), {True: [0, 0], False: [0, 0]}, [0]
+  step = progs.step
+
+  def counted(params_, state, store, plan):
+    state, report_ = step(params_, state, store, plan)
+    _, _, _, steps, busy = unpack_report(np.asarray(report_), a.slots)
+    started[0] += int((plan[:a.slots] >= 0).sum())
+    calls[started[0] < rows][0] += steps * a.slots
+    calls[started[0] < rows][1] += busy
+    return state, report_
+
+  progs.step = counted
   t0 = time.perf_counter()
   trajs = ro.run(params, prompts, mask, envs(rows), key=key, group_size=1, render=IdsRenderer())
   dt = time.perf_counter() - t0
+  progs.step = step
   sampled = sum(int(t.policy_mask.sum()) for t in trajs)
   turns = sum(t.turns for t in trajs)
   st = ro.last_stats
+  (q_slot_steps, q_busy), (tail_slot_steps, _) = calls[True], calls[False]
   return dict(tokens_per_s=sampled / dt, seconds=dt, sampled=sampled,
               slot_utilization=st.slot_utilization, waiting_share=st.waiting_share,
+              utilization_while_queued=q_busy / max(1, q_slot_steps),
+              tail_share=tail_slot_steps / max(1, q_slot_steps + tail_slot_steps),
               turns_mean=turns / rows, tokens_per_turn=sampled / turns,
               paused_steps_per_env_step=st.waiting_slot_steps / max(1, st.env_steps),
               decode_step_ms=1e3 * st.decode_time_s / max(1, st.decode_steps),
@@ -176,7 +197,9 @@ def main():
       k = kept(model, params, prompts, mask, a, key)
       row = dict(turns=turns, latency_ms=ms, kept=k, load_avg=load)
       line = (f"turns {turns} latency {ms:4.0f} ms: kept {k['tokens_per_s']:8.1f} tok/s "
-              f"(util {k['slot_utilization']:.2f}, paused {k['waiting_share']:.2f}, paused "
+              f"(util {k['slot_utilization']:.2f}, while rows queued "
+              f"{k['utilization_while_queued']:.2f}, tail {k['tail_share']:.2f} of slot-steps, "
+              f"paused {k['waiting_share']:.2f}, paused "
               f"steps/env step {k['paused_steps_per_env_step']:.1f}, step "
               f"{k['decode_step_ms']:.1f} ms, {k['tokens_per_turn']:.1f} tok/turn, turns "
               f"{k['turns_mean']:.1f})")

@@ -42,8 +42,8 @@ TEST_REQUIRES = TPU_REQUIRES + [
     "wandb>=0.19",
 ]
 
-# Benchmark-only peers (benchmarks/rl_step.py: TRL's GRPOTrainer side by side with mr_rl's
-# trainer); never needed by tests or CI. torch is pinned as in the test extra, so the CPU build
+# Benchmark-only peers (benchmarks/rl_step.py, benchmarks/multiturn_trl.py: TRL's GRPOTrainer,
+# with tools in the second, side by side with mr_rl); never needed by tests or CI. torch is pinned as in the test extra, so the CPU build
 # on local disk satisfies accelerate's `torch>=2.0` and no CUDA build is pulled.
 BENCH_REQUIRES = [
     "trl==1.16.0",

@@ -39,11 +39,12 @@ TRAIN_PROMPTS = 10_162  # ~20,324 train rows with about two responses per prompt
 CHANNELS = "armorm_helpfulness,armorm_correctness,armorm_coherence"  # ArmoRM objectives 0 / 1 / 2
 
 
-# optim.num_micro_batches per model on its slice, chosen by launch/check.py --fit (2 rows:
-# 65.9 GB per chip; 4 rows 96.5 GB). Its slot search allowed 168 slots (engine peak 92.4 GB),
-# but the check does not count the ArmoRM scorer resident on the same chips (about 4 GB per
-# chip in bf16 over tensor=4), so the slot counts below stay.
-FITTED_MICRO_BATCHES = {"qwen3_4b": 128}
+# optim.num_micro_batches per model on its slice, by launch/check.py --fit: Qwen3-4B 2 rows
+# (65.9 GB per chip; 4 rows 96.5 GB); Llama-3.1-8B on v5p-16 passes at 4 rows (90.8 GB, 88%)
+# but takes 2 (62.7 GB): the check does not count the ArmoRM scorer resident on the same chips
+# (8B in bf16, 2-4 GB per chip), which would leave under 10% at 4 rows. Qwen3-4B's slot search
+# allowed 168 slots (engine peak 92.4 GB); the slot counts below stay for the same reason.
+FITTED_MICRO_BATCHES = {"qwen3_4b": 128, "llama3_1_8b_instruct": 128}
 
 
 def base_config(model: str):

@@ -276,9 +276,9 @@ def evaluate(policy, runner, params, examples: Sequence[Any], config: EvalConfig
       r_BGK, _ = rollout_lib.score(runner, ro, chunk)
       lengths = ro.lengths
     else:
-      ro, policy_BGS, r_BGK = turns(params, padded, jax.random.fold_in(key, b), runner, rewards,
-                                    sampling.group_size, sampling=sampling)[:3]
-      ro, r_BGK, lengths = ro.take(m), r_BGK[:m], policy_BGS[:m].sum(-1)
+      d, r_BGK = turns.draw(params, padded, jax.random.fold_in(key, b), runner, rewards,
+                            sampling.group_size, sampling=sampling)[:2]
+      ro, r_BGK, lengths = d.rollout.take(m), r_BGK[:m], d.policy_mask_BGS[:m].sum(-1)
     rs.append(np.asarray(r_BGK, np.float32))
     lens.append(np.asarray(lengths))
     truncs.append(np.asarray(ro.truncated, bool))

@@ -8,7 +8,7 @@ S response columns.
 the `TurnRollout` (one continuous-engine slot per trajectory across turns, `rollout.slots`
 slots, `rollout.max_new_tokens` columns for every turn and observation, on the policy's mesh) and the channels of
 `config.rewards.channels` split into text channels (the reward runner's) and environment
-channels (`mr_rl.multiturn.channels`). Each call runs B * G trajectories and returns the
+channels (`mr_rl.multiturn.channels`). Each `draw` runs B * G trajectories and returns the
 learner's rollout, its policy mask (0 on observations) and r[B, G, K] in the config's channel
 order, which go through the aggregator and the trajectory-level advantage unchanged.
 
@@ -140,14 +140,6 @@ class TurnDraws:
     return collect.draw(engine, params, self.first_examples(examples), self.make_env,
                         self.render, group_size=group_size, key=key,
                         prompt_width=self.settings.data.max_prompt_len)
-
-  def __call__(self, params, examples: Sequence[Any], key: jax.Array, runner, rewards,
-               group_size: int, sampling=None
-               ) -> tuple[rollout_lib.Rollout, np.ndarray, np.ndarray, dict, dict, dict]:
-    """(rollout, policy_mask_BGS, r_BGK, reward metrics, multiturn metrics, seconds)."""
-    d, r_BGK, reward_m, seconds = self.draw(params, examples, key, runner, rewards, group_size,
-                                            sampling)
-    return d.rollout, d.policy_mask_BGS, r_BGK, reward_m, d.metrics, seconds
 
   def draw(self, params, examples: Sequence[Any], key: jax.Array, runner, rewards,
            group_size: int, sampling=None) -> tuple[collect.TurnDraw, np.ndarray, dict, dict]:
